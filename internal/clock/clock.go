@@ -1,0 +1,86 @@
+// Package clock is the one source of time for everything that paces: real
+// time in the service, a fake that tests advance by hand so timing rules are
+// checked without sleeping.
+package clock
+
+import (
+	"sync"
+	"time"
+)
+
+// Clock tells the time and waits for it.
+type Clock interface {
+	Now() time.Time
+	// After is time.After on this clock.
+	After(d time.Duration) <-chan time.Time
+}
+
+// Real is the wall clock (with Go's monotonic reading for durations).
+type Real struct{}
+
+func (Real) Now() time.Time                         { return time.Now() }
+func (Real) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Fake is a clock that moves only when Advance or Set is called. Safe for
+// concurrent use.
+type Fake struct {
+	mu      sync.Mutex
+	now     time.Time
+	waiters []fakeWaiter
+}
+
+type fakeWaiter struct {
+	at time.Time
+	ch chan time.Time
+}
+
+// NewFake returns a fake clock that reads t.
+func NewFake(t time.Time) *Fake { return &Fake{now: t} }
+
+func (f *Fake) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+func (f *Fake) After(d time.Duration) <-chan time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	at := f.now.Add(d)
+	if d <= 0 {
+		ch <- f.now
+		return ch
+	}
+	f.waiters = append(f.waiters, fakeWaiter{at: at, ch: ch})
+	return ch
+}
+
+// Advance moves the clock forward by d and fires the waiters that are due.
+func (f *Fake) Advance(d time.Duration) { f.Set(f.Now().Add(d)) }
+
+// Set moves the clock to t (never backwards) and fires the waiters that are due.
+func (f *Fake) Set(t time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if t.After(f.now) {
+		f.now = t
+	}
+	kept := f.waiters[:0]
+	for _, w := range f.waiters {
+		if !w.at.After(f.now) {
+			w.ch <- f.now
+			continue
+		}
+		kept = append(kept, w)
+	}
+	f.waiters = kept
+}
+
+// Waiters is how many After channels have not fired yet; tests wait for it
+// to know a goroutine has started waiting.
+func (f *Fake) Waiters() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.waiters)
+}

@@ -1,0 +1,533 @@
+// Package config loads config.toml: defaults for every key, then the file,
+// then THROTTLER_<SECTION>_<KEY> environment variables, then flags. Bad config
+// is refused with the file, the key and what to do about it.
+package config
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"throttler/internal/leaky"
+)
+
+// Config is the whole file. Each field's doc gives its default.
+type Config struct {
+	Server         Server                    `toml:"server"`
+	Store          Store                     `toml:"store"`
+	Dispatch       Dispatch                  `toml:"dispatch"`
+	Downstreams    map[string]Downstream     `toml:"downstreams"`
+	TenantDefaults TenantSettings            `toml:"tenant_defaults"`
+	Tenants        map[string]TenantSettings `toml:"tenants"`
+	Auth           Auth                      `toml:"auth"`
+
+	// File is where the config came from ("" for defaults only).
+	File string `toml:"-"`
+}
+
+// Server is the HTTP API.
+type Server struct {
+	// Listen is host:port. Default "127.0.0.1:8080". Without auth tokens only
+	// loopback addresses are allowed.
+	Listen string `toml:"listen"`
+	// MaxBodyBytes caps one job's payload, in bytes. Default 1 MiB.
+	MaxBodyBytes int64 `toml:"max_body_bytes"`
+	// MaxBatchBytes caps the body of a batch request, in bytes. Default 16 MiB.
+	MaxBatchBytes int64 `toml:"max_batch_bytes"`
+	// ReadHeaderTimeout bounds reading request headers. Default 5s.
+	ReadHeaderTimeout Duration `toml:"read_header_timeout"`
+	// ShutdownTimeout bounds a clean stop: in-flight HTTP requests and
+	// attempts to the downstream. Default 15s.
+	ShutdownTimeout Duration `toml:"shutdown_timeout"`
+}
+
+// Store is where jobs and bucket state live.
+type Store struct {
+	// Backend is "embedded" (default) or "redis".
+	Backend string `toml:"backend"`
+	// Path is the embedded store's file. Default "data/throttler.db".
+	Path string `toml:"path"`
+	// RedisURL is the Redis server for the redis backend.
+	// Default "redis://127.0.0.1:6379/0".
+	RedisURL string `toml:"redis_url"`
+	// Retention is how long finished jobs (and their idempotency keys) are
+	// kept. Default 72h.
+	Retention Duration `toml:"retention"`
+}
+
+// Dispatch is the part that sends jobs to downstreams.
+type Dispatch struct {
+	// Concurrency caps attempts in progress at once (including those
+	// waiting the last moments before their slot). Default 1024.
+	Concurrency int `toml:"concurrency"`
+}
+
+// Downstream is a named HTTP target.
+type Downstream struct {
+	// URL receives a POST per attempt. Required.
+	URL string `toml:"url"`
+	// Timeout bounds one attempt from the moment the request is written.
+	// Default 5s.
+	Timeout Duration `toml:"timeout"`
+	// Rate is a ceiling across all tenants of this downstream (optional).
+	Rate *leaky.Rate `toml:"rate"`
+	// Burst goes with Rate. Default 1.
+	Burst *int `toml:"burst"`
+	// MaxAttempts is how many times a job is tried. Default 5.
+	MaxAttempts int `toml:"max_attempts"`
+}
+
+// Modes of a tenant's bucket.
+const (
+	ModeLeaky = "leaky"
+	ModeToken = "token"
+)
+
+// TenantSettings are the settings of one tenant, or the defaults of all.
+// A key a named tenant leaves out comes from tenant_defaults.
+type TenantSettings struct {
+	// Downstream names the target. Default: the only downstream configured.
+	Downstream string `toml:"downstream"`
+	// Mode is "leaky" (default) or "token".
+	Mode string `toml:"mode"`
+	// Rate is N/DURATION. Default "1/s".
+	Rate *leaky.Rate `toml:"rate"`
+	// Capacity is how many jobs may wait (leaky mode). Default 10.
+	Capacity *int `toml:"capacity"`
+	// Burst is how many may go at once after a quiet spell. Default 1.
+	Burst *int `toml:"burst"`
+	// Windows are extra limits such as "1000/d" (not supported yet).
+	Windows []string `toml:"windows"`
+	// AllowUnknownTenants (tenant_defaults only): false refuses tenants not
+	// named in [tenants.*] with 404. Default true.
+	AllowUnknownTenants *bool `toml:"allow_unknown_tenants"`
+}
+
+// Auth holds API tokens.
+type Auth struct {
+	Tokens []Token `toml:"tokens"`
+}
+
+// Token is one API token (not supported yet: the key is refused).
+type Token struct {
+	Name     string   `toml:"name"`
+	SHA256   string   `toml:"sha256"`
+	TokenEnv string   `toml:"token_env"`
+	Role     string   `toml:"role"`
+	Tenants  []string `toml:"tenants"`
+}
+
+// Duration is a time.Duration written as "5s" in the file.
+type Duration time.Duration
+
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration: write it like \"5s\", \"250ms\" or \"1h30m\"", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Std is d as a time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// Error is a refused config: which file, which key, and why.
+type Error struct {
+	File   string
+	Key    string
+	Reason string
+}
+
+func (e *Error) Error() string {
+	file := e.File
+	if file == "" {
+		file = "config"
+	}
+	if e.Key == "" {
+		return file + ": " + e.Reason
+	}
+	return file + ": " + e.Key + ": " + e.Reason
+}
+
+// DefaultDownstream is the downstream a config without any gets, so that
+// `throttler serve` runs with no file at all.
+const DefaultDownstream = "default"
+
+// Default is the config with no file: everything has a value.
+func Default() *Config {
+	one, ten, yes := 1, 10, true
+	rate := leaky.MustParseRate("1/s")
+	return &Config{
+		Server: Server{
+			Listen:            "127.0.0.1:8080",
+			MaxBodyBytes:      1 << 20,
+			MaxBatchBytes:     16 << 20,
+			ReadHeaderTimeout: Duration(5 * time.Second),
+			ShutdownTimeout:   Duration(15 * time.Second),
+		},
+		Store: Store{
+			Backend:   "embedded",
+			Path:      "data/throttler.db",
+			RedisURL:  "redis://127.0.0.1:6379/0",
+			Retention: Duration(72 * time.Hour),
+		},
+		Dispatch: Dispatch{Concurrency: 1024},
+		TenantDefaults: TenantSettings{
+			Mode:                ModeLeaky,
+			Rate:                &rate,
+			Capacity:            &ten,
+			Burst:               &one,
+			AllowUnknownTenants: &yes,
+		},
+	}
+}
+
+// Load reads file (none if "") over the defaults, then applies env (as
+// os.Environ gives it) and the overrides ("section.key=value", from flags),
+// and validates the result.
+func Load(file string, env []string, overrides []string) (*Config, error) {
+	cfg := Default()
+	if file != "" {
+		cfg.File = file
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			return nil, &Error{File: file, Reason: fmt.Sprintf("cannot read: %v", err)}
+		}
+		if err := cfg.decode(string(raw)); err != nil {
+			return nil, err
+		}
+	}
+	if err := cfg.applyEnv(env); err != nil {
+		return nil, err
+	}
+	for _, o := range overrides {
+		key, value, ok := strings.Cut(o, "=")
+		if !ok {
+			return nil, &Error{File: "flag --set", Key: o, Reason: "want section.key=value, e.g. --set server.listen=127.0.0.1:9090"}
+		}
+		if err := cfg.set(strings.TrimSpace(key), value); err != nil {
+			return nil, &Error{File: "flag --set", Key: key, Reason: err.Error()}
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func (c *Config) decode(raw string) error {
+	// Named tenants and downstreams start empty: keys they leave out are
+	// filled from the defaults after decoding.
+	md, err := toml.Decode(raw, c)
+	if err != nil {
+		var perr toml.ParseError
+		if errors.As(err, &perr) {
+			return &Error{File: c.File, Key: perr.LastKey, Reason: fmt.Sprintf("line %d: %s", perr.Position.Line, perr.Message)}
+		}
+		// Type mismatches are plain errors that name the key only in their
+		// text: `toml: line 2 (last key "server.listen"): incompatible types...`.
+		msg := strings.TrimPrefix(err.Error(), "toml: ")
+		if m := lastKeyRE.FindStringSubmatch(msg); m != nil {
+			return &Error{File: c.File, Key: m[2], Reason: strings.TrimSpace(m[1] + strings.TrimPrefix(msg, m[0]))}
+		}
+		return &Error{File: c.File, Reason: msg}
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		return &Error{File: c.File, Key: keys[0], Reason: fmt.Sprintf("unknown key (unknown: %s); see config.toml in the repository for every key", strings.Join(keys, ", "))}
+	}
+	return nil
+}
+
+var lastKeyRE = regexp.MustCompile(`^(line \d+ )?\(last key "([^"]*)"\):`)
+
+// envSections are the sections that THROTTLER_<SECTION>_<KEY> reaches.
+func (c *Config) envSections() map[string]reflect.Value {
+	return map[string]reflect.Value{
+		"server":          reflect.ValueOf(&c.Server).Elem(),
+		"store":           reflect.ValueOf(&c.Store).Elem(),
+		"dispatch":        reflect.ValueOf(&c.Dispatch).Elem(),
+		"tenant_defaults": reflect.ValueOf(&c.TenantDefaults).Elem(),
+	}
+}
+
+func (c *Config) applyEnv(env []string) error {
+	known := map[string]string{}
+	for section, v := range c.envSections() {
+		for i := 0; i < v.NumField(); i++ {
+			key := v.Type().Field(i).Tag.Get("toml")
+			known["THROTTLER_"+strings.ToUpper(section+"_"+key)] = section + "." + key
+		}
+	}
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "THROTTLER_") || name == "THROTTLER_TOKEN" || name == "THROTTLER_CONFIG" {
+			continue
+		}
+		path, ok := known[name]
+		if !ok {
+			continue // other programs' THROTTLER_ variables are not ours to refuse
+		}
+		if err := c.set(path, value); err != nil {
+			return &Error{File: "environment " + name, Key: path, Reason: err.Error()}
+		}
+	}
+	return nil
+}
+
+// set assigns one "section.key" from text, as env and flags give it.
+func (c *Config) set(path, value string) error {
+	section, key, ok := strings.Cut(path, ".")
+	sv, known := c.envSections()[section]
+	if !ok || !known {
+		return fmt.Errorf("unknown key; settable sections are server, store, dispatch and tenant_defaults")
+	}
+	for i := 0; i < sv.NumField(); i++ {
+		if sv.Type().Field(i).Tag.Get("toml") == key {
+			return setText(sv.Field(i), value)
+		}
+	}
+	return fmt.Errorf("unknown key in [%s]", section)
+}
+
+func setText(f reflect.Value, value string) error {
+	if f.Kind() == reflect.Pointer {
+		p := reflect.New(f.Type().Elem())
+		if err := setText(p.Elem(), value); err != nil {
+			return err
+		}
+		f.Set(p)
+		return nil
+	}
+	if u, ok := f.Addr().Interface().(interface{ UnmarshalText([]byte) error }); ok {
+		return u.UnmarshalText([]byte(value))
+	}
+	switch f.Kind() {
+	case reflect.String:
+		f.SetString(value)
+	case reflect.Int, reflect.Int64:
+		n, err := strconv.ParseInt(strings.TrimSpace(value), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a whole number", value)
+		}
+		f.SetInt(n)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(strings.TrimSpace(value))
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", value)
+		}
+		f.SetBool(b)
+	default:
+		return fmt.Errorf("this key cannot be set from the environment or a flag; set it in the file")
+	}
+	return nil
+}
+
+// Validate checks everything and fills what named tenants leave out.
+func (c *Config) Validate() error {
+	bad := func(key, format string, args ...any) error {
+		return &Error{File: c.File, Key: key, Reason: fmt.Sprintf(format, args...)}
+	}
+	s := c.Server
+	host, _, err := net.SplitHostPort(s.Listen)
+	if err != nil {
+		return bad("server.listen", "%q is not host:port: %v", s.Listen, err)
+	}
+	if len(c.Auth.Tokens) > 0 {
+		return bad("auth.tokens", "API tokens are not supported by this version yet; remove [[auth.tokens]] and listen on a loopback address")
+	}
+	if !isLoopback(host) {
+		return bad("server.listen", "%q is not a loopback address and no API tokens are configured: anyone who reaches it could spend your downstream's money; listen on 127.0.0.1", s.Listen)
+	}
+	if s.MaxBodyBytes < 1 {
+		return bad("server.max_body_bytes", "must be at least 1, got %d", s.MaxBodyBytes)
+	}
+	if s.MaxBatchBytes < s.MaxBodyBytes {
+		return bad("server.max_batch_bytes", "must be at least max_body_bytes (%d), got %d", s.MaxBodyBytes, s.MaxBatchBytes)
+	}
+	if s.ReadHeaderTimeout <= 0 || s.ShutdownTimeout <= 0 {
+		return bad("server", "read_header_timeout and shutdown_timeout must be positive")
+	}
+	switch c.Store.Backend {
+	case "embedded":
+		if c.Store.Path == "" {
+			return bad("store.path", "must name a file for the embedded store")
+		}
+	case "redis":
+		return bad("store.backend", "the redis backend is not in this version yet; use \"embedded\"")
+	default:
+		return bad("store.backend", "%q is not a backend: use \"embedded\" or \"redis\"", c.Store.Backend)
+	}
+	if c.Store.Retention < Duration(time.Minute) {
+		return bad("store.retention", "must be at least 1m, got %v", c.Store.Retention.Std())
+	}
+	if c.Dispatch.Concurrency < 1 {
+		return bad("dispatch.concurrency", "must be at least 1, got %d", c.Dispatch.Concurrency)
+	}
+	if len(c.Downstreams) == 0 {
+		c.Downstreams = map[string]Downstream{DefaultDownstream: {URL: "http://127.0.0.1:9000/send"}}
+	}
+	for _, name := range sortedKeys(c.Downstreams) {
+		d := c.Downstreams[name]
+		key := "downstreams." + name
+		if !ValidName(name) {
+			return bad(key, "name must be 1-128 letters, digits or . _ - + @")
+		}
+		u, err := url.Parse(d.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad(key+".url", "%q must be an http:// or https:// URL", d.URL)
+		}
+		if d.Timeout == 0 {
+			d.Timeout = Duration(5 * time.Second)
+		}
+		if d.Timeout < 0 {
+			return bad(key+".timeout", "must be positive")
+		}
+		if d.MaxAttempts == 0 {
+			d.MaxAttempts = 5
+		}
+		if d.MaxAttempts < 1 || d.MaxAttempts > 100 {
+			return bad(key+".max_attempts", "must be from 1 to 100, got %d", d.MaxAttempts)
+		}
+		if d.Rate != nil || d.Burst != nil {
+			return bad(key+".rate", "a downstream-wide ceiling is not supported by this version yet; remove rate and burst here and set the tenants' rates so that together they stay under it")
+		}
+		c.Downstreams[name] = d
+	}
+	def := &c.TenantDefaults
+	if def.Downstream == "" {
+		if len(c.Downstreams) != 1 {
+			return bad("tenant_defaults.downstream", "name the downstream tenants use (one of %s)", strings.Join(sortedKeys(c.Downstreams), ", "))
+		}
+		def.Downstream = sortedKeys(c.Downstreams)[0]
+	}
+	if err := c.checkTenant("tenant_defaults", def); err != nil {
+		return err
+	}
+	for _, name := range sortedKeys(c.Tenants) {
+		t := c.Tenants[name]
+		key := "tenants." + name
+		if !ValidName(name) {
+			return bad(key, "tenant name must be 1-128 letters, digits or . _ - + @")
+		}
+		if t.AllowUnknownTenants != nil {
+			return bad(key+".allow_unknown_tenants", "belongs in [tenant_defaults] only")
+		}
+		t.Downstream = cmp.Or(t.Downstream, def.Downstream)
+		t.Mode = cmp.Or(t.Mode, def.Mode)
+		t.Rate = cmp.Or(t.Rate, def.Rate)
+		t.Capacity = cmp.Or(t.Capacity, def.Capacity)
+		t.Burst = cmp.Or(t.Burst, def.Burst)
+		if t.Windows == nil {
+			t.Windows = def.Windows
+		}
+		if err := c.checkTenant(key, &t); err != nil {
+			return err
+		}
+		c.Tenants[name] = t
+	}
+	return nil
+}
+
+func (c *Config) checkTenant(key string, t *TenantSettings) error {
+	bad := func(k, format string, args ...any) error {
+		return &Error{File: c.File, Key: key + "." + k, Reason: fmt.Sprintf(format, args...)}
+	}
+	if _, ok := c.Downstreams[t.Downstream]; !ok {
+		return bad("downstream", "%q is not configured (configured: %s)", t.Downstream, strings.Join(sortedKeys(c.Downstreams), ", "))
+	}
+	if t.Mode != ModeLeaky && t.Mode != ModeToken {
+		return bad("mode", "%q is not a mode: use \"leaky\" or \"token\"", t.Mode)
+	}
+	if t.Rate == nil || t.Rate.IsZero() {
+		return bad("rate", "is required, such as \"5/s\"")
+	}
+	if t.Capacity == nil || *t.Capacity < 0 || *t.Capacity > 10_000_000 {
+		return bad("capacity", "must be from 0 to 10000000")
+	}
+	if t.Burst == nil || *t.Burst < 1 || *t.Burst > 1_000_000 {
+		return bad("burst", "must be from 1 to 1000000")
+	}
+	if len(t.Windows) > 0 {
+		return bad("windows", "window limits are not supported by this version yet; remove the key")
+	}
+	return nil
+}
+
+// Policy is the bucket policy of these settings.
+func (t TenantSettings) Policy() leaky.Policy {
+	p := leaky.Policy{Interval: t.Rate.Interval(), Burst: *t.Burst, Capacity: *t.Capacity}
+	if t.Mode == ModeToken {
+		p.Capacity = 0
+	}
+	return p
+}
+
+// Tenant is the settings of one tenant and whether it may be used at all
+// (false: unknown while allow_unknown_tenants is false).
+func (c *Config) Tenant(name string) (TenantSettings, bool) {
+	if t, ok := c.Tenants[name]; ok {
+		return t, true
+	}
+	return c.TenantDefaults, *c.TenantDefaults.AllowUnknownTenants
+}
+
+// ValidName reports whether s may name a tenant or downstream: 1 to 128
+// ASCII letters, digits or . _ - + @, and not "." or "..".
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > 128 || s == "." || s == ".." {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		switch {
+		case b >= 'a' && b <= 'z', b >= 'A' && b <= 'Z', b >= '0' && b <= '9':
+		case b == '.', b == '_', b == '-', b == '+', b == '@':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func cmpOr[T comparable](a, b T) T {
+	var zero T
+	if a != zero {
+		return a
+	}
+	return b
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,182 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestNoFileRunsOnDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load("", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Server.Listen != "127.0.0.1:8080" || cfg.Store.Backend != "embedded" {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+	ts, ok := cfg.Tenant("anyone")
+	if !ok || ts.Downstream != DefaultDownstream || ts.Policy().Interval != time.Second || ts.Policy().Capacity != 10 {
+		t.Fatalf("default tenant: %+v ok=%v", ts, ok)
+	}
+}
+
+func TestRepositoryConfigLoads(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load("../../config.toml", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acme, ok := cfg.Tenant("acme")
+	if !ok || acme.Policy().Interval != 200*time.Millisecond || acme.Policy().Capacity != 1000 || acme.Mode != ModeLeaky || acme.Downstream != "sms" {
+		t.Fatalf("acme: %+v", acme.Policy())
+	}
+}
+
+func TestNamedTenantInheritsDefaults(t *testing.T) {
+	t.Parallel()
+	p := writeFile(t, `
+[downstreams.a]
+url = "http://127.0.0.1:1/"
+[tenant_defaults]
+mode = "token"
+burst = 7
+allow_unknown_tenants = false
+[tenants.x]
+rate = "2/s"
+`)
+	cfg, err := Load(p, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, ok := cfg.Tenant("x")
+	if !ok || x.Mode != ModeToken || x.Policy() != (x.Policy()) || x.Policy().Burst != 7 || x.Policy().Capacity != 0 || x.Policy().Interval != 500*time.Millisecond {
+		t.Fatalf("x: %+v %+v", x, x.Policy())
+	}
+	if _, ok := cfg.Tenant("y"); ok {
+		t.Fatal("unknown tenant allowed with allow_unknown_tenants = false")
+	}
+}
+
+func TestEnvAndFlagsOverrideFile(t *testing.T) {
+	t.Parallel()
+	p := writeFile(t, "[server]\nlisten = \"127.0.0.1:1111\"\n[tenant_defaults]\ncapacity = 3\n")
+	env := []string{"THROTTLER_SERVER_LISTEN=127.0.0.1:2222", "THROTTLER_TENANT_DEFAULTS_RATE=3/s", "THROTTLER_UNRELATED=1", "PATH=/bin"}
+	cfg, err := Load(p, env, []string{"tenant_defaults.capacity=42"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := cfg.TenantDefaults.Policy()
+	if cfg.Server.Listen != "127.0.0.1:2222" || d.Capacity != 42 || d.Interval != time.Second/3 {
+		t.Fatalf("listen %q policy %+v", cfg.Server.Listen, d)
+	}
+	// Flags win over env.
+	cfg, err = Load(p, env, []string{"server.listen=127.0.0.1:3333"})
+	if err != nil || cfg.Server.Listen != "127.0.0.1:3333" {
+		t.Fatalf("flag did not win: %v %v", cfg, err)
+	}
+}
+
+func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		body, key, reason string
+	}{
+		{"[server]\nlisten = 8080\n", "server.listen", "line 2"},
+		{"[server]\nlisten = \"0.0.0.0:8080\"\n", "server.listen", "loopback"},
+		{"[server]\nlistn = \"x\"\n", "server.listn", "unknown key"},
+		{"[tenant_defaults]\nrate = \"5/x\"\n", "tenant_defaults.rate", "use s, m, h, d"},
+		{"[tenant_defaults]\nmode = \"fast\"\n", "tenant_defaults.mode", "use \"leaky\" or \"token\""},
+		{"[tenants.a]\ncapacity = -1\n", "tenants.a.capacity", "from 0"},
+		{"[tenants.a]\nburst = 0\n", "tenants.a.burst", "from 1"},
+		{"[tenants.a]\ndownstream = \"nope\"\n", "tenants.a.downstream", "not configured"},
+		{"[tenants.\"a b\"]\nrate = \"1/s\"\n", "tenants.a b", "tenant name"},
+		{"[downstreams.d]\nurl = \"ftp://x\"\n", "downstreams.d.url", "http://"},
+		{"[downstreams.a]\nurl = \"http://x\"\n[downstreams.b]\nurl = \"http://y\"\n", "tenant_defaults.downstream", "one of a, b"},
+		{"[server]\nshutdown_timeout = \"soon\"\n", "server.shutdown_timeout", "not a duration"},
+		{"[store]\nbackend = \"mongo\"\n", "store.backend", "embedded"},
+		{"[tenants.a]\nwindows = [\"1000/d\"]\n", "tenants.a.windows", "not supported"},
+		{"[[auth.tokens]]\nname = \"x\"\n", "auth.tokens", "not supported"},
+	}
+	for _, c := range cases {
+		p := writeFile(t, c.body)
+		_, err := Load(p, nil, nil)
+		var cerr *Error
+		if !errors.As(err, &cerr) {
+			t.Errorf("%q: want *Error, got %v", c.body, err)
+			continue
+		}
+		if cerr.File != p || !strings.Contains(cerr.Key, c.key) || !strings.Contains(cerr.Error(), c.reason) {
+			t.Errorf("%q: got file %q key %q: %v; want key %q and %q", c.body, cerr.File, cerr.Key, err, c.key, c.reason)
+		}
+	}
+}
+
+func TestBadOverrides(t *testing.T) {
+	t.Parallel()
+	for _, o := range []string{"server.listen", "nosuch.key=1", "server.nosuch=1", "dispatch.concurrency=lots", "tenant_defaults.allow_unknown_tenants=maybe"} {
+		if _, err := Load("", nil, []string{o}); err == nil {
+			t.Errorf("override %q accepted", o)
+		}
+	}
+	if _, err := Load("", []string{"THROTTLER_TENANT_DEFAULTS_CAPACITY=ten"}, nil); err == nil || !strings.Contains(err.Error(), "THROTTLER_TENANT_DEFAULTS_CAPACITY") {
+		t.Errorf("bad env: %v", err)
+	}
+}
+
+func TestValidName(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"acme", "a", "+15551234567", "user@example.com", "A.b_c-d", strings.Repeat("x", 128)} {
+		if !ValidName(ok) {
+			t.Errorf("%q refused", ok)
+		}
+	}
+	for _, bad := range []string{"", ".", "..", "a b", "a/b", "a:b", "ä", strings.Repeat("x", 129), "a%2Fb", "a\x00"} {
+		if ValidName(bad) {
+			t.Errorf("%q allowed", bad)
+		}
+	}
+}
+
+func FuzzLoad(f *testing.F) {
+	f.Add("[server]\nlisten = \"127.0.0.1:1\"\n")
+	f.Add("[tenants.a]\nrate = \"5/s\"\ncapacity = 3\n")
+	f.Add("[downstreams.x]\nurl = \"http://127.0.0.1:9/\"\ntimeout = \"1s\"\n")
+	f.Fuzz(func(t *testing.T, body string) {
+		dir := t.TempDir()
+		p := filepath.Join(dir, "c.toml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := Load(p, nil, nil)
+		if err != nil {
+			var cerr *Error
+			if !errors.As(err, &cerr) {
+				t.Fatalf("error of type %T: %v", err, err)
+			}
+			return
+		}
+		// Whatever loads gives a usable policy for every tenant.
+		for name := range cfg.Tenants {
+			ts, _ := cfg.Tenant(name)
+			if err := ts.Policy().Validate(); err != nil {
+				t.Fatalf("tenant %s: %v", name, err)
+			}
+		}
+		if err := cfg.TenantDefaults.Policy().Validate(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

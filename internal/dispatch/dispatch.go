@@ -1,0 +1,208 @@
+// Package dispatch sends due jobs to their downstream: it waits for the
+// job's slot, passes the tenant's gate at the moment the request is written,
+// calls the downstream, and classifies the answer (succeeded, retry, failed).
+package dispatch
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+)
+
+// Route is where and how a tenant's jobs go.
+type Route struct {
+	Downstream  string
+	URL         string
+	Timeout     time.Duration
+	MaxAttempts int
+	Policy      leaky.Policy
+}
+
+// Options configure a Dispatcher.
+type Options struct {
+	// Routes gives each tenant's route. Required.
+	Routes func(tenant string) Route
+	// Clock paces sends. Default clock.Real.
+	Clock clock.Clock
+	// Client sends requests. Default NewClient(1024).
+	Client *http.Client
+	Logger *slog.Logger
+}
+
+// Dispatcher is a queue.Handler. Safe for concurrent use.
+type Dispatcher struct {
+	routes func(string) Route
+	clock  clock.Clock
+	client *http.Client
+	gate   *Gate
+	log    *slog.Logger
+
+	randMu sync.Mutex
+	rand   *rand.Rand
+}
+
+// New returns a Dispatcher.
+func New(opts Options) *Dispatcher {
+	clk := cmp.Or[clock.Clock](opts.Clock, clock.Real{})
+	return &Dispatcher{
+		routes: opts.Routes,
+		clock:  clk,
+		client: cmp.Or(opts.Client, NewClient(1024)),
+		gate:   NewGate(clk),
+		log:    cmp.Or(opts.Logger, slog.Default()),
+		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+	}
+}
+
+// MaxResponseBytes is how much of a response body is read: enough for an
+// error excerpt and to reuse the connection, never a downstream's whole 1 GB.
+const MaxResponseBytes = 64 << 10
+
+// NewClient returns the HTTP client for downstreams: HTTP/1.1 only (pacing
+// needs to know when a request is written, which HTTP/2 multiplexing hides),
+// redirects not followed, no response compression, and enough idle
+// connections per host for maxConns attempts at once.
+func NewClient(maxConns int) *http.Client {
+	return &http.Client{
+		Transport: &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:   maxConns,
+			IdleConnTimeout:       30 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			DisableCompression:    true,
+			ForceAttemptHTTP2:     false,
+			TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
+			ResponseHeaderTimeout: 0, // the per-attempt timeout covers it
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// Handle sends one job: it implements queue.Handler.
+func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
+	if stop.Err() != nil {
+		return queue.Outcome{Result: queue.Released}
+	}
+	r := d.routes(job.Tenant)
+	// Once begun, an attempt is not cut short by a stop: a request cut off
+	// mid-write would leave the downstream guessing, and the job was handed
+	// over only a moment before its slot.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(stop))
+	defer cancel()
+	// A bound on connecting: the slot is near, so this is generous.
+	ctx, cancelDial := context.WithTimeout(ctx, job.DispatchAt.Sub(d.clock.Now())+r.Timeout+10*time.Second)
+	defer cancelDial()
+
+	var (
+		mu      sync.Mutex
+		sentAt  time.Time
+		timeout *time.Timer
+	)
+	trace := &httptrace.ClientTrace{
+		// GotConn runs after the connection is ready and right before the
+		// request is written: the one moment to pace on.
+		GotConn: func(httptrace.GotConnInfo) {
+			at, err := d.gate.Wait(ctx, job.Tenant, r.Policy, job.DispatchAt)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			sentAt = at
+			if timeout == nil {
+				timeout = time.AfterFunc(r.Timeout, cancel)
+			}
+			mu.Unlock()
+		},
+	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, r.URL, bytes.NewReader(job.Payload))
+	if err != nil {
+		return queue.Outcome{Result: queue.Failed, Error: fmt.Sprintf("cannot build the request to %s: %v", r.Downstream, err)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "throttler")
+	req.Header.Set("Idempotency-Key", job.ID)
+	req.Header.Set("X-Throttler-Tenant", job.Tenant)
+	req.Header.Set("X-Throttler-Attempt", strconv.Itoa(job.Attempts))
+
+	resp, err := d.client.Do(req)
+	mu.Lock()
+	if timeout != nil {
+		timeout.Stop()
+	}
+	out := queue.Outcome{SentAt: sentAt}
+	mu.Unlock()
+	now := d.clock.Now()
+	if err != nil {
+		what := "connection error"
+		if errors.Is(ctx.Err(), context.Canceled) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			what = fmt.Sprintf("timeout after %v", r.Timeout)
+		}
+		return d.retry(job, r, out, now, 0, fmt.Sprintf("%s: %v", what, unwrapURL(err)))
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes))
+	resp.Body.Close()
+	out.Status = resp.StatusCode
+	switch s := resp.StatusCode; {
+	case s >= 200 && s < 300:
+		out.Result = queue.Succeeded
+		return out
+	case s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable:
+		wait, _ := retryAfter(resp.Header.Get("Retry-After"), now)
+		return d.retry(job, r, out, now, wait, statusError(s, body))
+	case s >= 500 || s == http.StatusRequestTimeout:
+		return d.retry(job, r, out, now, 0, statusError(s, body))
+	case s >= 300 && s < 400:
+		out.Result = queue.Failed
+		out.Error = statusError(s, body) + " (redirects are not followed: point the downstream url at the final address)"
+		return out
+	default:
+		out.Result = queue.Failed
+		out.Error = statusError(s, body)
+		return out
+	}
+}
+
+// retry schedules another attempt no earlier than wait from now (backoff if
+// wait is 0), or fails the job once its attempts are used up.
+func (d *Dispatcher) retry(job queue.Job, r Route, out queue.Outcome, now time.Time, wait time.Duration, msg string) queue.Outcome {
+	out.Error = msg
+	if job.Attempts >= r.MaxAttempts {
+		out.Result = queue.Failed
+		out.Error = fmt.Sprintf("gave up after %d attempts: %s", job.Attempts, msg)
+		return out
+	}
+	if wait == 0 {
+		d.randMu.Lock()
+		wait = backoff(job.Attempts, d.rand)
+		d.randMu.Unlock()
+	}
+	out.Result = queue.Retry
+	out.NotBefore = now.Add(wait)
+	return out
+}
+
+func unwrapURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}

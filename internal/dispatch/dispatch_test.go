@@ -1,0 +1,270 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait")) }
+
+type arrival struct {
+	at     time.Time
+	header http.Header
+	body   string
+}
+
+// recorder is a downstream that records when each request arrives.
+type recorder struct {
+	mu       sync.Mutex
+	arrivals []arrival
+	answer   func(w http.ResponseWriter, r *http.Request)
+}
+
+func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	at := time.Now()
+	body, _ := io.ReadAll(r.Body)
+	rec.mu.Lock()
+	rec.arrivals = append(rec.arrivals, arrival{at, r.Header.Clone(), string(body)})
+	rec.mu.Unlock()
+	if rec.answer != nil {
+		rec.answer(w, r)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func (rec *recorder) all() []arrival {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return append([]arrival(nil), rec.arrivals...)
+}
+
+func newDispatcher(t *testing.T, url string, r Route) *Dispatcher {
+	t.Helper()
+	r.URL = url
+	r.Downstream = "test"
+	r.Timeout = cmpOr(r.Timeout, 2*time.Second)
+	r.MaxAttempts = cmpOr(r.MaxAttempts, 5)
+	if r.Policy.Interval == 0 {
+		r.Policy = leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1, Capacity: 10}
+	}
+	client := NewClient(16)
+	t.Cleanup(client.CloseIdleConnections)
+	return New(Options{Routes: func(string) Route { return r }, Client: client})
+}
+
+func cmpOr[T comparable](a, b T) T {
+	var zero T
+	if a == zero {
+		return b
+	}
+	return a
+}
+
+func job(id string, attempt int, slot time.Time) queue.Job {
+	return queue.Job{ID: id, Tenant: "acme", Payload: json.RawMessage(`{"to":"+15550100","text":"hi"}`), Attempts: attempt, DispatchAt: slot}
+}
+
+const jobID = "01knb4s3vq5m8h7xkq2d9e4c1a"
+
+func TestRequestShape(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	d := newDispatcher(t, srv.URL+"/send", Route{})
+	slot := time.Now().Add(30 * time.Millisecond)
+	out := d.Handle(context.Background(), job(jobID, 2, slot))
+	if out.Result != queue.Succeeded || out.Status != 200 || out.SentAt.Before(slot) {
+		t.Fatalf("outcome %+v", out)
+	}
+	a := rec.all()
+	if len(a) != 1 {
+		t.Fatalf("%d arrivals", len(a))
+	}
+	h := a[0].header
+	if h.Get("Idempotency-Key") != jobID || h.Get("X-Throttler-Tenant") != "acme" || h.Get("X-Throttler-Attempt") != "2" || h.Get("Content-Type") != "application/json" {
+		t.Fatalf("headers %v", h)
+	}
+	if a[0].body != `{"to":"+15550100","text":"hi"}` {
+		t.Fatalf("body %q", a[0].body)
+	}
+	if a[0].at.Before(slot) {
+		t.Fatalf("arrived %v before its slot", slot.Sub(a[0].at))
+	}
+}
+
+func TestClassification(t *testing.T) {
+	t.Parallel()
+	httpDate := time.Now().Add(3 * time.Second).UTC().Format(http.TimeFormat)
+	cases := []struct {
+		name      string
+		answer    func(w http.ResponseWriter, r *http.Request)
+		attempt   int
+		result    queue.Result
+		status    int
+		errHas    string
+		waitAtMin time.Duration
+		waitAtMax time.Duration
+	}{
+		{"2xx succeeds", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }, 1, queue.Succeeded, 204, "", 0, 0},
+		{"400 fails at once with the body", func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(400)
+			io.WriteString(w, `{"error":"invalid phone number"}`)
+		}, 1, queue.Failed, 400, `400 Bad Request: {"error":"invalid phone number"}`, 0, 0},
+		{"500 retries with backoff", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 1, queue.Retry, 500, "500 Internal Server Error", 0, time.Second},
+		{"500 backoff grows", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(502) }, 3, queue.Retry, 502, "502", 0, 4 * time.Second},
+		{"429 honours Retry-After seconds", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(429)
+		}, 1, queue.Retry, 429, "429 Too Many Requests", 2 * time.Second, 2 * time.Second},
+		{"503 honours Retry-After date", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", httpDate)
+			w.WriteHeader(503)
+		}, 1, queue.Retry, 503, "503", 1 * time.Second, 3 * time.Second},
+		{"redirect is not followed", func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "http://127.0.0.2:1/elsewhere", http.StatusFound)
+		}, 1, queue.Failed, 302, "not followed", 0, 0},
+		{"last attempt fails", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 5, queue.Failed, 500, "gave up after 5 attempts", 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(&recorder{answer: c.answer})
+			defer srv.Close()
+			d := newDispatcher(t, srv.URL, Route{})
+			before := time.Now()
+			out := d.Handle(context.Background(), job(jobID, c.attempt, before))
+			if out.Result != c.result || out.Status != c.status || !strings.Contains(out.Error, c.errHas) {
+				t.Fatalf("outcome %+v, want result %v status %d error containing %q", out, c.result, c.status, c.errHas)
+			}
+			if c.result == queue.Retry {
+				wait := out.NotBefore.Sub(before)
+				if wait < c.waitAtMin-50*time.Millisecond || wait > c.waitAtMax+time.Second {
+					t.Fatalf("retry after %v, want %v..%v", wait, c.waitAtMin, c.waitAtMax)
+				}
+			}
+		})
+	}
+}
+
+func TestTimeoutAndConnectionErrorsRetry(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer slow.Close()
+	defer close(release)
+	d := newDispatcher(t, slow.URL, Route{Timeout: 100 * time.Millisecond})
+	start := time.Now()
+	out := d.Handle(context.Background(), job(jobID, 1, start))
+	if out.Result != queue.Retry || !strings.Contains(out.Error, "timeout after 100ms") {
+		t.Fatalf("timeout outcome %+v", out)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("timeout took %v", took)
+	}
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	d = newDispatcher(t, "http://"+addr+"/", Route{})
+	out = d.Handle(context.Background(), job(jobID, 1, time.Now()))
+	if out.Result != queue.Retry || !strings.Contains(out.Error, "connection error") {
+		t.Fatalf("refused outcome %+v", out)
+	}
+}
+
+func TestHugeResponseIsReadOnlyUpToTheCap(t *testing.T) {
+	t.Parallel()
+	var written atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(400)
+		chunk := make([]byte, 32<<10)
+		for i := 0; i < (1<<30)/len(chunk); i++ { // 1 GB if anyone reads it
+			n, err := w.Write(chunk)
+			written.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}))
+	defer srv.Close()
+	d := newDispatcher(t, srv.URL, Route{})
+	out := d.Handle(context.Background(), job(jobID, 1, time.Now()))
+	if out.Result != queue.Failed || len(out.Error) > 1024 {
+		t.Fatalf("outcome %v, error of %d bytes", out.Result, len(out.Error))
+	}
+	// The server stops once its socket buffers fill: far below 1 GB.
+	time.Sleep(50 * time.Millisecond)
+	if n := written.Load(); n > 64<<20 {
+		t.Fatalf("server wrote %d bytes: the body was read past the cap", n)
+	}
+}
+
+func TestStoppedBeforeSendingReleasesTheJob(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	d := newDispatcher(t, srv.URL, Route{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if out := d.Handle(ctx, job(jobID, 1, time.Now())); out.Result != queue.Released {
+		t.Fatalf("outcome %+v", out)
+	}
+	if n := len(rec.all()); n != 0 {
+		t.Fatalf("%d requests sent", n)
+	}
+}
+
+// Jobs handed over early are written at their slots, spaced by the rate,
+// even on cold connections (each job here dials its own).
+func TestPacingSeenAtTheDownstream(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	T := 20 * time.Millisecond
+	d := newDispatcher(t, srv.URL, Route{Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 100}})
+	start := time.Now().Add(50 * time.Millisecond)
+	var wg sync.WaitGroup
+	for i := 0; i < 30; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := jobID[:24] + string(rune('a'+i/10)) + string(rune('a'+i%10))
+			if out := d.Handle(context.Background(), job(id, 1, start.Add(time.Duration(i)*T))); out.Result != queue.Succeeded {
+				t.Errorf("job %d: %+v", i, out)
+			}
+		}()
+	}
+	wg.Wait()
+	a := rec.all()
+	for i := 1; i < len(a); i++ {
+		if gap := a[i].at.Sub(a[i-1].at); gap < T-2*time.Millisecond {
+			t.Fatalf("arrivals %d and %d only %v apart", i-1, i, gap)
+		}
+	}
+}

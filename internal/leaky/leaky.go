@@ -1,0 +1,134 @@
+// Package leaky decides admission and spacing for one bucket: GCRA (the
+// generic cell rate algorithm, ITU-T I.371) with a bounded queue.
+//
+// The whole state of a bucket is one timestamp, TAT: the theoretical arrival
+// time of the next conforming job. With tolerance tau = (Burst-1)*Interval, a
+// job arriving at now gets slot = max(now, TAT - tau). It is admitted iff
+// slot - now <= Capacity*Interval; then TAT = max(TAT, now) + Interval and the
+// job is due at slot. A rejected job leaves TAT as it was.
+//
+//   - leaky mode: Burst 1, Capacity C: one job goes now, C wait, spaced Interval.
+//   - token mode: Burst B, Capacity 0: B jobs go at once, none wait.
+//   - both: Burst B, Capacity C: B go at once after a quiet spell, then C wait.
+//
+// Everything here is a pure function of (state, now, policy): no clock, no
+// I/O, no locks. The stores call it (the Redis backend runs the same rules in
+// Lua, checked against this code) and so does the simulator.
+package leaky
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Policy is how one bucket admits and spaces jobs.
+type Policy struct {
+	// Interval is T = 1/rate: the spacing between sends. Must be > 0.
+	Interval time.Duration
+	// Burst is how many jobs may go at once after a quiet spell (>= 1).
+	Burst int
+	// Capacity is how many jobs may wait (>= 0). Token mode has 0.
+	Capacity int
+}
+
+// Validate says what is wrong with p, if anything.
+func (p Policy) Validate() error {
+	switch {
+	case p.Interval <= 0:
+		return errors.New("interval must be positive")
+	case p.Burst < 1:
+		return fmt.Errorf("burst must be at least 1, got %d", p.Burst)
+	case p.Capacity < 0:
+		return fmt.Errorf("capacity must not be negative, got %d", p.Capacity)
+	}
+	return nil
+}
+
+// Tolerance is tau = (Burst-1) * Interval.
+func (p Policy) Tolerance() time.Duration {
+	return time.Duration(p.Burst-1) * p.Interval
+}
+
+// MaxDelay is the longest an admitted job may wait: Capacity * Interval.
+func (p Policy) MaxDelay() time.Duration {
+	return time.Duration(p.Capacity) * p.Interval
+}
+
+// State is one bucket. The zero value is a bucket that has been quiet forever.
+type State struct {
+	// TAT is the theoretical arrival time of the next conforming job.
+	TAT time.Time
+}
+
+// Decision is the answer for one job.
+type Decision struct {
+	Admitted bool
+	// Slot is when the job may be sent (admitted jobs only).
+	Slot time.Time
+	// Delay is Slot - now: how long the job waits (admitted jobs only).
+	Delay time.Duration
+	// RetryAfter is how long until the same job would be admitted (rejected
+	// jobs only): a job arriving exactly then is admitted.
+	RetryAfter time.Duration
+}
+
+// Admit decides one job arriving at now and returns the bucket's new state.
+// A rejected job leaves the state unchanged.
+func Admit(s State, now time.Time, p Policy) (Decision, State) {
+	slot := earliestSlot(s, now, p)
+	delay := slot.Sub(now)
+	if delay > p.MaxDelay() {
+		return Decision{RetryAfter: delay - p.MaxDelay()}, s
+	}
+	return Decision{Admitted: true, Slot: slot, Delay: delay}, advance(s, now, p)
+}
+
+// Reserve takes the next slot at or after notBefore whatever the capacity:
+// for a job already accepted that must be sent again (a retry), so that every
+// attempt is paced like the first.
+func Reserve(s State, notBefore time.Time, p Policy) (time.Time, State) {
+	return earliestSlot(s, notBefore, p), advance(s, notBefore, p)
+}
+
+// ExpectedDelay is how long a job admitted at now would wait before its slot.
+// When the bucket is full it is the wait the job would have had.
+func ExpectedDelay(s State, now time.Time, p Policy) time.Duration {
+	return earliestSlot(s, now, p).Sub(now)
+}
+
+// Waiting is how many admitted jobs have a slot after now, by the schedule
+// alone (a store that counts its jobs knows better once jobs are cancelled or
+// retried). It never exceeds p.Capacity for a bucket fed only by Admit.
+func Waiting(s State, now time.Time, p Policy) int {
+	// The k-th most recent admission (k = 0, 1, ...) has slot
+	// TAT - (k+1)*T - tau when the schedule is contiguous.
+	ahead := s.TAT.Sub(now) - p.Tolerance()
+	if ahead <= 0 {
+		return 0
+	}
+	n := int((ahead + p.Interval - 1) / p.Interval) // ceil
+	return n - 1
+}
+
+// Idle reports whether the state no longer matters at now: a quiet bucket
+// would decide exactly the same. Stores drop idle state.
+func Idle(s State, now time.Time) bool {
+	return !s.TAT.After(now)
+}
+
+func earliestSlot(s State, now time.Time, p Policy) time.Time {
+	slot := s.TAT.Add(-p.Tolerance())
+	if slot.Before(now) {
+		return now
+	}
+	return slot
+}
+
+func advance(s State, now time.Time, p Policy) State {
+	tat := s.TAT
+	if tat.Before(now) {
+		tat = now
+	}
+	return State{TAT: tat.Add(p.Interval)}
+}

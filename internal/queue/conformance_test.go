@@ -1,0 +1,407 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
+)
+
+// backend opens a store on the test's data with the given clock and
+// policies. Calling it again after Close reopens the same data: a restart.
+type backend func(t *testing.T, clk clock.Clock, policy PolicyFunc) Store
+
+// opener returns a fresh opener per test (fresh data for each test).
+type opener func(t *testing.T) backend
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+const T = 50 * time.Millisecond // 20/s
+
+func leaky20(capacity int) PolicyFunc {
+	return func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: capacity} }
+}
+
+func payload(i int) NewJob {
+	return NewJob{Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+}
+
+func enqueueOne(t *testing.T, s Store, tenant string, nj NewJob) Admission {
+	t.Helper()
+	out, err := s.Enqueue(context.Background(), tenant, []NewJob{nj})
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return out[0]
+}
+
+// runConformance is the suite every backend passes: same decisions, same
+// states, same errors.
+func runConformance(t *testing.T, open opener) {
+	t.Run("BurstAgainstCapacity", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		s := open(t)(t, clk, leaky20(10))
+		var admitted []Admission
+		for i := 0; i < 40; i++ {
+			a := enqueueOne(t, s, "acme", payload(i))
+			if a.Rejected == nil {
+				admitted = append(admitted, a)
+				continue
+			}
+			r := a.Rejected
+			if r.Reason != ReasonQueueFull || r.RetryAfter != T || r.Capacity != 10 || r.QueueDepth != 11 {
+				t.Fatalf("job %d: rejection %+v, want queue_full after %v with depth 11 of 10", i, r, T)
+			}
+		}
+		if len(admitted) != 11 {
+			t.Fatalf("admitted %d, want 11", len(admitted))
+		}
+		for i, a := range admitted {
+			want := t0.Add(time.Duration(i) * T)
+			if !a.Job.DispatchAt.Equal(want) || a.ExpectedDelay != time.Duration(i)*T || a.QueueDepth != i+1 || a.Job.State != StateQueued {
+				t.Fatalf("job %d: slot %v delay %v depth %d state %s", i, a.Job.DispatchAt.Sub(t0), a.ExpectedDelay, a.QueueDepth, a.Job.State)
+			}
+		}
+		st, err := s.Tenant(context.Background(), "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.QueueDepth != 11 || st.Accepted != 11 || st.Rejected != 29 || st.ExpectedDelay != 11*T {
+			t.Fatalf("status %+v", st)
+		}
+	})
+
+	t.Run("TokenMode", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		s := open(t)(t, clk, func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 10} })
+		n := 0
+		for i := 0; i < 30; i++ {
+			a := enqueueOne(t, s, "tok", payload(i))
+			if a.Rejected == nil {
+				n++
+				if a.ExpectedDelay != 0 {
+					t.Fatalf("token job waits %v", a.ExpectedDelay)
+				}
+			} else if a.Rejected.Reason != ReasonRateLimited || a.Rejected.RetryAfter != T {
+				t.Fatalf("rejection %+v", a.Rejected)
+			}
+		}
+		if n != 10 {
+			t.Fatalf("admitted %d, want 10", n)
+		}
+	})
+
+	t.Run("BatchDecidesInOrder", func(t *testing.T) {
+		t.Parallel()
+		s := open(t)(t, clock.NewFake(t0), leaky20(2))
+		jobs := []NewJob{payload(0), payload(1), payload(2), payload(3)}
+		out, err := s.Enqueue(context.Background(), "b", jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []bool{true, true, true, false} {
+			if (out[i].Rejected == nil) != want {
+				t.Fatalf("job %d admitted=%v, want %v", i, out[i].Rejected == nil, want)
+			}
+		}
+	})
+
+	t.Run("Idempotency", func(t *testing.T) {
+		t.Parallel()
+		s := open(t)(t, clock.NewFake(t0), leaky20(100))
+		key := NewJob{Payload: json.RawMessage(`1`), IdempotencyKey: "k-1"}
+		first := enqueueOne(t, s, "acme", key)
+		second := enqueueOne(t, s, "acme", key)
+		if first.Rejected != nil || !second.Duplicate || second.Job.ID != first.Job.ID || first.Duplicate {
+			t.Fatalf("first %+v second %+v", first, second)
+		}
+		if second.ExpectedDelay != first.ExpectedDelay || second.QueueDepth != first.QueueDepth {
+			t.Fatalf("repeat answered differently: %+v vs %+v", second, first)
+		}
+		other := enqueueOne(t, s, "other", key)
+		if other.Duplicate || other.Job.ID == first.Job.ID {
+			t.Fatal("a key of one tenant matched another tenant's job")
+		}
+		// The same key in one batch, and from many callers at once: one job.
+		out, err := s.Enqueue(context.Background(), "acme", []NewJob{{Payload: json.RawMessage(`2`), IdempotencyKey: "k-2"}, {Payload: json.RawMessage(`2`), IdempotencyKey: "k-2"}})
+		if err != nil || out[0].Job.ID != out[1].Job.ID || !out[1].Duplicate {
+			t.Fatalf("same key in one batch: %+v %v", out, err)
+		}
+		var wg sync.WaitGroup
+		ids := make([]string, 20)
+		for i := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out, err := s.Enqueue(context.Background(), "acme", []NewJob{{Payload: json.RawMessage(`3`), IdempotencyKey: "k-3"}})
+				if err == nil {
+					ids[i] = out[0].Job.ID
+				}
+			}()
+		}
+		wg.Wait()
+		for _, id := range ids {
+			if id == "" || id != ids[0] {
+				t.Fatalf("concurrent repeats gave ids %v", ids)
+			}
+		}
+		st, _ := s.Tenant(context.Background(), "acme")
+		if st.Accepted != 3 || st.QueueDepth != 3 {
+			t.Fatalf("want 3 jobs for 3 keys, status %+v", st)
+		}
+	})
+
+	t.Run("JobLookupAndCancel", func(t *testing.T) {
+		t.Parallel()
+		s := open(t)(t, clock.NewFake(t0), leaky20(10))
+		ctx := context.Background()
+		a := enqueueOne(t, s, "acme", payload(1))
+		b := enqueueOne(t, s, "acme", payload(2))
+		got, err := s.Job(ctx, a.Job.ID)
+		if err != nil || got.ID != a.Job.ID || got.Tenant != "acme" || string(got.Payload) != `{"n":1}` || got.State != StateQueued {
+			t.Fatalf("Job: %+v %v", got, err)
+		}
+		for _, id := range []string{"nope", newID(t0)} {
+			if _, err := s.Job(ctx, id); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Job(%q) err %v, want ErrNotFound", id, err)
+			}
+			if _, err := s.Cancel(ctx, id); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Cancel(%q) err %v, want ErrNotFound", id, err)
+			}
+		}
+		c, err := s.Cancel(ctx, b.Job.ID)
+		if err != nil || c.State != StateCancelled {
+			t.Fatalf("cancel: %+v %v", c, err)
+		}
+		var se *StateError
+		if _, err := s.Cancel(ctx, b.Job.ID); !errors.As(err, &se) || se.State != StateCancelled {
+			t.Fatalf("second cancel: %v", err)
+		}
+		st, _ := s.Tenant(ctx, "acme")
+		if st.QueueDepth != 1 || st.Cancelled != 1 {
+			t.Fatalf("status after cancel %+v", st)
+		}
+	})
+
+	t.Run("ConsumeDeliversAtSlotsInOrder", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		s := open(t)(t, clk, leaky20(10))
+		var ids []string
+		for i := 0; i < 5; i++ {
+			ids = append(ids, enqueueOne(t, s, "acme", payload(i)).Job.ID)
+		}
+		cancelled := enqueueOne(t, s, "acme", payload(99)).Job.ID
+		if _, err := s.Cancel(context.Background(), cancelled); err != nil {
+			t.Fatal(err)
+		}
+		lead := 20 * time.Millisecond
+		got := make(chan handed, 10)
+		stop := consume(t, s, lead, func(ctx context.Context, j Job) Outcome {
+			got <- handed{j, clk.Now()}
+			return Outcome{Result: Succeeded, Status: 200, SentAt: j.DispatchAt}
+		})
+		for i, id := range ids {
+			h := waitHanded(t, clk, got, 5*time.Millisecond)
+			if h.job.ID != id || h.job.Attempts != 1 || h.job.State != StateDispatching {
+				t.Fatalf("handed %d: %+v, want %s attempt 1", i, h.job, id)
+			}
+			if early := h.job.DispatchAt.Sub(h.at); early < 0 || early > lead {
+				t.Fatalf("job %d handed %v before its slot, want within the lead %v", i, early, lead)
+			}
+		}
+		stop()
+		for _, id := range ids {
+			if j, _ := s.Job(context.Background(), id); j.State != StateSucceeded || j.ResponseStatus != 200 || j.FinishedAt.IsZero() {
+				t.Fatalf("job %s after delivery: %+v", id, j)
+			}
+		}
+		st, _ := s.Tenant(context.Background(), "acme")
+		if st.Delivered != 5 || st.QueueDepth != 0 || st.InFlight != 0 {
+			t.Fatalf("status %+v", st)
+		}
+	})
+
+	t.Run("RetryFailAndRelease", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		s := open(t)(t, clk, leaky20(10))
+		ctx := context.Background()
+		retry := enqueueOne(t, s, "acme", payload(1)).Job.ID
+		fail := enqueueOne(t, s, "acme", payload(2)).Job.ID
+		got := make(chan handed, 10)
+		var mu sync.Mutex
+		calls := map[string]int{}
+		stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+			mu.Lock()
+			calls[j.ID]++
+			n := calls[j.ID]
+			mu.Unlock()
+			got <- handed{j, clk.Now()}
+			switch {
+			case j.ID == retry && n == 1:
+				return Outcome{Result: Retry, Status: 502, Error: "bad gateway", NotBefore: clk.Now().Add(time.Second)}
+			case j.ID == fail:
+				return Outcome{Result: Failed, Status: 400, Error: "400 Bad Request: no"}
+			}
+			return Outcome{Result: Succeeded, Status: 200}
+		})
+		first := waitHanded(t, clk, got, 5*time.Millisecond)
+		second := waitHanded(t, clk, got, 5*time.Millisecond)
+		if first.job.ID != retry || second.job.ID != fail {
+			t.Fatalf("order %s %s", first.job.ID, second.job.ID)
+		}
+		waitFor(t, func() bool { j, _ := s.Job(ctx, retry); return j.State == StateRetrying })
+		j, _ := s.Job(ctx, retry)
+		if j.LastError != "bad gateway" || j.ResponseStatus != 502 || j.DispatchAt.Before(first.at.Add(time.Second)) {
+			t.Fatalf("retrying job %+v", j)
+		}
+		third := waitHanded(t, clk, got, 20*time.Millisecond)
+		if third.job.ID != retry || third.job.Attempts != 2 || third.at.Before(first.at.Add(time.Second-10*time.Millisecond)) {
+			t.Fatalf("retry handed %+v at %v", third.job, third.at.Sub(first.at))
+		}
+		stop()
+		if j, _ := s.Job(ctx, fail); j.State != StateFailed || j.ResponseStatus != 400 || j.LastError == "" {
+			t.Fatalf("failed job %+v", j)
+		}
+		if j, _ := s.Job(ctx, retry); j.State != StateSucceeded || j.Attempts != 2 || j.LastError != "" {
+			t.Fatalf("retried job %+v", j)
+		}
+		st, _ := s.Tenant(ctx, "acme")
+		if st.Delivered != 1 || st.Failed != 1 || st.QueueDepth != 0 {
+			t.Fatalf("status %+v", st)
+		}
+
+		// Released: nothing was sent, so the attempt does not count.
+		rel := enqueueOne(t, s, "acme", payload(3)).Job.ID
+		stop = consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+			got <- handed{j, clk.Now()}
+			return Outcome{Result: Released}
+		})
+		waitHanded(t, clk, got, 5*time.Millisecond)
+		stop()
+		if j, _ := s.Job(ctx, rel); j.State != StateQueued || j.Attempts != 0 {
+			t.Fatalf("released job %+v", j)
+		}
+	})
+
+	t.Run("RestartKeepsJobsAndSpacesOverdueOnes", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		reopen := open(t)
+		s := reopen(t, clk, leaky20(10))
+		var ids []string
+		for i := 0; i < 6; i++ {
+			ids = append(ids, enqueueOne(t, s, "acme", payload(i)).Job.ID)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Hour) // every slot passed while stopped
+		s = reopen(t, clk, leaky20(10))
+		st, err := s.Tenant(context.Background(), "acme")
+		if err != nil || st.QueueDepth != 6 || st.Accepted != 6 {
+			t.Fatalf("after restart %+v %v", st, err)
+		}
+		restart := clk.Now()
+		for i, id := range ids {
+			j, err := s.Job(context.Background(), id)
+			if err != nil || j.State != StateQueued {
+				t.Fatalf("job %d lost: %+v %v", i, j, err)
+			}
+			if want := restart.Add(time.Duration(i) * T); !j.DispatchAt.Equal(want) {
+				t.Fatalf("job %d slot %v after restart, want %v", i, j.DispatchAt.Sub(restart), want.Sub(restart))
+			}
+		}
+		// A new job queues behind them, and is told so.
+		a := enqueueOne(t, s, "acme", payload(7))
+		if a.Rejected != nil || a.ExpectedDelay != 6*T {
+			t.Fatalf("new job after restart: %+v", a)
+		}
+	})
+
+	t.Run("TenantsDeepestFirst", func(t *testing.T) {
+		t.Parallel()
+		s := open(t)(t, clock.NewFake(t0), leaky20(100))
+		for tenant, n := range map[string]int{"a": 1, "b": 3, "c": 2} {
+			for i := 0; i < n; i++ {
+				enqueueOne(t, s, tenant, payload(i))
+			}
+		}
+		ctx := context.Background()
+		all, err := s.Tenants(ctx, 0, 10)
+		if err != nil || len(all) != 3 || all[0].Tenant != "b" || all[1].Tenant != "c" || all[2].Tenant != "a" || all[0].QueueDepth != 3 {
+			t.Fatalf("tenants %+v %v", all, err)
+		}
+		page, _ := s.Tenants(ctx, 1, 1)
+		if len(page) != 1 || page[0].Tenant != "c" {
+			t.Fatalf("page %+v", page)
+		}
+		if none, _ := s.Tenants(ctx, 3, 10); len(none) != 0 {
+			t.Fatalf("past the end: %+v", none)
+		}
+		if st, err := s.Tenant(ctx, "never-seen"); err != nil || st.QueueDepth != 0 || st.ExpectedDelay != 0 {
+			t.Fatalf("unseen tenant %+v %v", st, err)
+		}
+	})
+}
+
+type handed struct {
+	job Job
+	at  time.Time
+}
+
+// consume runs s.Consume in the background; the returned func stops it and
+// waits for it to return.
+func consume(t *testing.T, s Store, lead time.Duration, h Handler) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Consume(ctx, h, ConsumeOptions{Lead: lead, Concurrency: 16}) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Consume: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitHanded advances the fake clock by step until a job is handed over.
+func waitHanded(t *testing.T, clk *clock.Fake, got <-chan handed, step time.Duration) handed {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case h := <-got:
+			return h
+		case <-time.After(2 * time.Millisecond):
+			clk.Advance(step)
+		}
+	}
+	t.Fatal("no job handed over within 10s")
+	return handed{}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

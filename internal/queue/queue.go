@@ -1,0 +1,215 @@
+// Package queue owns jobs and bucket state: the Store interface that the API
+// and the dispatcher use, the conformance suite every backend passes, and the
+// backends themselves (embedded: bbolt).
+//
+// A job's life:
+//
+//	queued ──claim──▶ dispatching ──2xx──▶ succeeded
+//	  ▲  │                 │ ──4xx, or last attempt──▶ failed
+//	  │  └─cancel─▶ cancelled
+//	  └──retrying ◀──5xx, timeout, connection error
+//
+// A store decides admission with internal/leaky under its own clock, keeps
+// every admitted job durably before answering, and hands due jobs to a
+// Handler a little before their slot.
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"throttler/internal/leaky"
+)
+
+// JobState is where a job is in its life.
+type JobState string
+
+const (
+	StateQueued      JobState = "queued"      // waiting for its slot
+	StateDispatching JobState = "dispatching" // handed to the dispatcher: being sent
+	StateRetrying    JobState = "retrying"    // waiting for the slot of its next attempt
+	StateSucceeded   JobState = "succeeded"
+	StateFailed      JobState = "failed"
+	StateCancelled   JobState = "cancelled"
+)
+
+// Waiting reports whether a job in this state waits for a slot.
+func (s JobState) Waiting() bool { return s == StateQueued || s == StateRetrying }
+
+// Finished reports whether a job in this state is done for good.
+func (s JobState) Finished() bool {
+	return s == StateSucceeded || s == StateFailed || s == StateCancelled
+}
+
+// Job is one unit of work for a tenant's downstream.
+type Job struct {
+	ID             string          `json:"id"`
+	Tenant         string          `json:"tenant"`
+	State          JobState        `json:"state"`
+	Payload        json.RawMessage `json:"payload"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	// Attempts counts attempts begun (a claim is an attempt).
+	Attempts   int       `json:"attempts"`
+	EnqueuedAt time.Time `json:"enqueued_at"`
+	// DispatchAt is the slot of the next attempt (or of the last one).
+	DispatchAt     time.Time `json:"dispatch_at"`
+	FinishedAt     time.Time `json:"finished_at,omitzero"`
+	LastError      string    `json:"last_error,omitempty"`
+	ResponseStatus int       `json:"response_status,omitempty"`
+	// What the job was told at admission, told again for a repeated key.
+	AdmitDelay time.Duration `json:"admit_delay"`
+	AdmitDepth int           `json:"admit_depth"`
+}
+
+// NewJob is a job as a producer sends it.
+type NewJob struct {
+	Payload        json.RawMessage
+	IdempotencyKey string
+}
+
+// Admission is the answer to one NewJob: admitted (Job set, Rejected nil), a
+// repeat of an earlier idempotency key (Duplicate, the first job and the
+// first answer), or refused (Rejected set).
+type Admission struct {
+	Job           Job
+	Duplicate     bool
+	ExpectedDelay time.Duration
+	QueueDepth    int
+	Capacity      int
+	Rejected      *RejectedError
+}
+
+// TenantStatus is what a store knows of one tenant.
+type TenantStatus struct {
+	Tenant        string
+	QueueDepth    int // admitted, not yet handed to the downstream
+	InFlight      int // being sent
+	ExpectedDelay time.Duration
+	Accepted      int64
+	Rejected      int64
+	Delivered     int64
+	Failed        int64
+	Cancelled     int64
+}
+
+// Result is how an attempt ended.
+type Result int
+
+const (
+	// Succeeded: the downstream took it (2xx).
+	Succeeded Result = iota + 1
+	// Failed: for good (a permanent error, or the last attempt).
+	Failed
+	// Retry: send again, no earlier than Outcome.NotBefore, paced like any
+	// attempt.
+	Retry
+	// Released: nothing was sent (the service is stopping); the job goes
+	// back to waiting at its slot and the attempt is not counted.
+	Released
+)
+
+// Outcome is what a Handler reports for one job.
+type Outcome struct {
+	Result Result
+	// SentAt is when the request was written (zero if it was not).
+	SentAt time.Time
+	// Status is the downstream's HTTP status (0 if none).
+	Status int
+	// Error says what went wrong, for people (Failed, Retry).
+	Error string
+	// NotBefore is the earliest next attempt (Retry).
+	NotBefore time.Time
+}
+
+// Handler sends one due job and says how it went. It is called a little
+// before job.DispatchAt and must wait for the slot itself. ctx is done when
+// the service stops: a handler that has not sent yet returns Released.
+type Handler func(ctx context.Context, job Job) Outcome
+
+// ConsumeOptions tune Consume; zero values take the defaults.
+type ConsumeOptions struct {
+	// Lead is how long before its slot a job is handed over, so that the
+	// handler can connect and be ready to write at the slot.
+	// Default DefaultLead.
+	Lead time.Duration
+	// Concurrency caps jobs handed over and not yet finished. Default 1024.
+	Concurrency int
+}
+
+// DefaultLead covers a store write and a connection setup.
+const DefaultLead = 100 * time.Millisecond
+
+// PolicyFunc gives the bucket policy of a tenant (config can change it).
+type PolicyFunc func(tenant string) leaky.Policy
+
+// Store keeps jobs and bucket state. All methods are safe for concurrent use.
+type Store interface {
+	// Enqueue decides each job in order, atomically with respect to every
+	// other decision for the tenant, and returns once the admitted ones are
+	// durable. A store failure fails the whole call (nothing is admitted)
+	// with an error wrapping ErrUnavailable.
+	Enqueue(ctx context.Context, tenant string, jobs []NewJob) ([]Admission, error)
+	// Job returns a job by id (ErrNotFound).
+	Job(ctx context.Context, id string) (Job, error)
+	// Cancel cancels a waiting job. A job being sent or finished gives a
+	// *StateError.
+	Cancel(ctx context.Context, id string) (Job, error)
+	// Tenant reports one tenant (a tenant never seen reports zeros).
+	Tenant(ctx context.Context, tenant string) (TenantStatus, error)
+	// Tenants lists tenants with jobs waiting or in flight, deepest first.
+	Tenants(ctx context.Context, offset, limit int) ([]TenantStatus, error)
+	// Consume hands due jobs to h until ctx is done, then waits for the
+	// handlers it started and records their outcomes before returning.
+	Consume(ctx context.Context, h Handler, opts ConsumeOptions) error
+	// Ping reports whether the store can be reached.
+	Ping(ctx context.Context) error
+	Close() error
+}
+
+var (
+	// ErrNotFound: no such job.
+	ErrNotFound = errors.New("not found")
+	// ErrUnavailable: the store cannot be reached or cannot write.
+	ErrUnavailable = errors.New("store unavailable")
+)
+
+// Rejection reasons.
+const (
+	ReasonQueueFull   = "queue_full"   // leaky: the queue holds capacity jobs
+	ReasonRateLimited = "rate_limited" // token: no token left
+)
+
+// RejectedError is a job refused because the tenant has no room.
+type RejectedError struct {
+	Tenant     string
+	Reason     string // ReasonQueueFull or ReasonRateLimited
+	RetryAfter time.Duration
+	QueueDepth int
+	Capacity   int
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("tenant %s: %s; retry after %v", e.Tenant, e.Reason, e.RetryAfter)
+}
+
+// StateError is an operation refused because of the job's state.
+type StateError struct {
+	ID    string
+	State JobState
+	Op    string
+}
+
+func (e *StateError) Error() string {
+	return fmt.Sprintf("job %s is %s: cannot %s it", e.ID, e.State, e.Op)
+}
+
+func rejection(tenant string, p leaky.Policy, d leaky.Decision, depth int) *RejectedError {
+	reason := ReasonQueueFull
+	if p.Capacity == 0 {
+		reason = ReasonRateLimited
+	}
+	return &RejectedError{Tenant: tenant, Reason: reason, RetryAfter: d.RetryAfter, QueueDepth: depth, Capacity: p.Capacity}
+}
