@@ -732,6 +732,9 @@ func (s *BoltStore) finish(j Job, o Outcome) error {
 			return fmt.Errorf("claimed job %s not stored (%v)", j.ID, err)
 		}
 		cur.ResponseStatus = cmp.Or(o.Status, cur.ResponseStatus)
+		if !o.SentAt.IsZero() {
+			cur.SentAt = o.SentAt
+		}
 		cur.LastError = cmp.Or(o.Error, cur.LastError)
 		s.mu.Lock()
 		tm, err := s.loadTenantTx(tx, j.Tenant)

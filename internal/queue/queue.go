@@ -55,7 +55,9 @@ type Job struct {
 	Attempts   int       `json:"attempts"`
 	EnqueuedAt time.Time `json:"enqueued_at"`
 	// DispatchAt is the slot of the next attempt (or of the last one).
-	DispatchAt     time.Time `json:"dispatch_at"`
+	DispatchAt time.Time `json:"dispatch_at"`
+	// SentAt is when the last attempt's request was written.
+	SentAt         time.Time `json:"sent_at,omitzero"`
 	FinishedAt     time.Time `json:"finished_at,omitzero"`
 	LastError      string    `json:"last_error,omitempty"`
 	ResponseStatus int       `json:"response_status,omitempty"`

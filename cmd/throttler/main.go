@@ -1,0 +1,83 @@
+// Command throttler is the service (serve) and its tools (config check).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signalContext()
+	defer stop()
+	cmd := newRootCommand(os.Stdout, os.Stderr, os.Environ())
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		os.Exit(1)
+	}
+}
+
+// signalContext is done at the first SIGINT or SIGTERM; a second one exits
+// at once.
+func signalContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		sig := <-sigs
+		fmt.Fprintf(os.Stderr, "throttler: %v: stopping (send it again to exit at once)\n", sig)
+		cancel()
+		<-sigs
+		fmt.Fprintln(os.Stderr, "throttler: second signal: exiting now; jobs being sent are sent again after restart")
+		os.Exit(130)
+	}()
+	return ctx, func() { signal.Stop(sigs); cancel() }
+}
+
+// exitError carries an exit status through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+func (e exitError) Unwrap() error { return e.err }
+
+// newRootCommand builds the command tree; env is the environment that
+// config overrides come from.
+func newRootCommand(stdout, stderr io.Writer, env []string) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "throttler",
+		Short:         "Queue jobs per tenant and deliver them to a rate-limited downstream at each tenant's rate",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.PersistentPostRun = nil
+	root.AddCommand(newServeCommand(env), newConfigCommand(env))
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return fmt.Errorf("%w (see %s --help)", err, c.CommandPath())
+	})
+	// Errors are printed once, here, for every subcommand.
+	for _, c := range root.Commands() {
+		run := c.RunE
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			err := run(cmd, args)
+			if err != nil {
+				fmt.Fprintln(cmd.ErrOrStderr(), "throttler:", err)
+			}
+			return err
+		}
+	}
+	return root
+}

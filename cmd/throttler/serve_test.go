@@ -1,0 +1,280 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("os/signal.signal_recv"))
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   map[string]any
+	at     time.Time // when the answer arrived
+}
+
+// A leaky tenant at 20/s with capacity 10 gets a burst of 40 (DESIGN.md §2).
+// Timing tests are not parallel: they measure on a machine doing nothing else.
+func TestBurstThroughHTTP(t *testing.T) {
+	ds := newDownstream(t)
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 10\n", ds))
+	const T = 50 * time.Millisecond
+
+	// Open the connections first, so the burst arrives together.
+	var warm sync.WaitGroup
+	for i := 0; i < 40; i++ {
+		warm.Add(1)
+		go func() { defer warm.Done(); call(t, "GET", base+"/healthz", "") }()
+	}
+	warm.Wait()
+
+	answers := make([]answer, 40)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			st, h, body := call(t, "POST", base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
+			answers[i] = answer{st, h, body, time.Now()}
+		}()
+	}
+	close(start)
+	wg.Wait()
+
+	accepted := map[string]answer{}
+	rejected := 0
+	for _, a := range answers {
+		switch a.status {
+		case http.StatusAccepted:
+			accepted[a.body["id"].(string)] = a
+		case http.StatusTooManyRequests:
+			rejected++
+			ms, _ := a.body["retry_after_ms"].(float64)
+			if a.body["error"] != "queue_full" || ms <= 0 || ms > float64(T/time.Millisecond) || a.header.Get("Retry-After") != "1" || a.body["capacity"] != 10.0 {
+				t.Fatalf("rejection %v %v", a.header, a.body)
+			}
+		default:
+			t.Fatalf("status %d: %v", a.status, a.body)
+		}
+	}
+	if len(accepted) != 11 || rejected != 29 {
+		t.Fatalf("accepted %d, rejected %d; want 11 and 29", len(accepted), rejected)
+	}
+
+	waitFor(t, 5*time.Second, "11 deliveries", func() bool { return len(ds.all()) >= 11 })
+	time.Sleep(2 * T) // nothing more may come
+	got := ds.all()
+	if len(got) != 11 {
+		t.Fatalf("downstream saw %d requests, want 11", len(got))
+	}
+	if raceEnabled {
+		return // timing is checked without -race
+	}
+	checkSpacing(t, got, T, 1)
+	if span := got[10].at.Sub(got[0].at); span > 10*T+100*time.Millisecond {
+		t.Fatalf("11 deliveries took %v, want within %v", span, 10*T+100*time.Millisecond)
+	}
+	for _, g := range got {
+		a, ok := accepted[g.key]
+		if !ok {
+			t.Fatalf("delivered %q, which was not accepted", g.key)
+		}
+		delete(accepted, g.key)
+		promised := time.Duration(a.body["expected_delay_ms"].(float64)) * time.Millisecond
+		real := g.at.Sub(a.at)
+		tolerance := max(50*time.Millisecond, time.Duration(0.05*float64(promised)))
+		if math.Abs(float64(real-promised)) > float64(tolerance) {
+			t.Errorf("job %s: promised %v, waited %v", g.key, promised, real)
+		}
+	}
+}
+
+// One tenant's backlog never delays another tenant.
+func TestTenantsArePacedIndependently(t *testing.T) {
+	ds := newDownstream(t)
+	base := startServer(t, writeConfig(t, `
+[tenant_defaults]
+rate = "10/s"
+capacity = 100
+[tenants.slow]
+rate = "5/s"
+[tenants.fast]
+rate = "40/s"
+`, ds))
+	for i := 0; i < 20; i++ {
+		if st, _, body := call(t, "POST", base+"/v1/tenants/slow/jobs", fmt.Sprintf(`{"payload":%d}`, i)); st != 202 {
+			t.Fatalf("slow %d: %d %v", i, st, body)
+		}
+	}
+	type promise struct {
+		at    time.Time
+		delay time.Duration
+	}
+	fast := map[string]promise{}
+	for i := 0; i < 20; i++ {
+		st, _, body := call(t, "POST", base+"/v1/tenants/fast/jobs", fmt.Sprintf(`{"payload":%d}`, i))
+		if st != 202 {
+			t.Fatalf("fast %d: %d %v", i, st, body)
+		}
+		fast[body["id"].(string)] = promise{time.Now(), time.Duration(body["expected_delay_ms"].(float64)) * time.Millisecond}
+	}
+	waitFor(t, 10*time.Second, "fast tenant's 20 deliveries", func() bool { return len(ds.of("fast")) == 20 })
+	// The fast tenant's 20 jobs take ~0.5 s at its own rate, long before the
+	// slow tenant's 20 (4 s) are done.
+	if n := len(ds.of("slow")); n >= 20 {
+		t.Fatalf("slow tenant already delivered %d: fast was held back", n)
+	}
+	if raceEnabled {
+		return // timing is checked without -race
+	}
+	for _, a := range ds.of("fast") {
+		p := fast[a.key]
+		if wait := a.at.Sub(p.at); math.Abs(float64(wait-p.delay)) > float64(50*time.Millisecond) {
+			t.Fatalf("fast job promised %v waited %v", p.delay, wait)
+		}
+	}
+	checkSpacing(t, ds.of("fast"), 25*time.Millisecond, 1)
+	waitFor(t, 10*time.Second, "slow tenant's 20 deliveries", func() bool { return len(ds.of("slow")) == 20 })
+	checkSpacing(t, ds.of("slow"), 200*time.Millisecond, 1)
+}
+
+func TestIdempotencyKeyOverHTTP(t *testing.T) {
+	t.Parallel()
+	ds := newDownstream(t)
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"100/s\"\n", ds))
+	st1, _, first := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"otp":"123456"},"idempotency_key":"order-1"}`)
+	st2, _, second := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"otp":"123456"}}`, "Idempotency-Key", "order-1")
+	if st1 != 202 || st2 != 200 || first["id"] != second["id"] || first["expected_delay_ms"] != second["expected_delay_ms"] {
+		t.Fatalf("first %d %v, second %d %v", st1, first, st2, second)
+	}
+	// Body and header disagreeing is a mistake, not a new job.
+	if st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":1,"idempotency_key":"a"}`, "Idempotency-Key", "b"); st != 400 || body["error"] != "invalid_idempotency_key" {
+		t.Fatalf("conflicting keys: %d %v", st, body)
+	}
+	waitFor(t, 5*time.Second, "the delivery", func() bool { return len(ds.all()) == 1 })
+	time.Sleep(100 * time.Millisecond)
+	st3, _, third := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"otp":"123456"},"idempotency_key":"order-1"}`)
+	if st3 != 200 || third["id"] != first["id"] {
+		t.Fatalf("repeat after delivery: %d %v", st3, third)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := len(ds.all()); n != 1 {
+		t.Fatalf("downstream saw %d requests for one key", n)
+	}
+	_, _, ten := call(t, "GET", base+"/v1/tenants/acme", "")
+	if ten["accepted_total"] != 1.0 || ten["delivered_total"] != 1.0 {
+		t.Fatalf("tenant %v", ten)
+	}
+	_, _, job := call(t, "GET", base+"/v1/jobs/"+first["id"].(string), "")
+	if job["state"] != "succeeded" || job["attempts"] != 1.0 || job["response_status"] != 200.0 || job["tenant"] != "acme" {
+		t.Fatalf("job %v", job)
+	}
+}
+
+func TestBadInputChangesNothing(t *testing.T) {
+	t.Parallel()
+	ds := newDownstream(t)
+	base := startServer(t, writeConfig(t, `
+[tenant_defaults]
+allow_unknown_tenants = false
+[tenants.acme]
+rate = "1/s"
+`, ds)+"")
+	big := `{"payload":"` + strings.Repeat("x", 1<<20) + `"}`
+	cases := []struct {
+		name, method, path, body string
+		status                   int
+		code, says               string
+	}{
+		{"malformed JSON", "POST", "/v1/tenants/acme/jobs", `{"payload":`, 400, "invalid_json", "not valid JSON"},
+		{"not an object", "POST", "/v1/tenants/acme/jobs", `[1,2]`, 400, "invalid_json", ""},
+		{"trailing data", "POST", "/v1/tenants/acme/jobs", `{"payload":1} {"payload":2}`, 400, "invalid_json", "after the JSON object"},
+		{"empty body", "POST", "/v1/tenants/acme/jobs", ``, 400, "invalid_json", "empty"},
+		{"missing payload", "POST", "/v1/tenants/acme/jobs", `{"idempotency_key":"x"}`, 400, "missing_payload", "payload"},
+		{"null payload", "POST", "/v1/tenants/acme/jobs", `{"payload":null}`, 400, "missing_payload", "payload"},
+		{"unknown field", "POST", "/v1/tenants/acme/jobs", `{"payload":1,"paylod":2}`, 400, "unknown_field", "paylod"},
+		{"body over the limit", "POST", "/v1/tenants/acme/jobs", big, 413, "", "max_body_bytes"},
+		{"bad tenant name", "POST", "/v1/tenants/no%20spaces/jobs", `{"payload":1}`, 400, "invalid_tenant", "letters, digits"},
+		{"unknown tenant", "POST", "/v1/tenants/stranger/jobs", `{"payload":1}`, 404, "unknown_tenant", "allow_unknown_tenants"},
+		{"unknown job", "GET", "/v1/jobs/0000000000000000000000000a", ``, 404, "job_not_found", ""},
+		{"junk job id", "DELETE", "/v1/jobs/../../etc", ``, 404, "", ""},
+		{"empty batch", "POST", "/v1/tenants/acme/jobs:batch", `{"jobs":[]}`, 400, "invalid_batch", "1 to 1000"},
+		{"batch with one bad job", "POST", "/v1/tenants/acme/jobs:batch", `{"jobs":[{"payload":1},{"nope":1}]}`, 400, "unknown_field", "nope"},
+		{"batch with a missing payload", "POST", "/v1/tenants/acme/jobs:batch", `{"jobs":[{"payload":1},{}]}`, 400, "missing_payload", "jobs[1]"},
+		{"wrong method", "PUT", "/v1/tenants/acme/jobs", `{"payload":1}`, 405, "method_not_allowed", "PUT"},
+		{"bad paging", "GET", "/v1/tenants?limit=0", ``, 400, "invalid_parameter", "limit"},
+	}
+	for _, c := range cases {
+		st, _, body := call(t, c.method, base+c.path, c.body)
+		if st != c.status || (c.code != "" && body["error"] != c.code) || !strings.Contains(fmt.Sprint(body["message"]), c.says) {
+			t.Errorf("%s: %d %v; want %d %q mentioning %q", c.name, st, body, c.status, c.code, c.says)
+		}
+	}
+	_, _, ten := call(t, "GET", base+"/v1/tenants/acme", "")
+	if ten["accepted_total"] != 0.0 || ten["rejected_total"] != 0.0 || ten["queue_depth"] != 0.0 {
+		t.Fatalf("bad input changed state: %v", ten)
+	}
+	if _, _, list := call(t, "GET", base+"/v1/tenants", ""); len(list["tenants"].([]any)) != 0 {
+		t.Fatalf("tenants after bad input: %v", list)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := len(ds.all()); n != 0 {
+		t.Fatalf("downstream saw %d requests", n)
+	}
+}
+
+func TestBatchAndCancel(t *testing.T) {
+	t.Parallel()
+	ds := newDownstream(t)
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"2/s\"\ncapacity = 3\n", ds))
+	st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs:batch", `{"jobs":[{"payload":1},{"payload":2,"idempotency_key":"k"},{"payload":3},{"payload":4},{"payload":5},{"payload":2,"idempotency_key":"k"}]}`)
+	if st != 200 {
+		t.Fatalf("batch: %d %v", st, body)
+	}
+	var statuses []float64
+	for _, r := range body["results"].([]any) {
+		statuses = append(statuses, r.(map[string]any)["status"].(float64))
+	}
+	if fmt.Sprint(statuses) != "[202 202 202 202 429 200]" {
+		t.Fatalf("statuses %v", statuses)
+	}
+	results := body["results"].([]any)
+	last := results[3].(map[string]any)["id"].(string)
+	if st, _, j := call(t, "DELETE", base+"/v1/jobs/"+last, ""); st != 200 || j["state"] != "cancelled" {
+		t.Fatalf("cancel: %d %v", st, j)
+	}
+	first := results[0].(map[string]any)["id"].(string)
+	waitFor(t, 5*time.Second, "first delivery recorded", func() bool {
+		_, _, j := call(t, "GET", base+"/v1/jobs/"+first, "")
+		return j["state"] == "succeeded"
+	})
+	if st, _, j := call(t, "DELETE", base+"/v1/jobs/"+first, ""); st != 409 || j["error"] != "not_cancellable" || j["state"] != "succeeded" {
+		t.Fatalf("cancel after delivery: %d %v", st, j)
+	}
+	waitFor(t, 5*time.Second, "3 deliveries", func() bool { return len(ds.all()) >= 3 })
+	time.Sleep(700 * time.Millisecond) // the cancelled job's slot passes
+	for _, a := range ds.all() {
+		if a.key == last {
+			t.Fatal("a cancelled job was sent")
+		}
+	}
+	if n := len(ds.all()); n != 3 {
+		t.Fatalf("%d deliveries, want 3", n)
+	}
+}

@@ -1,0 +1,506 @@
+// Package api is the HTTP API: routes, validation, JSON shapes, and the one
+// place where store errors become status codes.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"throttler/internal/config"
+	"throttler/internal/queue"
+)
+
+// Options configure the API.
+type Options struct {
+	Store queue.Store
+	// Config gives the current config (it may be reloaded).
+	Config func() *config.Config
+	// Ready reports whether the service takes work (nil: ready). /readyz also
+	// pings the store.
+	Ready  func() error
+	Logger *slog.Logger
+}
+
+type server struct {
+	store  queue.Store
+	config func() *config.Config
+	ready  func() error
+	log    *slog.Logger
+}
+
+// MaxBatchJobs is the most jobs one jobs:batch request may carry.
+const MaxBatchJobs = 1000
+
+// envelopeBytes is room for the JSON around a payload (key, options).
+const envelopeBytes = 64 << 10
+
+// New returns the API's handler.
+func New(opts Options) http.Handler {
+	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.ready == nil {
+		s.ready = func() error { return nil }
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/tenants/{tenant}/jobs", s.enqueue)
+	mux.HandleFunc("POST /v1/tenants/{tenant}/jobs:batch", s.enqueueBatch)
+	mux.HandleFunc("GET /v1/tenants/{tenant}", s.tenant)
+	mux.HandleFunc("GET /v1/tenants", s.tenants)
+	mux.HandleFunc("GET /v1/jobs/{id}", s.job)
+	mux.HandleFunc("DELETE /v1/jobs/{id}", s.cancel)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", s.readyz)
+	// The same paths with other methods: a JSON 405 instead of the mux's text.
+	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/healthz", "/readyz"} {
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path), nil)
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.URL.Path+"; the API lives under /v1/ (see README)", nil)
+	})
+	return mux
+}
+
+// apiError is an error answer: its code, status and extra fields.
+type apiError struct {
+	status  int
+	code    string
+	message string
+	fields  map[string]any
+}
+
+func (e *apiError) Error() string { return e.message }
+
+func errorf(status int, code, format string, args ...any) *apiError {
+	return &apiError{status: status, code: code, message: fmt.Sprintf(format, args...)}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string, fields map[string]any) {
+	body := map[string]any{"error": code, "message": message}
+	for k, v := range fields {
+		body[k] = v
+	}
+	writeJSON(w, status, body)
+}
+
+// fail answers err: the one place store errors become status codes.
+func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var ae *apiError
+	var rej *queue.RejectedError
+	var se *queue.StateError
+	switch {
+	case errors.As(err, &ae):
+		writeError(w, ae.status, ae.code, ae.message, ae.fields)
+	case errors.As(err, &rej):
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(rej.RetryAfter), 10))
+		writeError(w, http.StatusTooManyRequests, rej.Reason, rejectionMessage(rej), rejectionFields(rej))
+	case errors.As(err, &se):
+		writeError(w, http.StatusConflict, "not_cancellable", se.Error()+": only queued or retrying jobs can be cancelled", map[string]any{"id": se.ID, "state": se.State})
+	case errors.Is(err, queue.ErrNotFound):
+		writeError(w, http.StatusNotFound, "job_not_found", "no job with this id", nil)
+	case errors.Is(err, queue.ErrUnavailable):
+		s.log.Error("store unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the job store cannot be reached; nothing was changed; try again", nil)
+	case errors.Is(err, context.Canceled):
+		// The client went away; nobody reads the answer.
+	default:
+		s.log.Error("unexpected error", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, "internal", "internal error", nil)
+	}
+}
+
+func rejectionMessage(r *queue.RejectedError) string {
+	if r.Reason == queue.ReasonRateLimited {
+		return fmt.Sprintf("tenant %s has no token left; retry after %v", r.Tenant, r.RetryAfter.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("tenant %s has %d jobs waiting, its capacity; retry after %v", r.Tenant, r.Capacity, r.RetryAfter.Round(time.Millisecond))
+}
+
+func rejectionFields(r *queue.RejectedError) map[string]any {
+	return map[string]any{"retry_after_ms": ceilMillis(r.RetryAfter), "queue_depth": r.QueueDepth, "capacity": r.Capacity}
+}
+
+// ceilMillis is d in whole milliseconds, rounded up (DESIGN.md: durations in
+// JSON are rounded up).
+func ceilMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+func retryAfterSeconds(d time.Duration) int64 {
+	return max(1, int64(math.Ceil(d.Seconds())))
+}
+
+// tenantFromPath validates the {tenant} path segment and finds its settings.
+func (s *server) tenantFromPath(r *http.Request) (string, config.TenantSettings, error) {
+	name := r.PathValue("tenant")
+	if !config.ValidName(name) {
+		return "", config.TenantSettings{}, errorf(http.StatusBadRequest, "invalid_tenant",
+			"tenant name %q is not valid: use 1 to 128 ASCII letters, digits or . _ - + @", truncate(name, 140))
+	}
+	ts, ok := s.config().Tenant(name)
+	if !ok {
+		return "", config.TenantSettings{}, errorf(http.StatusNotFound, "unknown_tenant",
+			"tenant %q is not configured and allow_unknown_tenants is false", name)
+	}
+	return name, ts, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// jobRequest is one job as a producer sends it.
+type jobRequest struct {
+	Payload        json.RawMessage `json:"payload"`
+	IdempotencyKey string          `json:"idempotency_key"`
+}
+
+// notYet are request fields of DESIGN.md this version refuses rather than
+// ignores: a deadline silently ignored would deliver a stale passcode.
+var notYet = []string{"deadline", "expires_in", "cost"}
+
+// decode reads exactly one JSON value from body into v, refusing unknown
+// fields and trailing data.
+func decode(body io.Reader, v any) error {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return decodeError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return decodeError(err)
+		}
+		return errorf(http.StatusBadRequest, "invalid_json", "unexpected data after the JSON object: send one object per request")
+	}
+	return nil
+}
+
+func decodeError(err error) error {
+	var mbe *http.MaxBytesError
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	msg := err.Error()
+	switch {
+	case errors.As(err, &mbe):
+		return errorf(http.StatusRequestEntityTooLarge, "body_too_large", "request body is larger than %d bytes", mbe.Limit)
+	case errors.Is(err, io.EOF):
+		return errorf(http.StatusBadRequest, "invalid_json", "request body is empty: send a JSON object such as {\"payload\": {...}}")
+	case errors.As(err, &syn), errors.Is(err, io.ErrUnexpectedEOF):
+		return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid JSON: %v", err)
+	case errors.As(err, &typ):
+		return errorf(http.StatusBadRequest, "invalid_json", "field %q must be %s, not %s", typ.Field, typ.Type, typ.Value)
+	case strings.HasPrefix(msg, "json: unknown field "):
+		field := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
+		for _, f := range notYet {
+			if field == f {
+				return errorf(http.StatusBadRequest, "unsupported_field", "field %q is not supported by this version of throttler yet; send the job without it", field)
+			}
+		}
+		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\"", field)
+	}
+	return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid: %v", err)
+}
+
+// validate checks one job and turns it into a queue.NewJob. headerKey is the
+// Idempotency-Key header ("" for batch items).
+func (s *server) validate(j jobRequest, headerKey string, maxPayload int64, where string) (queue.NewJob, error) {
+	if len(j.Payload) == 0 || string(j.Payload) == "null" {
+		return queue.NewJob{}, errorf(http.StatusBadRequest, "missing_payload", "%s\"payload\" is required: it is the JSON body sent to the downstream", where)
+	}
+	if int64(len(j.Payload)) > maxPayload {
+		return queue.NewJob{}, errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "%spayload is %d bytes, more than max_body_bytes (%d)", where, len(j.Payload), maxPayload)
+	}
+	key := j.IdempotencyKey
+	if headerKey != "" {
+		if key != "" && key != headerKey {
+			return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_idempotency_key", "the Idempotency-Key header and \"idempotency_key\" differ: send one")
+		}
+		key = headerKey
+	}
+	if !validKey(key) {
+		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_idempotency_key", "%sidempotency key must be 1 to 256 printable ASCII characters", where)
+	}
+	return queue.NewJob{Payload: j.Payload, IdempotencyKey: key}, nil
+}
+
+func validKey(k string) bool {
+	if len(k) > 256 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x20 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
+	tenant, _, err := s.tenantFromPath(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit := s.config().Server.MaxBodyBytes
+	var req jobRequest
+	if err := decode(http.MaxBytesReader(w, r.Body, limit+envelopeBytes), &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	nj, err := s.validate(req, r.Header.Get("Idempotency-Key"), limit, "")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out, err := s.store.Enqueue(r.Context(), tenant, []queue.NewJob{nj})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a := out[0]
+	if a.Rejected != nil {
+		s.fail(w, r, a.Rejected)
+		return
+	}
+	status := http.StatusAccepted
+	if a.Duplicate {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, admissionJSON(a))
+}
+
+func admissionJSON(a queue.Admission) map[string]any {
+	j := a.Job
+	return map[string]any{
+		"id":                j.ID,
+		"tenant":            j.Tenant,
+		"state":             j.State,
+		"dispatch_at":       j.EnqueuedAt.Add(j.AdmitDelay).UTC(),
+		"expected_delay_ms": ceilMillis(a.ExpectedDelay),
+		"queue_depth":       a.QueueDepth,
+		"capacity":          a.Capacity,
+	}
+}
+
+func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
+	tenant, _, err := s.tenantFromPath(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	cfg := s.config()
+	var req struct {
+		Jobs []jobRequest `json:"jobs"`
+	}
+	if err := decode(http.MaxBytesReader(w, r.Body, cfg.Server.MaxBatchBytes), &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if len(req.Jobs) == 0 || len(req.Jobs) > MaxBatchJobs {
+		s.fail(w, r, errorf(http.StatusBadRequest, "invalid_batch", "a batch holds 1 to %d jobs in \"jobs\", got %d", MaxBatchJobs, len(req.Jobs)))
+		return
+	}
+	jobs := make([]queue.NewJob, len(req.Jobs))
+	for i, j := range req.Jobs {
+		nj, err := s.validate(j, "", cfg.Server.MaxBodyBytes, fmt.Sprintf("jobs[%d]: ", i))
+		if err != nil {
+			// Nothing of a batch with a bad job is queued: fix it and send
+			// the whole batch again.
+			s.fail(w, r, err)
+			return
+		}
+		jobs[i] = nj
+	}
+	out, err := s.store.Enqueue(r.Context(), tenant, jobs)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	results := make([]map[string]any, len(out))
+	for i, a := range out {
+		switch {
+		case a.Rejected != nil:
+			m := rejectionFields(a.Rejected)
+			m["status"] = http.StatusTooManyRequests
+			m["error"] = a.Rejected.Reason
+			m["message"] = rejectionMessage(a.Rejected)
+			results[i] = m
+		default:
+			m := admissionJSON(a)
+			m["status"] = http.StatusAccepted
+			if a.Duplicate {
+				m["status"] = http.StatusOK
+			}
+			results[i] = m
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"results": results})
+}
+
+func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map[string]any {
+	p := ts.Policy()
+	return map[string]any{
+		"tenant":            st.Tenant,
+		"mode":              ts.Mode,
+		"rate_per_second":   ts.Rate.PerSecond(),
+		"burst":             p.Burst,
+		"capacity":          p.Capacity,
+		"downstream":        ts.Downstream,
+		"queue_depth":       st.QueueDepth,
+		"in_flight":         st.InFlight,
+		"expected_delay_ms": ceilMillis(st.ExpectedDelay),
+		"paused":            false,
+		"paused_until":      nil,
+		"accepted_total":    st.Accepted,
+		"rejected_total":    st.Rejected,
+		"delivered_total":   st.Delivered,
+		"failed_total":      st.Failed,
+		"cancelled_total":   st.Cancelled,
+	}
+}
+
+func (s *server) tenant(w http.ResponseWriter, r *http.Request) {
+	tenant, ts, err := s.tenantFromPath(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	st, err := s.store.Tenant(r.Context(), tenant)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.tenantJSON(st, ts))
+}
+
+func (s *server) tenants(w http.ResponseWriter, r *http.Request) {
+	offset, err := intParam(r, "offset", 0, 0, math.MaxInt32)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit, err := intParam(r, "limit", 100, 1, 1000)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	page, err := s.store.Tenants(r.Context(), offset, limit+1)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var next any
+	if len(page) > limit {
+		page = page[:limit]
+		next = offset + limit
+	}
+	cfg := s.config()
+	items := make([]map[string]any, len(page))
+	for i, st := range page {
+		ts, _ := cfg.Tenant(st.Tenant)
+		items[i] = s.tenantJSON(st, ts)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tenants": items, "next_offset": next})
+}
+
+func intParam(r *http.Request, name string, def, lo, hi int) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, errorf(http.StatusBadRequest, "invalid_parameter", "%s must be a whole number from %d to %d", name, lo, hi)
+	}
+	return n, nil
+}
+
+func jobJSON(j queue.Job) map[string]any {
+	var finished, sent, lastErr, status any
+	if !j.SentAt.IsZero() {
+		sent = j.SentAt.UTC()
+	}
+	if !j.FinishedAt.IsZero() {
+		finished = j.FinishedAt.UTC()
+	}
+	if j.LastError != "" {
+		lastErr = j.LastError
+	}
+	if j.ResponseStatus != 0 {
+		status = j.ResponseStatus
+	}
+	return map[string]any{
+		"id":              j.ID,
+		"tenant":          j.Tenant,
+		"state":           j.State,
+		"attempts":        j.Attempts,
+		"enqueued_at":     j.EnqueuedAt.UTC(),
+		"dispatch_at":     j.DispatchAt.UTC(),
+		"sent_at":         sent,
+		"finished_at":     finished,
+		"last_error":      lastErr,
+		"response_status": status,
+	}
+}
+
+func (s *server) job(w http.ResponseWriter, r *http.Request) {
+	j, err := s.store.Job(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, jobJSON(j))
+}
+
+func (s *server) cancel(w http.ResponseWriter, r *http.Request) {
+	j, err := s.store.Cancel(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, jobJSON(j))
+}
+
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := s.ready(); err != nil {
+		writeError(w, http.StatusServiceUnavailable, "not_ready", err.Error(), nil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", err.Error(), nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
