@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sync"
@@ -16,61 +15,8 @@ import (
 	"time"
 
 	"throttler/internal/config"
+	"throttler/internal/downstreamtest"
 )
-
-// arrival is one request as the downstream saw it.
-type arrival struct {
-	at      time.Time
-	key     string // Idempotency-Key
-	tenant  string
-	attempt string
-	body    string
-}
-
-// downstream is a real HTTP server that records when each request arrives.
-type downstream struct {
-	srv *httptest.Server
-
-	mu       sync.Mutex
-	arrivals []arrival
-	answer   func(w http.ResponseWriter, r *http.Request) // nil: 200
-}
-
-func newDownstream(t *testing.T) *downstream {
-	t.Helper()
-	d := &downstream{}
-	d.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		at := time.Now()
-		body, _ := io.ReadAll(r.Body)
-		d.mu.Lock()
-		d.arrivals = append(d.arrivals, arrival{at, r.Header.Get("Idempotency-Key"), r.Header.Get("X-Throttler-Tenant"), r.Header.Get("X-Throttler-Attempt"), string(body)})
-		answer := d.answer
-		d.mu.Unlock()
-		if answer != nil {
-			answer(w, r)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(d.srv.Close)
-	return d
-}
-
-func (d *downstream) all() []arrival {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]arrival(nil), d.arrivals...)
-}
-
-func (d *downstream) of(tenant string) []arrival {
-	var out []arrival
-	for _, a := range d.all() {
-		if a.tenant == tenant {
-			out = append(out, a)
-		}
-	}
-	return out
-}
 
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
@@ -84,27 +30,13 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-// checkSpacing asserts DESIGN.md invariant 1 on arrivals of one tenant: in
-// any window W at most (W + 2ms)/T + burst.
-func checkSpacing(t *testing.T, arrivals []arrival, T time.Duration, burst int) {
-	t.Helper()
-	for i := range arrivals {
-		for j := i + 1; j < len(arrivals); j++ {
-			w := arrivals[j].at.Sub(arrivals[i].at)
-			if n := j - i + 1; float64(n) > float64(w+2*time.Millisecond)/float64(T)+float64(burst) {
-				t.Fatalf("%d attempts within %v (T = %v, burst %d): arrivals %d..%d", n, w, T, burst, i, j)
-			}
-		}
-	}
-}
-
 // writeConfig writes a config file for a test; %s in body is replaced with
 // the downstream's URL.
-func writeConfig(t *testing.T, body string, ds *downstream) string {
+func writeConfig(t *testing.T, body string, ds *downstreamtest.Server) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "config.toml")
 	full := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n[store]\npath = %q\n[downstreams.test]\nurl = %q\ntimeout = \"2s\"\n%s",
-		filepath.Join(t.TempDir(), "throttler.db"), ds.srv.URL+"/send", body)
+		filepath.Join(t.TempDir(), "throttler.db"), ds.URL+"/send", body)
 	if err := os.WriteFile(p, []byte(full), 0o600); err != nil {
 		t.Fatal(err)
 	}

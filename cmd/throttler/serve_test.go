@@ -4,15 +4,23 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"throttler/internal/downstreamtest"
 )
 
 func TestMain(m *testing.M) {
+	defer func() {
+		if binDir != "" {
+			os.RemoveAll(binDir)
+		}
+	}()
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
@@ -30,7 +38,7 @@ type answer struct {
 // A leaky tenant at 20/s with capacity 10 gets a burst of 40 (DESIGN.md §2).
 // Timing tests are not parallel: they measure on a machine doing nothing else.
 func TestBurstThroughHTTP(t *testing.T) {
-	ds := newDownstream(t)
+	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 10\n", ds))
 	const T = 50 * time.Millisecond
 
@@ -77,37 +85,37 @@ func TestBurstThroughHTTP(t *testing.T) {
 		t.Fatalf("accepted %d, rejected %d; want 11 and 29", len(accepted), rejected)
 	}
 
-	waitFor(t, 5*time.Second, "11 deliveries", func() bool { return len(ds.all()) >= 11 })
+	waitFor(t, 5*time.Second, "11 deliveries", func() bool { return len(ds.All()) >= 11 })
 	time.Sleep(2 * T) // nothing more may come
-	got := ds.all()
+	got := ds.All()
 	if len(got) != 11 {
 		t.Fatalf("downstream saw %d requests, want 11", len(got))
 	}
 	if raceEnabled {
 		return // timing is checked without -race
 	}
-	checkSpacing(t, got, T, 1)
-	if span := got[10].at.Sub(got[0].at); span > 10*T+100*time.Millisecond {
+	downstreamtest.CheckWindows(t, got, T, 1)
+	if span := got[10].At.Sub(got[0].At); span > 10*T+100*time.Millisecond {
 		t.Fatalf("11 deliveries took %v, want within %v", span, 10*T+100*time.Millisecond)
 	}
 	for _, g := range got {
-		a, ok := accepted[g.key]
+		a, ok := accepted[g.Key]
 		if !ok {
-			t.Fatalf("delivered %q, which was not accepted", g.key)
+			t.Fatalf("delivered %q, which was not accepted", g.Key)
 		}
-		delete(accepted, g.key)
+		delete(accepted, g.Key)
 		promised := time.Duration(a.body["expected_delay_ms"].(float64)) * time.Millisecond
-		real := g.at.Sub(a.at)
+		real := g.At.Sub(a.at)
 		tolerance := max(50*time.Millisecond, time.Duration(0.05*float64(promised)))
 		if math.Abs(float64(real-promised)) > float64(tolerance) {
-			t.Errorf("job %s: promised %v, waited %v", g.key, promised, real)
+			t.Errorf("job %s: promised %v, waited %v", g.Key, promised, real)
 		}
 	}
 }
 
 // One tenant's backlog never delays another tenant.
 func TestTenantsArePacedIndependently(t *testing.T) {
-	ds := newDownstream(t)
+	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, `
 [tenant_defaults]
 rate = "10/s"
@@ -134,29 +142,29 @@ rate = "40/s"
 		}
 		fast[body["id"].(string)] = promise{time.Now(), time.Duration(body["expected_delay_ms"].(float64)) * time.Millisecond}
 	}
-	waitFor(t, 10*time.Second, "fast tenant's 20 deliveries", func() bool { return len(ds.of("fast")) == 20 })
+	waitFor(t, 10*time.Second, "fast tenant's 20 deliveries", func() bool { return len(ds.Of("fast")) == 20 })
 	// The fast tenant's 20 jobs take ~0.5 s at its own rate, long before the
 	// slow tenant's 20 (4 s) are done.
-	if n := len(ds.of("slow")); n >= 20 {
+	if n := len(ds.Of("slow")); n >= 20 {
 		t.Fatalf("slow tenant already delivered %d: fast was held back", n)
 	}
 	if raceEnabled {
 		return // timing is checked without -race
 	}
-	for _, a := range ds.of("fast") {
-		p := fast[a.key]
-		if wait := a.at.Sub(p.at); math.Abs(float64(wait-p.delay)) > float64(50*time.Millisecond) {
+	for _, a := range ds.Of("fast") {
+		p := fast[a.Key]
+		if wait := a.At.Sub(p.at); math.Abs(float64(wait-p.delay)) > float64(50*time.Millisecond) {
 			t.Fatalf("fast job promised %v waited %v", p.delay, wait)
 		}
 	}
-	checkSpacing(t, ds.of("fast"), 25*time.Millisecond, 1)
-	waitFor(t, 10*time.Second, "slow tenant's 20 deliveries", func() bool { return len(ds.of("slow")) == 20 })
-	checkSpacing(t, ds.of("slow"), 200*time.Millisecond, 1)
+	downstreamtest.CheckWindows(t, ds.Of("fast"), 25*time.Millisecond, 1)
+	waitFor(t, 10*time.Second, "slow tenant's 20 deliveries", func() bool { return len(ds.Of("slow")) == 20 })
+	downstreamtest.CheckWindows(t, ds.Of("slow"), 200*time.Millisecond, 1)
 }
 
 func TestIdempotencyKeyOverHTTP(t *testing.T) {
 	t.Parallel()
-	ds := newDownstream(t)
+	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"100/s\"\n", ds))
 	st1, _, first := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"otp":"123456"},"idempotency_key":"order-1"}`)
 	st2, _, second := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"otp":"123456"}}`, "Idempotency-Key", "order-1")
@@ -167,14 +175,14 @@ func TestIdempotencyKeyOverHTTP(t *testing.T) {
 	if st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":1,"idempotency_key":"a"}`, "Idempotency-Key", "b"); st != 400 || body["error"] != "invalid_idempotency_key" {
 		t.Fatalf("conflicting keys: %d %v", st, body)
 	}
-	waitFor(t, 5*time.Second, "the delivery", func() bool { return len(ds.all()) == 1 })
+	waitFor(t, 5*time.Second, "the delivery", func() bool { return len(ds.All()) == 1 })
 	time.Sleep(100 * time.Millisecond)
 	st3, _, third := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"otp":"123456"},"idempotency_key":"order-1"}`)
 	if st3 != 200 || third["id"] != first["id"] {
 		t.Fatalf("repeat after delivery: %d %v", st3, third)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if n := len(ds.all()); n != 1 {
+	if n := len(ds.All()); n != 1 {
 		t.Fatalf("downstream saw %d requests for one key", n)
 	}
 	_, _, ten := call(t, "GET", base+"/v1/tenants/acme", "")
@@ -189,7 +197,7 @@ func TestIdempotencyKeyOverHTTP(t *testing.T) {
 
 func TestBadInputChangesNothing(t *testing.T) {
 	t.Parallel()
-	ds := newDownstream(t)
+	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, `
 [tenant_defaults]
 allow_unknown_tenants = false
@@ -234,14 +242,14 @@ rate = "1/s"
 		t.Fatalf("tenants after bad input: %v", list)
 	}
 	time.Sleep(50 * time.Millisecond)
-	if n := len(ds.all()); n != 0 {
+	if n := len(ds.All()); n != 0 {
 		t.Fatalf("downstream saw %d requests", n)
 	}
 }
 
 func TestBatchAndCancel(t *testing.T) {
 	t.Parallel()
-	ds := newDownstream(t)
+	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"2/s\"\ncapacity = 3\n", ds))
 	st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs:batch", `{"jobs":[{"payload":1},{"payload":2,"idempotency_key":"k"},{"payload":3},{"payload":4},{"payload":5},{"payload":2,"idempotency_key":"k"}]}`)
 	if st != 200 {
@@ -267,14 +275,14 @@ func TestBatchAndCancel(t *testing.T) {
 	if st, _, j := call(t, "DELETE", base+"/v1/jobs/"+first, ""); st != 409 || j["error"] != "not_cancellable" || j["state"] != "succeeded" {
 		t.Fatalf("cancel after delivery: %d %v", st, j)
 	}
-	waitFor(t, 5*time.Second, "3 deliveries", func() bool { return len(ds.all()) >= 3 })
+	waitFor(t, 5*time.Second, "3 deliveries", func() bool { return len(ds.All()) >= 3 })
 	time.Sleep(700 * time.Millisecond) // the cancelled job's slot passes
-	for _, a := range ds.all() {
-		if a.key == last {
+	for _, a := range ds.All() {
+		if a.Key == last {
 			t.Fatal("a cancelled job was sent")
 		}
 	}
-	if n := len(ds.all()); n != 3 {
+	if n := len(ds.All()); n != 3 {
 		t.Fatalf("%d deliveries, want 3", n)
 	}
 }

@@ -83,7 +83,7 @@ func NewClient(maxConns int) *http.Client {
 	return &http.Client{
 		Transport: &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
-			DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:           timedDialer(&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}),
 			MaxIdleConnsPerHost:   maxConns,
 			IdleConnTimeout:       30 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
@@ -119,11 +119,19 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 	trace := &httptrace.ClientTrace{
 		// GotConn runs after the connection is ready and right before the
 		// request is written: the one moment to pace on.
-		GotConn: func(httptrace.GotConnInfo) {
+		GotConn: func(info httptrace.GotConnInfo) {
+			if !info.Reused {
+				d.settle(ctx)
+			}
 			at, err := d.gate.Wait(ctx, job.Tenant, r.Policy, job.DispatchAt)
 			if err != nil {
 				return
 			}
+			notifyWrite(info.Conn, func(wrote time.Time) {
+				if late := wrote.Sub(at); late > 0 {
+					d.gate.Late(job.Tenant, r.Policy, wrote)
+				}
+			})
 			mu.Lock()
 			sentAt = at
 			if timeout == nil {
@@ -177,6 +185,21 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 		out.Result = queue.Failed
 		out.Error = statusError(s, body)
 		return out
+	}
+}
+
+// ColdConnectionSettle is how long a request waits on a connection that was
+// just dialled before it is written. A server accepts a new connection a
+// moment after the client sees it connected; a request written at once is
+// read that much later than one on a warm connection, and the next request,
+// on time, would reach the downstream closer than the rate allows. Jobs due
+// later than now dial during their lead and never wait for this.
+const ColdConnectionSettle = 5 * time.Millisecond
+
+func (d *Dispatcher) settle(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-d.clock.After(ColdConnectionSettle):
 	}
 }
 

@@ -65,6 +65,16 @@ func (g *Gate) Wait(ctx context.Context, key string, p leaky.Policy, notBefore t
 	}
 }
 
+// Late records that a send the gate released earlier was really written at
+// wrote: the next send of key is spaced from then.
+func (g *Gate) Late(key string, p leaky.Policy, wrote time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if next := wrote.Add(p.Interval); g.tat[key].Before(next) {
+		g.tat[key] = next
+	}
+}
+
 // sweep forgets keys that can no longer hold anyone back (their theoretical
 // time has passed), now and then: memory grows with active tenants only.
 func (g *Gate) sweep(now time.Time) {

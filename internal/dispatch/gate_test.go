@@ -127,3 +127,20 @@ func waitWaiters(t *testing.T, clk *clock.Fake, n int) {
 		time.Sleep(100 * time.Microsecond)
 	}
 }
+
+func TestGateSpacesFromALateWrite(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	g := NewGate(clk)
+	T := 100 * time.Millisecond
+	p := leaky.Policy{Interval: T, Burst: 1}
+	expectAt(t, wait(g, "a", p, t0), 0)
+	// The request was really written 3 ms after the gate let it go.
+	g.Late("a", p, t0.Add(3*time.Millisecond))
+	next := wait(g, "a", p, t0.Add(T))
+	waitWaiters(t, clk, 1)
+	clk.Set(t0.Add(T))
+	expectNone(t, next)
+	clk.Set(t0.Add(T + 3*time.Millisecond - 500*time.Microsecond))
+	expectAt(t, next, T+3*time.Millisecond-500*time.Microsecond)
+}

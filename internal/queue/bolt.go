@@ -166,6 +166,11 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: %v", ErrUnavailable, err)
 }
 
+// interruptedMargin bounds how long after its slot an attempt that a crash
+// cut short may have been written (a late connection, a gate held back by a
+// late predecessor).
+const interruptedMargin = 50 * time.Millisecond
+
 func (s *BoltStore) recover() error {
 	now := s.clock.Now()
 	return s.db.Update(func(tx *bolt.Tx) error {
@@ -192,6 +197,17 @@ func (s *BoltStore) recover() error {
 			}
 			j.State = StateRetrying
 			j.LastError = "interrupted: the throttler stopped during this attempt; it is sent again with the same Idempotency-Key"
+			// When that attempt was written is not known: its slot, or a
+			// little after. Space the next one from a little after.
+			s.mu.Lock()
+			tm, err := s.loadTenantTx(tx, j.Tenant)
+			if err == nil && tm.rec.LastAttemptAt.Before(j.DispatchAt.Add(interruptedMargin)) {
+				tm.rec.LastAttemptAt = j.DispatchAt.Add(interruptedMargin)
+			}
+			s.mu.Unlock()
+			if err != nil {
+				return err
+			}
 			if err := putJSON(jobs, id, j); err != nil {
 				return err
 			}

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"throttler/internal/downstreamtest"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+	binDir    string
+)
+
+// throttlerBinary builds cmd/throttler once per test run.
+func throttlerBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "throttler-bin-")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "throttler")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// process is a throttler running as a child process.
+type process struct {
+	cmd  *exec.Cmd
+	base string
+	mu   sync.Mutex
+	log  strings.Builder
+	done chan struct{}
+}
+
+var addrRE = regexp.MustCompile(`msg="throttler started" addr=(\S+)`)
+
+// startProcess runs `throttler serve --config file` and waits until it listens.
+func startProcess(t *testing.T, file string, args ...string) *process {
+	t.Helper()
+	p := &process{done: make(chan struct{})}
+	p.cmd = exec.Command(throttlerBinary(t), append([]string{"serve", "--config", file}, args...)...)
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.log.WriteString(line + "\n")
+			p.mu.Unlock()
+			if m := addrRE.FindStringSubmatch(line); m != nil {
+				addr <- m[1]
+			}
+		}
+		io.Copy(io.Discard, stderr)
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		p.cmd.Wait()
+		if t.Failed() {
+			t.Logf("process log:\n%s", p.logs())
+		}
+	})
+	select {
+	case a := <-addr:
+		p.base = "http://" + a
+	case <-p.done:
+		t.Fatalf("throttler exited before listening:\n%s", p.logs())
+	case <-time.After(15 * time.Second):
+		t.Fatalf("throttler did not start:\n%s", p.logs())
+	}
+	return p
+}
+
+func (p *process) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// kill9 kills the process the way a crash would.
+func (p *process) kill9(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Wait()
+	<-p.done
+}
+
+// Jobs waiting when the process is killed are all delivered after a restart
+// on the same file; a job may repeat only with the same Idempotency-Key, and
+// pacing holds across the restart.
+func TestKill9AndRestartLosesNothing(t *testing.T) {
+	ds := downstreamtest.New(t)
+	file := writeConfig(t, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
+	p := startProcess(t, file)
+	accepted := map[string]bool{}
+	for i := 0; i < 30; i++ {
+		st, _, body := call(t, "POST", p.base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
+		if st != 202 {
+			t.Fatalf("job %d: %d %v", i, st, body)
+		}
+		accepted[body["id"].(string)] = true
+	}
+	waitFor(t, 10*time.Second, "some deliveries before the kill", func() bool { return len(ds.All()) >= 8 })
+	p.kill9(t)
+	before := len(ds.All())
+
+	p = startProcess(t, file)
+	waitFor(t, 20*time.Second, "every accepted job delivered", func() bool {
+		seen := map[string]bool{}
+		for _, a := range ds.All() {
+			seen[a.Key] = true
+		}
+		return len(seen) == len(accepted)
+	})
+	time.Sleep(300 * time.Millisecond)
+	all := ds.All()
+	repeats := 0
+	seen := map[string]bool{}
+	for _, a := range all {
+		if !accepted[a.Key] {
+			t.Fatalf("delivered Idempotency-Key %q that was never accepted", a.Key)
+		}
+		if seen[a.Key] {
+			repeats++
+		}
+		seen[a.Key] = true
+	}
+	t.Logf("%d delivered before the kill, %d after, %d repeats (same Idempotency-Key)", before, len(all)-before, repeats)
+	if repeats > 2 {
+		t.Fatalf("%d repeats: only attempts in flight at the kill may repeat", repeats)
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
+	}
+	// The restarted process knows the jobs it delivered.
+	_, _, ten := call(t, "GET", p.base+"/v1/tenants/acme", "")
+	if ten["queue_depth"] != 0.0 || ten["accepted_total"] != 30.0 {
+		t.Fatalf("tenant after restart: %v", ten)
+	}
+}
+
+// SIGTERM stops cleanly: exit 0, and what waits is delivered after restart
+// with no repeat.
+func TestSigtermStopsCleanly(t *testing.T) {
+	ds := downstreamtest.New(t)
+	file := writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 50\n", ds)
+	p := startProcess(t, file)
+	for i := 0; i < 20; i++ {
+		if st, _, body := call(t, "POST", p.base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":%d}`, i)); st != 202 {
+			t.Fatalf("%d %v", st, body)
+		}
+	}
+	waitFor(t, 10*time.Second, "some deliveries", func() bool { return len(ds.All()) >= 5 })
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, p.logs())
+	}
+	<-p.done
+	if !strings.Contains(p.logs(), "stopped cleanly") {
+		t.Fatalf("log:\n%s", p.logs())
+	}
+	p = startProcess(t, file)
+	waitFor(t, 10*time.Second, "all 20 delivered", func() bool { return len(ds.All()) >= 20 })
+	time.Sleep(200 * time.Millisecond)
+	seen := map[string]int{}
+	for _, a := range ds.All() {
+		seen[a.Key]++
+		if seen[a.Key] > 1 {
+			t.Fatalf("job %s sent twice after a clean stop", a.Key)
+		}
+	}
+	if len(seen) != 20 {
+		t.Fatalf("%d distinct jobs delivered, want 20", len(seen))
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, ds.All(), 50*time.Millisecond, 1)
+	}
+}
