@@ -32,7 +32,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 
 // writeConfig writes a config file for a test; %s in body is replaced with
 // the downstream's URL.
-func writeConfig(t *testing.T, body string, ds *downstreamtest.Server) string {
+func writeConfig(t testing.TB, body string, ds *downstreamtest.Server) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "config.toml")
 	full := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n[store]\npath = %q\n[downstreams.test]\nurl = %q\ntimeout = \"2s\"\n%s",
@@ -45,7 +45,7 @@ func writeConfig(t *testing.T, body string, ds *downstreamtest.Server) string {
 
 // startServer runs serve in-process on the config file and returns the
 // API's base URL. The server stops when the test ends.
-func startServer(t *testing.T, file string) string {
+func startServer(t testing.TB, file string) string {
 	t.Helper()
 	cfg, err := config.Load(file, nil, nil)
 	if err != nil {

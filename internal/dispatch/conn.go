@@ -6,50 +6,77 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"throttler/internal/leaky"
 )
 
-// timedConn tells the dispatcher when a request's first bytes were really
-// written. Between the gate letting a request go and the write there is a
-// goroutine hand-off inside net/http that a busy machine can stretch by
-// milliseconds; a request written late must hold back the next one by as
-// much, or the two reach the downstream too close together.
-type timedConn struct {
+// pacedConn passes the tenant's gate in the goroutine that writes, right
+// before a request's first bytes, and reports when they were written.
+// Pacing anywhere earlier (when the connection is handed out, say) leaves a
+// goroutine hand-off inside net/http between the gate and the write that a
+// busy machine can stretch by milliseconds: a request written late then
+// reaches the downstream too close to the next one, or holds it back.
+type pacedConn struct {
 	net.Conn
 
 	mu      sync.Mutex
-	onWrite func(time.Time)
+	pending *pacedWrite
 }
 
-func (c *timedConn) Write(p []byte) (int, error) {
+// pacedWrite is what the next write on a connection must wait for.
+type pacedWrite struct {
+	ctx       context.Context
+	gate      *Gate
+	key       string
+	policy    leaky.Policy
+	notBefore time.Time
+	wrote     func(time.Time) // told when the first bytes were written
+}
+
+func (c *pacedConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
-	f := c.onWrite
-	c.onWrite = nil
+	pw := c.pending
+	c.pending = nil
 	c.mu.Unlock()
-	if f != nil {
-		f(time.Now())
+	if pw == nil {
+		return c.Conn.Write(p)
 	}
-	return c.Conn.Write(p)
+	t, err := pw.gate.Wait(pw.ctx, pw.key, pw.policy, pw.notBefore)
+	if err != nil {
+		return 0, err // nothing written
+	}
+	n, err := c.Conn.Write(p)
+	// Stamped after the write returns: the bytes left no later than this,
+	// even if the thread was descheduled inside the call. Counted as sent
+	// even on error: some bytes may have left.
+	at := pw.gate.clock.Now()
+	t.Wrote(at)
+	pw.wrote(at)
+	return n, err
 }
 
-// notifyWrite arranges for f to be called at the next write on conn, if
-// conn is one of ours (possibly under TLS).
-func notifyWrite(conn net.Conn, f func(time.Time)) {
+// pace arranges for the next write on conn to pass the gate first. It
+// reports false if conn is not one of ours (a client not from NewClient).
+func pace(conn net.Conn, pw *pacedWrite) bool {
 	if tc, ok := conn.(*tls.Conn); ok {
 		conn = tc.NetConn()
 	}
-	if c, ok := conn.(*timedConn); ok {
-		c.mu.Lock()
-		c.onWrite = f
-		c.mu.Unlock()
+	c, ok := conn.(*pacedConn)
+	if !ok {
+		return false
 	}
+	c.mu.Lock()
+	c.pending = pw
+	c.mu.Unlock()
+	return true
 }
 
-func timedDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func pacedDialer(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return &timedConn{Conn: c}, nil
+		return &pacedConn{Conn: c}, nil
 	}
 }

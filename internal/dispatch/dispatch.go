@@ -83,7 +83,7 @@ func NewClient(maxConns int) *http.Client {
 	return &http.Client{
 		Transport: &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
-			DialContext:           timedDialer(&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}),
+			DialContext:           pacedDialer(&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}),
 			MaxIdleConnsPerHost:   maxConns,
 			IdleConnTimeout:       30 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
@@ -112,32 +112,50 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 	defer cancelDial()
 
 	var (
-		mu      sync.Mutex
-		sentAt  time.Time
-		timeout *time.Timer
+		mu       sync.Mutex
+		sentAt   time.Time
+		timeout  *time.Timer
+		fallback *Ticket // pacing without a pacedConn
 	)
+	wrote := func(at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		sentAt = at
+		if timeout == nil {
+			timeout = time.AfterFunc(r.Timeout, cancel)
+		}
+	}
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if fallback != nil {
+			fallback.Done()
+		}
+	}()
 	trace := &httptrace.ClientTrace{
-		// GotConn runs after the connection is ready and right before the
-		// request is written: the one moment to pace on.
+		// GotConn runs once the connection is ready, before the request is
+		// written (again after a dead idle connection: nothing was written
+		// on that one). The gate itself is passed at the write.
 		GotConn: func(info httptrace.GotConnInfo) {
-			if !info.Reused {
-				d.settle(ctx)
+			pw := &pacedWrite{ctx: ctx, gate: d.gate, key: job.Tenant, policy: r.Policy, notBefore: job.DispatchAt, wrote: wrote}
+			if pace(info.Conn, pw) {
+				return
 			}
-			at, err := d.gate.Wait(ctx, job.Tenant, r.Policy, job.DispatchAt)
+			// Not our connection type: pace here, and count the send as
+			// lasting until the attempt ends.
+			mu.Lock()
+			if fallback != nil {
+				fallback.Done()
+			}
+			mu.Unlock()
+			t, err := d.gate.Wait(ctx, job.Tenant, r.Policy, job.DispatchAt)
 			if err != nil {
 				return
 			}
-			notifyWrite(info.Conn, func(wrote time.Time) {
-				if late := wrote.Sub(at); late > 0 {
-					d.gate.Late(job.Tenant, r.Policy, wrote)
-				}
-			})
 			mu.Lock()
-			sentAt = at
-			if timeout == nil {
-				timeout = time.AfterFunc(r.Timeout, cancel)
-			}
+			fallback = t
 			mu.Unlock()
+			wrote(t.At)
 		},
 	}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, r.URL, bytes.NewReader(job.Payload))
@@ -185,21 +203,6 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 		out.Result = queue.Failed
 		out.Error = statusError(s, body)
 		return out
-	}
-}
-
-// ColdConnectionSettle is how long a request waits on a connection that was
-// just dialled before it is written. A server accepts a new connection a
-// moment after the client sees it connected; a request written at once is
-// read that much later than one on a warm connection, and the next request,
-// on time, would reach the downstream closer than the rate allows. Jobs due
-// later than now dial during their lead and never wait for this.
-const ColdConnectionSettle = 5 * time.Millisecond
-
-func (d *Dispatcher) settle(ctx context.Context) {
-	select {
-	case <-ctx.Done():
-	case <-d.clock.After(ColdConnectionSettle):
 	}
 }
 

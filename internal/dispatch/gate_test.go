@@ -11,36 +11,40 @@ import (
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// wait runs g.Wait in the background and returns its result channel.
-func wait(g *Gate, key string, p leaky.Policy, notBefore time.Time) <-chan time.Time {
-	ch := make(chan time.Time, 1)
+// wait runs g.Wait in the background and returns its ticket channel.
+func wait(g *Gate, key string, p leaky.Policy, notBefore time.Time) <-chan *Ticket {
+	ch := make(chan *Ticket, 1)
 	go func() {
-		at, _ := g.Wait(context.Background(), key, p, notBefore)
-		ch <- at
+		t, _ := g.Wait(context.Background(), key, p, notBefore)
+		ch <- t
 	}()
 	return ch
 }
 
-func expectNone(t *testing.T, ch <-chan time.Time) {
+func expectNone(t *testing.T, ch <-chan *Ticket) {
 	t.Helper()
 	select {
-	case at := <-ch:
-		t.Fatalf("released at %v, want still waiting", at.Sub(t0))
+	case tk := <-ch:
+		t.Fatalf("released at %v, want still waiting", tk.At.Sub(t0))
 	case <-time.After(20 * time.Millisecond):
 	}
 }
 
-func expectAt(t *testing.T, ch <-chan time.Time, want time.Duration) {
+func expectAt(t *testing.T, ch <-chan *Ticket, want time.Duration) *Ticket {
 	t.Helper()
 	select {
-	case at := <-ch:
-		if at.Sub(t0) != want {
-			t.Fatalf("released at %v, want %v", at.Sub(t0), want)
+	case tk := <-ch:
+		if tk.At.Sub(t0) != want {
+			t.Fatalf("released at %v, want %v", tk.At.Sub(t0), want)
 		}
+		return tk
 	case <-time.After(5 * time.Second):
 		t.Fatalf("not released, want at %v", want)
 	}
+	return nil
 }
+
+const half = 1500 * time.Microsecond // the gate's slack at these rates
 
 func TestGateHoldsBackALateSendsSuccessor(t *testing.T) {
 	t.Parallel()
@@ -50,16 +54,16 @@ func TestGateHoldsBackALateSendsSuccessor(t *testing.T) {
 	p := leaky.Policy{Interval: T, Burst: 1}
 	// The first job's slot is t0 but its connection took 30 ms.
 	clk.Advance(30 * time.Millisecond)
-	expectAt(t, wait(g, "a", p, t0), 30*time.Millisecond)
+	expectAt(t, wait(g, "a", p, t0), 30*time.Millisecond).Wrote(clk.Now())
 	// The second job's slot is t0+T: it must wait for first send + T - slack.
 	second := wait(g, "a", p, t0.Add(T))
 	waitWaiters(t, clk, 1)
 	clk.Set(t0.Add(T))
 	expectNone(t, second)
-	clk.Set(t0.Add(30*time.Millisecond + T - 500*time.Microsecond))
-	expectAt(t, second, 30*time.Millisecond+T-500*time.Microsecond)
+	clk.Set(t0.Add(30*time.Millisecond + T - half))
+	expectAt(t, second, 30*time.Millisecond+T-half).Done()
 	// Another tenant is not held back at all.
-	expectAt(t, wait(g, "b", p, t0), 30*time.Millisecond+T-500*time.Microsecond)
+	expectAt(t, wait(g, "b", p, t0), 30*time.Millisecond+T-half).Done()
 }
 
 func TestGateLetsABurstThrough(t *testing.T) {
@@ -69,13 +73,49 @@ func TestGateLetsABurstThrough(t *testing.T) {
 	T := 100 * time.Millisecond
 	p := leaky.Policy{Interval: T, Burst: 3}
 	for i := 0; i < 3; i++ {
-		expectAt(t, wait(g, "a", p, t0), 0)
+		expectAt(t, wait(g, "a", p, t0), 0).Wrote(t0)
 	}
 	fourth := wait(g, "a", p, t0)
 	waitWaiters(t, clk, 1)
 	expectNone(t, fourth)
-	clk.Set(t0.Add(T - 500*time.Microsecond))
-	expectAt(t, fourth, T-500*time.Microsecond)
+	clk.Set(t0.Add(T - half))
+	expectAt(t, fourth, T-half).Done()
+}
+
+// A send is spaced from when the one before it was really written, and does
+// not go at all until that is known.
+func TestGateSpacesFromTheRealWrite(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	g := NewGate(clk)
+	T := 100 * time.Millisecond
+	p := leaky.Policy{Interval: T, Burst: 1}
+	first := expectAt(t, wait(g, "a", p, t0), 0)
+	// The first request is not written yet at the second one's slot.
+	clk.Set(t0.Add(T))
+	next := wait(g, "a", p, t0.Add(T))
+	expectNone(t, next)
+	// It is written 150 ms late: the second waits for that + T.
+	clk.Set(t0.Add(150 * time.Millisecond))
+	first.Wrote(clk.Now())
+	waitWaiters(t, clk, 1)
+	expectNone(t, next)
+	clk.Set(t0.Add(250*time.Millisecond - half))
+	expectAt(t, next, 250*time.Millisecond-half).Done()
+}
+
+// An attempt that wrote nothing frees the gate without moving it.
+func TestGateDoneWithoutWrite(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	g := NewGate(clk)
+	p := leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1}
+	first := expectAt(t, wait(g, "a", p, t0), 0)
+	clk.Set(t0.Add(100 * time.Millisecond))
+	next := wait(g, "a", p, t0.Add(100*time.Millisecond))
+	expectNone(t, next)
+	first.Done()
+	expectAt(t, next, 100*time.Millisecond).Done()
 }
 
 // Sends that the gate releases obey the window rule of DESIGN.md invariant 1
@@ -98,8 +138,12 @@ func TestGateWindowRuleUnderJitter(t *testing.T) {
 		ch := wait(g, "a", p, slot)
 		for {
 			select {
-			case at := <-ch:
-				sends = append(sends, at)
+			case tk := <-ch:
+				// Written a pseudo-random 0-0.4 ms after release.
+				w := tk.At.Add(time.Duration(i*31%5) * 100 * time.Microsecond)
+				clk.Set(w)
+				tk.Wrote(w)
+				sends = append(sends, w)
 			case <-time.After(time.Millisecond):
 				clk.Advance(100 * time.Microsecond)
 				continue
@@ -110,7 +154,7 @@ func TestGateWindowRuleUnderJitter(t *testing.T) {
 	for i := range sends {
 		for j := i + 1; j < len(sends); j++ {
 			w := sends[j].Sub(sends[i])
-			if n := j - i + 1; float64(n) > float64(w+500*time.Microsecond)/float64(T)+1 {
+			if n := j - i + 1; float64(n) > float64(w+half)/float64(T)+1 {
 				t.Fatalf("%d sends within %v", n, w)
 			}
 		}
@@ -126,21 +170,4 @@ func waitWaiters(t *testing.T, clk *clock.Fake, n int) {
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
-}
-
-func TestGateSpacesFromALateWrite(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
-	T := 100 * time.Millisecond
-	p := leaky.Policy{Interval: T, Burst: 1}
-	expectAt(t, wait(g, "a", p, t0), 0)
-	// The request was really written 3 ms after the gate let it go.
-	g.Late("a", p, t0.Add(3*time.Millisecond))
-	next := wait(g, "a", p, t0.Add(T))
-	waitWaiters(t, clk, 1)
-	clk.Set(t0.Add(T))
-	expectNone(t, next)
-	clk.Set(t0.Add(T + 3*time.Millisecond - 500*time.Microsecond))
-	expectAt(t, next, T+3*time.Millisecond-500*time.Microsecond)
 }

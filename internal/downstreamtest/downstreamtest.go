@@ -43,23 +43,42 @@ type Server struct {
 	answer   http.HandlerFunc
 }
 
-// New starts a recording downstream that answers 200; it stops when the
-// test ends.
+// New starts a recording downstream that answers 200 on a free loopback
+// port; it stops when the test ends.
 func New(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{}
-	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	s, err := Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Start starts a recording downstream on addr (a loopback address); Close
+// stops it.
+func Start(addr string) (*Server, error) {
+	s := &Server{}
+	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	// On the listener too: a request can arrive before its connection is
+	// accepted, and only a socket that already asks for timestamps (the
+	// listener's, inherited by the connection) gets one for it.
+	if raw, err := l.(*net.TCPListener).SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) {
+			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1)
+		})
+	}
+	s.Server.Listener.Close()
 	s.Server.Listener = stampListener{l}
 	s.Server.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		return context.WithValue(ctx, connKey{}, c)
 	}
 	s.Start()
-	t.Cleanup(s.Close)
-	return s
+	return s, nil
 }
 
 // Answer sets how the downstream answers from now on (nil: 200).

@@ -3,13 +3,13 @@ package queue
 import (
 	"bytes"
 	"cmp"
+	"container/heap"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,13 +25,16 @@ import (
 
 // Buckets of the embedded store's file.
 var (
-	bucketJobs    = []byte("jobs")    // id -> Job (JSON)
-	bucketDue     = []byte("due")     // dispatch_at (8 bytes, big endian ns) + id -> tenant: waiting jobs
-	bucketClaimed = []byte("claimed") // id -> tenant: jobs being sent
-	bucketDone    = []byte("done")    // finished_at + id -> nil: for the reaper
-	bucketIdem    = []byte("idem")    // tenant + 0x00 + key -> id
-	bucketTenants = []byte("tenants") // tenant -> tenantRecord (JSON)
+	bucketJobs     = []byte("jobs")     // id -> Job without its payload (JSON)
+	bucketPayloads = []byte("payloads") // id -> payload, written once
+	bucketDue      = []byte("due")      // slot (8 bytes, big endian ns) + id -> tenant: waiting jobs
+	bucketDone     = []byte("done")     // finished_at + id -> nil: for the reaper
+	bucketIdem     = []byte("idem")     // tenant + 0x00 + key -> id
+	bucketTenants  = []byte("tenants")  // tenant -> tenantRecord (JSON)
+	bucketMeta     = []byte("meta")     // "clean" -> "1" after a clean stop
 )
+
+var keyClean = []byte("clean")
 
 // BoltOptions configure the embedded store; zero values take defaults.
 type BoltOptions struct {
@@ -42,7 +45,10 @@ type BoltOptions struct {
 	// MaxBatchDelay is how long a write waits for others to share its
 	// fsync. Default 1ms.
 	MaxBatchDelay time.Duration
-	Logger        *slog.Logger
+	// InitialStartLag is the time a prompt send takes to start, until it has
+	// been measured (see startLag). Default 0.
+	InitialStartLag time.Duration
+	Logger          *slog.Logger
 }
 
 // tenantRecord is the durable state of a tenant.
@@ -66,6 +72,56 @@ type tenantMem struct {
 	dirty   bool
 }
 
+// schedule is the dispatcher's in-memory view of the due index: a min-heap
+// of waiting jobs by slot, with lazy deletion (an entry counts only while
+// waiting[id] still holds its slot). It is changed only after the matching
+// write commits, so it never shows a job that is not durable.
+type schedule struct {
+	heap    dueHeap
+	waiting map[string]time.Time // id -> slot of each waiting job not held by the dispatcher
+}
+
+type dueEntry struct {
+	at     time.Time
+	id     string
+	tenant string
+}
+
+type dueHeap []dueEntry
+
+func (h dueHeap) Len() int { return len(h) }
+func (h dueHeap) Less(i, j int) bool {
+	if h[i].at.Equal(h[j].at) {
+		return h[i].id < h[j].id
+	}
+	return h[i].at.Before(h[j].at)
+}
+func (h dueHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap) Push(x any)   { *h = append(*h, x.(dueEntry)) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+func (sc *schedule) add(e dueEntry) {
+	sc.waiting[e.id] = e.at
+	heap.Push(&sc.heap, e)
+}
+
+// peek drops stale entries and returns the earliest waiting one.
+func (sc *schedule) peek() (dueEntry, bool) {
+	for sc.heap.Len() > 0 {
+		e := sc.heap[0]
+		if at, ok := sc.waiting[e.id]; ok && at.Equal(e.at) {
+			return e, true
+		}
+		heap.Pop(&sc.heap)
+	}
+	return dueEntry{}, false
+}
+
 // BoltStore is the embedded backend: one process, one bbolt file. Decisions
 // are made in memory under one lock and made durable by group commit
 // (bbolt's Batch) before Enqueue returns.
@@ -79,21 +135,25 @@ type BoltStore struct {
 	mu       sync.Mutex
 	tenants  map[string]*tenantMem
 	idemWait map[string]chan struct{} // keys being admitted right now
+	sched    schedule
+	claims   map[string]Job // jobs handed to the dispatcher, as handed over
 
-	wake     chan struct{}
-	nextWake atomic.Int64 // unix ns the dispatcher plans to wake at
-	stop     chan struct{}
-	maintWG  sync.WaitGroup
-	closeErr error
-	closed   sync.Once
+	finishQ   chan finishReq
+	wake      chan struct{}
+	nextWake  atomic.Int64 // unix ns the dispatcher plans to wake at
+	promptLag atomic.Int64 // ns: moving average of a prompt job's start
+	stop      chan struct{}
+	maintWG   sync.WaitGroup
+	closeErr  error
+	closed    sync.Once
 }
 
 var _ Store = (*BoltStore)(nil)
 
-// OpenBolt opens (creating if needed) the store at path and recovers from
-// an earlier stop: jobs that were being sent go back to waiting, and jobs
-// whose slot passed while the process was down are spaced out again from
-// now, so a restart never sends a burst.
+// OpenBolt opens (creating if needed) the store at path. After a crash,
+// jobs whose slot has passed may have been sent just before it: they are
+// sent again (same Idempotency-Key), spaced from the last moment one of
+// them could have gone, so a restart never sends a burst.
 func OpenBolt(path string, opts BoltOptions) (*BoltStore, error) {
 	if opts.Policy == nil {
 		return nil, errors.New("queue: BoltOptions.Policy is required")
@@ -101,7 +161,9 @@ func OpenBolt(path string, opts BoltOptions) (*BoltStore, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("embedded store: create directory for %s: %w", path, err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	// The freelist is rebuilt at open instead of written at every commit:
+	// commits are what this store does most.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("embedded store %s is locked by another process: stop the other throttler or use another store.path", path)
@@ -117,15 +179,20 @@ func OpenBolt(path string, opts BoltOptions) (*BoltStore, error) {
 		log:       cmp.Or(opts.Logger, slog.Default()),
 		tenants:   map[string]*tenantMem{},
 		idemWait:  map[string]chan struct{}{},
+		claims:    map[string]Job{},
+		sched:     schedule{waiting: map[string]time.Time{}},
 		wake:      make(chan struct{}, 1),
+		finishQ:   make(chan finishReq),
 		stop:      make(chan struct{}),
 	}
+	s.promptLag.Store(int64(opts.InitialStartLag))
 	if err := s.recover(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("embedded store %s: recover: %w", path, err)
 	}
-	s.maintWG.Add(1)
+	s.maintWG.Add(2)
 	go s.maintain()
+	go s.finisher()
 	return s, nil
 }
 
@@ -159,6 +226,25 @@ func putJSON(b *bolt.Bucket, key []byte, v any) error {
 	return b.Put(key, raw)
 }
 
+// putJob writes a job's record (its payload is stored apart, once).
+func putJob(tx *bolt.Tx, j Job) error {
+	j.Payload = nil
+	return putJSON(tx.Bucket(bucketJobs), []byte(j.ID), j)
+}
+
+// getJob reads a job's record, with its payload if withPayload.
+func getJob(tx *bolt.Tx, id string, withPayload bool) (Job, bool, error) {
+	var j Job
+	found, err := getJSON(tx.Bucket(bucketJobs), []byte(id), &j)
+	if err != nil || !found {
+		return j, found, err
+	}
+	if withPayload {
+		j.Payload = slices.Clone(tx.Bucket(bucketPayloads).Get([]byte(id)))
+	}
+	return j, true, nil
+}
+
 func unavailable(err error) error {
 	if err == nil || errors.Is(err, ErrUnavailable) {
 		return err
@@ -166,78 +252,58 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: %v", ErrUnavailable, err)
 }
 
-// interruptedMargin bounds how long after its slot an attempt that a crash
-// cut short may have been written (a late connection, a gate held back by a
-// late predecessor).
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// interruptedMargin bounds how long after its slot an attempt may have been
+// written (a slow connection, a gate held back by a late predecessor).
 const interruptedMargin = 50 * time.Millisecond
 
 func (s *BoltStore) recover() error {
 	now := s.clock.Now()
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketJobs, bucketDue, bucketClaimed, bucketDone, bucketIdem, bucketTenants} {
+		for _, name := range [][]byte{bucketJobs, bucketPayloads, bucketDue, bucketDone, bucketIdem, bucketTenants, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
 		}
-		jobs, due, claimed := tx.Bucket(bucketJobs), tx.Bucket(bucketDue), tx.Bucket(bucketClaimed)
-		// Attempts cut short by the stop: send again (same id, so the same
-		// Idempotency-Key); the attempt stays counted.
-		var interrupted [][]byte
-		if err := claimed.ForEach(func(id, _ []byte) error {
-			interrupted = append(interrupted, slices.Clone(id))
-			return nil
-		}); err != nil {
+		meta := tx.Bucket(bucketMeta)
+		clean := bytes.Equal(meta.Get(keyClean), []byte("1"))
+		if err := meta.Delete(keyClean); err != nil {
 			return err
 		}
-		for _, id := range interrupted {
-			var j Job
-			if ok, err := getJSON(jobs, id, &j); err != nil || !ok {
-				_ = claimed.Delete(id)
-				continue
-			}
-			j.State = StateRetrying
-			j.LastError = "interrupted: the throttler stopped during this attempt; it is sent again with the same Idempotency-Key"
-			// When that attempt was written is not known: its slot, or a
-			// little after. Space the next one from a little after.
-			s.mu.Lock()
-			tm, err := s.loadTenantTx(tx, j.Tenant)
-			if err == nil && tm.rec.LastAttemptAt.Before(j.DispatchAt.Add(interruptedMargin)) {
-				tm.rec.LastAttemptAt = j.DispatchAt.Add(interruptedMargin)
-			}
-			s.mu.Unlock()
-			if err != nil {
-				return err
-			}
-			if err := putJSON(jobs, id, j); err != nil {
-				return err
-			}
-			if err := due.Put(dueKey(j.DispatchAt, j.ID), []byte(j.Tenant)); err != nil {
-				return err
-			}
-			if err := claimed.Delete(id); err != nil {
-				return err
-			}
-		}
-		if len(interrupted) > 0 {
-			s.log.Info("recovered interrupted attempts", "jobs", len(interrupted))
-		}
-		return s.respace(tx, now)
+		return s.respace(tx, now, clean)
 	})
 }
 
-// respace counts waiting jobs per tenant and moves the slots that passed
-// while the process was down: from max(now, last attempt + T) on, one
-// interval apart, in their original order.
-func (s *BoltStore) respace(tx *bolt.Tx, now time.Time) error {
+// respace counts waiting jobs per tenant and, for a tenant whose jobs' slots
+// passed while the process was down, moves them: from the later of now and
+// the last moment a send may have happened, plus one interval, one interval
+// apart, in their original order. After an unclean stop, any job whose slot
+// passed may have been sent at its slot.
+func (s *BoltStore) respace(tx *bolt.Tx, now time.Time, clean bool) error {
 	type move struct {
 		old []byte
 		id  string
 		at  time.Time
 	}
-	jobs, due := tx.Bucket(bucketJobs), tx.Bucket(bucketDue)
-	next := map[string]time.Time{} // earliest slot the tenant's next job may have
-	var moves []move
+	due := tx.Bucket(bucketDue)
+	// First pass: the latest slot that passed, per tenant.
+	lastPassed := map[string]time.Time{}
 	c := due.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		at, _ := parseDueKey(k)
+		if at.After(now) {
+			break
+		}
+		lastPassed[string(v)] = at
+	}
+	floors := map[string]time.Time{} // earliest slot the tenant's next job may have
+	var moves []move
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		at, id := parseDueKey(k)
 		tenant := string(v)
@@ -247,32 +313,34 @@ func (s *BoltStore) respace(tx *bolt.Tx, now time.Time) error {
 		}
 		tm.depth++
 		p := s.policy(tenant)
-		floor, seen := next[tenant]
+		floor, seen := floors[tenant]
 		if !seen {
 			floor = now
 			if !tm.rec.LastAttemptAt.IsZero() {
-				floor = later(now, tm.rec.LastAttemptAt.Add(p.Interval))
+				floor = later(floor, tm.rec.LastAttemptAt.Add(p.Interval))
+			}
+			if last, ok := lastPassed[tenant]; ok && !clean {
+				floor = later(floor, last.Add(interruptedMargin+p.Interval))
 			}
 		}
 		if at.Before(floor) {
 			moves = append(moves, move{old: slices.Clone(k), id: id, at: floor})
-			at = floor
-			next[tenant] = at.Add(p.Interval)
-			if tm.rec.TAT.Before(next[tenant]) {
-				tm.rec.TAT = next[tenant]
+			floors[tenant] = floor.Add(p.Interval)
+			if tm.rec.TAT.Before(floors[tenant]) {
+				tm.rec.TAT = floors[tenant]
 			}
 			continue
 		}
 		// On schedule: so are the later jobs of this tenant.
-		next[tenant] = time.Time{}
+		floors[tenant] = time.Time{}
 	}
 	for _, m := range moves {
-		var j Job
-		if ok, err := getJSON(jobs, []byte(m.id), &j); err != nil || !ok {
+		j, ok, err := getJob(tx, m.id, false)
+		if err != nil || !ok {
 			return fmt.Errorf("job %s in the due index but not stored (%v)", m.id, err)
 		}
 		j.DispatchAt = m.at
-		if err := putJSON(jobs, []byte(m.id), j); err != nil {
+		if err := putJob(tx, j); err != nil {
 			return err
 		}
 		if err := due.Delete(m.old); err != nil {
@@ -288,16 +356,14 @@ func (s *BoltStore) respace(tx *bolt.Tx, now time.Time) error {
 		}
 	}
 	if len(moves) > 0 {
-		s.log.Info("spaced out jobs whose slot passed while stopped", "jobs", len(moves))
+		s.log.Info("spaced out jobs whose slot passed while stopped", "jobs", len(moves), "clean_stop", clean)
+	}
+	c = due.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		at, id := parseDueKey(k)
+		s.sched.add(dueEntry{at: at, id: id, tenant: string(v)})
 	}
 	return nil
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 // loadTenantTx returns the in-memory tenant, reading it from tx if needed.
@@ -314,6 +380,7 @@ func (s *BoltStore) loadTenantTx(tx *bolt.Tx, name string) (*tenantMem, error) {
 	return tm, nil
 }
 
+// loadTenant is loadTenantTx in its own read transaction (s.mu held).
 func (s *BoltStore) loadTenant(name string) (*tenantMem, error) {
 	if tm, ok := s.tenants[name]; ok {
 		return tm, nil
@@ -360,6 +427,11 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		return nil, err
 	}
 	now := s.clock.Now()
+	// Decide as if the job arrived when it can first be sent: a job sent at
+	// once is late by the time a send takes to start (the commit, the
+	// hand-over, the connection), and every job queued behind it inherits
+	// that lateness. Scheduling from there keeps the promises true.
+	arrival := now.Add(s.startLag())
 	inCall := map[string]int{} // idempotency key -> index of its first use in this call
 	for i, nj := range newJobs {
 		if nj.IdempotencyKey != "" {
@@ -380,7 +452,7 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 				continue
 			}
 		}
-		d, st := leaky.Admit(leaky.State{TAT: tm.rec.TAT}, now, policy)
+		d, st := leaky.Admit(leaky.State{TAT: tm.rec.TAT}, arrival, policy)
 		if !d.Admitted {
 			tm.rec.Rejected++
 			tm.dirty = true
@@ -393,10 +465,10 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		j := Job{
 			ID: newID(now), Tenant: tenant, State: StateQueued, Payload: nj.Payload,
 			IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: now, DispatchAt: d.Slot,
-			AdmitDelay: d.Delay, AdmitDepth: tm.depth,
+			AdmitDelay: d.Slot.Sub(now), AdmitDepth: tm.depth, Prompt: d.Delay == 0,
 		}
 		admitted = append(admitted, j)
-		out[i] = Admission{Job: j, ExpectedDelay: d.Delay, QueueDepth: tm.depth, Capacity: policy.Capacity}
+		out[i] = Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: tm.depth, Capacity: policy.Capacity}
 		if nj.IdempotencyKey != "" {
 			k := string(idemKey(tenant, nj.IdempotencyKey))
 			s.idemWait[k] = make(chan struct{})
@@ -412,9 +484,12 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		return out, nil
 	}
 	err = s.db.Batch(func(tx *bolt.Tx) error {
-		jb, due, idem := tx.Bucket(bucketJobs), tx.Bucket(bucketDue), tx.Bucket(bucketIdem)
+		payloads, due, idem := tx.Bucket(bucketPayloads), tx.Bucket(bucketDue), tx.Bucket(bucketIdem)
 		for _, j := range admitted {
-			if err := putJSON(jb, []byte(j.ID), j); err != nil {
+			if err := putJob(tx, j); err != nil {
+				return err
+			}
+			if err := payloads.Put([]byte(j.ID), j.Payload); err != nil {
 				return err
 			}
 			if err := due.Put(dueKey(j.DispatchAt, j.ID), []byte(tenant)); err != nil {
@@ -436,6 +511,11 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		// schedule is safe, a second job in one slot is not.
 		tm.depth -= len(admitted)
 		tm.rec.Accepted -= int64(len(admitted))
+	}
+	if err == nil {
+		for _, j := range admitted {
+			s.sched.add(dueEntry{at: j.DispatchAt, id: j.ID, tenant: j.Tenant})
+		}
 	}
 	s.releaseKeys(claimedKeys)
 	s.mu.Unlock()
@@ -486,102 +566,37 @@ func (s *BoltStore) jobByKey(tenant, key string) (Job, bool, error) {
 			return nil
 		}
 		var err error
-		found, err = getJSON(tx.Bucket(bucketJobs), id, &j)
+		j, found, err = getJob(tx, string(id), false)
 		return err
 	})
+	if c, ok := s.claims[j.ID]; found && ok {
+		j.State, j.Attempts = StateDispatching, c.Attempts
+	}
 	return j, found, unavailable(err)
 }
 
-// claimEvery is the longest a due job waits to be claimed once within the
-// lead; it lets one claim transaction take every job due in that time.
-const claimEvery = 10 * time.Millisecond
+// maxStartLag caps how far the measured start of a send moves schedules.
+const maxStartLag = 100 * time.Millisecond
 
-// pokeIfSooner wakes the dispatcher if a job due at slot is due before it
-// planned to wake.
-func (s *BoltStore) pokeIfSooner(slot time.Time) {
-	if slot.Add(-DefaultLead).UnixNano() < s.nextWake.Load() {
-		s.poke()
-	}
+// startLag is how long a job sent at once takes to reach the downstream,
+// measured (a moving average over prompt first attempts).
+func (s *BoltStore) startLag() time.Duration {
+	return min(time.Duration(s.promptLag.Load()), maxStartLag)
 }
 
-// poke wakes the dispatcher.
-func (s *BoltStore) poke() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
+// observeStart feeds the moving average with one prompt first attempt.
+func (s *BoltStore) observeStart(j Job) {
+	if !j.Prompt || j.Attempts != 1 || j.SentAt.IsZero() {
+		return
 	}
-}
-
-// Job implements Store.
-func (s *BoltStore) Job(ctx context.Context, id string) (Job, error) {
-	if !validID(id) {
-		return Job{}, ErrNotFound
+	sample := max(0, j.SentAt.Sub(j.EnqueuedAt))
+	for {
+		old := s.promptLag.Load()
+		next := old + (int64(sample)-old)/8
+		if s.promptLag.CompareAndSwap(old, next) {
+			return
+		}
 	}
-	var j Job
-	var found bool
-	err := s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		found, err = getJSON(tx.Bucket(bucketJobs), []byte(id), &j)
-		return err
-	})
-	if err != nil {
-		return Job{}, unavailable(err)
-	}
-	if !found {
-		return Job{}, ErrNotFound
-	}
-	return j, nil
-}
-
-// Cancel implements Store.
-func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
-	if !validID(id) {
-		return Job{}, ErrNotFound
-	}
-	var j Job
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		found, err := getJSON(tx.Bucket(bucketJobs), []byte(id), &j)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return ErrNotFound
-		}
-		if !j.State.Waiting() {
-			return &StateError{ID: id, State: j.State, Op: "cancel"}
-		}
-		if err := tx.Bucket(bucketDue).Delete(dueKey(j.DispatchAt, j.ID)); err != nil {
-			return err
-		}
-		j.State = StateCancelled
-		j.FinishedAt = s.clock.Now()
-		if err := putJSON(tx.Bucket(bucketJobs), []byte(id), j); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketDone).Put(dueKey(j.FinishedAt, j.ID), nil); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		tm, err := s.loadTenantTx(tx, j.Tenant)
-		if err == nil {
-			tm.depth--
-			tm.rec.Cancelled++
-			tm.dirty = true
-		}
-		s.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		return s.putTenant(tx, j.Tenant)
-	})
-	var se *StateError
-	if errors.Is(err, ErrNotFound) || errors.As(err, &se) {
-		return j, err
-	}
-	if err != nil {
-		return Job{}, unavailable(err)
-	}
-	return j, nil
 }
 
 // Tenant implements Store.
@@ -649,6 +664,9 @@ func (s *BoltStore) Close() error {
 		close(s.stop)
 		s.maintWG.Wait()
 		s.closeErr = s.flushDirty()
+		if s.closeErr == nil {
+			s.closeErr = s.markClean()
+		}
 		if err := s.db.Close(); err != nil && s.closeErr == nil {
 			s.closeErr = err
 		}
@@ -656,243 +674,18 @@ func (s *BoltStore) Close() error {
 	return s.closeErr
 }
 
-// claim marks up to limit jobs due at or before horizon as dispatching (one
-// transaction, so one fsync for many jobs) and returns them, with the slot of
-// the next waiting job (zero if none).
-func (s *BoltStore) claim(horizon time.Time, limit int) ([]Job, time.Time, error) {
-	// Look first without writing: a write transaction costs an fsync.
-	var first time.Time
-	if err := s.db.View(func(tx *bolt.Tx) error {
-		if k, _ := tx.Bucket(bucketDue).Cursor().First(); k != nil {
-			first, _ = parseDueKey(k)
-		}
-		return nil
-	}); err != nil {
-		return nil, time.Time{}, unavailable(err)
-	}
-	if first.IsZero() || first.After(horizon) {
-		return nil, first, nil
-	}
-	var claimed []Job
-	var next time.Time
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		claimed, next = claimed[:0], time.Time{}
-		jobs, due, cl := tx.Bucket(bucketJobs), tx.Bucket(bucketDue), tx.Bucket(bucketClaimed)
-		c := due.Cursor()
-		var keys [][]byte
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
-			at, id := parseDueKey(k)
-			if at.After(horizon) || len(claimed) == limit {
-				next = at
-				break
-			}
-			var j Job
-			if ok, err := getJSON(jobs, []byte(id), &j); err != nil || !ok {
-				return fmt.Errorf("job %s in the due index but not stored (%v)", id, err)
-			}
-			j.State = StateDispatching
-			j.Attempts++
-			claimed = append(claimed, j)
-			keys = append(keys, slices.Clone(k))
-		}
-		touched := map[string]bool{}
-		s.mu.Lock()
-		for _, j := range claimed {
-			if tm, ok := s.tenants[j.Tenant]; ok && tm.rec.LastAttemptAt.Before(j.DispatchAt) {
-				tm.rec.LastAttemptAt = j.DispatchAt
-			}
-			touched[j.Tenant] = true
-		}
-		s.mu.Unlock()
-		for i, j := range claimed {
-			if err := due.Delete(keys[i]); err != nil {
-				return err
-			}
-			if err := putJSON(jobs, []byte(j.ID), j); err != nil {
-				return err
-			}
-			if err := cl.Put([]byte(j.ID), []byte(j.Tenant)); err != nil {
-				return err
-			}
-		}
-		for name := range touched {
-			if err := s.putTenant(tx, name); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, time.Time{}, unavailable(err)
-	}
+// markClean records a clean stop: no job is being sent, so none whose slot
+// passed was sent without its outcome being recorded.
+func (s *BoltStore) markClean() error {
 	s.mu.Lock()
-	for _, j := range claimed {
-		if tm, ok := s.tenants[j.Tenant]; ok {
-			tm.depth--
-			tm.inFlight++
-		}
-	}
+	active := len(s.claims)
 	s.mu.Unlock()
-	return claimed, next, nil
-}
-
-// finish records the outcome of one claimed job.
-func (s *BoltStore) finish(j Job, o Outcome) error {
-	now := s.clock.Now()
-	policy := s.policy(j.Tenant)
-	var result Job
-	err := s.db.Batch(func(tx *bolt.Tx) error {
-		jobs := tx.Bucket(bucketJobs)
-		var cur Job
-		if ok, err := getJSON(jobs, []byte(j.ID), &cur); err != nil || !ok {
-			return fmt.Errorf("claimed job %s not stored (%v)", j.ID, err)
-		}
-		cur.ResponseStatus = cmp.Or(o.Status, cur.ResponseStatus)
-		if !o.SentAt.IsZero() {
-			cur.SentAt = o.SentAt
-		}
-		cur.LastError = cmp.Or(o.Error, cur.LastError)
-		s.mu.Lock()
-		tm, err := s.loadTenantTx(tx, j.Tenant)
-		if err != nil {
-			s.mu.Unlock()
-			return err
-		}
-		if o.SentAt.After(tm.rec.LastAttemptAt) {
-			tm.rec.LastAttemptAt = o.SentAt
-		}
-		switch o.Result {
-		case Succeeded, Failed:
-			cur.State = StateSucceeded
-			if o.Result == Failed {
-				cur.State = StateFailed
-			} else {
-				cur.LastError = ""
-			}
-			cur.FinishedAt = now
-		case Retry:
-			cur.State = StateRetrying
-			slot, st := leaky.Reserve(leaky.State{TAT: tm.rec.TAT}, later(now, o.NotBefore), policy)
-			tm.rec.TAT = st.TAT
-			cur.DispatchAt = slot
-		default: // Released: nothing was sent
-			cur.Attempts--
-			cur.State = StateQueued
-			if cur.Attempts > 0 {
-				cur.State = StateRetrying
-			}
-		}
-		s.mu.Unlock()
-		if err := putJSON(jobs, []byte(j.ID), cur); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketClaimed).Delete([]byte(j.ID)); err != nil {
-			return err
-		}
-		if cur.State.Finished() {
-			if err := tx.Bucket(bucketDone).Put(dueKey(cur.FinishedAt, cur.ID), nil); err != nil {
-				return err
-			}
-		} else if err := tx.Bucket(bucketDue).Put(dueKey(cur.DispatchAt, cur.ID), []byte(cur.Tenant)); err != nil {
-			return err
-		}
-		result = cur
-		return s.putTenant(tx, j.Tenant)
+	if active > 0 {
+		return nil
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keyClean, []byte("1"))
 	})
-	if err != nil {
-		return unavailable(err)
-	}
-	s.mu.Lock()
-	if tm, ok := s.tenants[j.Tenant]; ok {
-		tm.inFlight--
-		switch result.State {
-		case StateSucceeded:
-			tm.rec.Delivered++
-		case StateFailed:
-			tm.rec.Failed++
-		default:
-			tm.depth++
-		}
-		tm.dirty = true
-	}
-	s.mu.Unlock()
-	if !result.State.Finished() {
-		s.pokeIfSooner(result.DispatchAt)
-	}
-	return nil
-}
-
-// Consume implements Store.
-func (s *BoltStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions) error {
-	lead := cmp.Or(opts.Lead, DefaultLead)
-	sem := make(chan struct{}, cmp.Or(opts.Concurrency, 1024))
-	freed := make(chan struct{}, 1)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		// While awake, every enqueue pokes (the poke waits in the channel);
-		// once asleep, only those due before the planned wake do.
-		s.nextWake.Store(math.MaxInt64)
-		now := s.clock.Now()
-		var next time.Time
-		if free := cap(sem) - len(sem); free > 0 {
-			jobs, n, err := s.claim(now.Add(lead), free)
-			if err != nil {
-				s.log.Error("dispatcher cannot claim due jobs; trying again", "err", err)
-				n = now.Add(time.Second)
-			}
-			next = n
-			for _, j := range jobs {
-				sem <- struct{}{}
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					s.runHandler(ctx, h, j)
-					<-sem
-					select {
-					case freed <- struct{}{}:
-					default:
-					}
-				}()
-			}
-		}
-		// Sleep until the next job is well within the lead (so one claim,
-		// one fsync, takes many jobs), something is enqueued that is due
-		// sooner, a handler frees a place, or the poll interval passes.
-		wait := time.Second
-		if !next.IsZero() && len(sem) < cap(sem) {
-			wait = min(wait, next.Add(-lead+claimEvery).Sub(now))
-		}
-		s.nextWake.Store(now.Add(wait).UnixNano())
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-s.wake:
-		case <-freed:
-		case <-s.clock.After(max(wait, time.Millisecond)):
-		}
-	}
-}
-
-func (s *BoltStore) runHandler(ctx context.Context, h Handler, j Job) {
-	o := h(ctx, j)
-	// Recording the outcome must not be lost to a stop: retry until it is
-	// durable (a failing disk leaves the job claimed, and a restart sends
-	// it again with the same Idempotency-Key).
-	for attempt := 0; ; attempt++ {
-		err := s.finish(j, o)
-		if err == nil {
-			return
-		}
-		s.log.Error("cannot record the outcome of an attempt", "job", j.ID, "err", err)
-		if attempt >= 5 {
-			return
-		}
-		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
-	}
 }
 
 // maintain removes finished jobs past retention and forgets idle tenants.
@@ -966,8 +759,7 @@ func (s *BoltStore) reap(cutoff time.Time, limit int) (int, error) {
 			if !at.Before(cutoff) {
 				break
 			}
-			var j Job
-			if ok, _ := getJSON(jobs, []byte(id), &j); ok && j.IdempotencyKey != "" {
+			if j, ok, _ := getJob(tx, id, false); ok && j.IdempotencyKey != "" {
 				if bytes.Equal(idem.Get(idemKey(j.Tenant, j.IdempotencyKey)), []byte(id)) {
 					if err := idem.Delete(idemKey(j.Tenant, j.IdempotencyKey)); err != nil {
 						return err
@@ -975,6 +767,9 @@ func (s *BoltStore) reap(cutoff time.Time, limit int) (int, error) {
 				}
 			}
 			if err := jobs.Delete([]byte(id)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketPayloads).Delete([]byte(id)); err != nil {
 				return err
 			}
 			if err := done.Delete(k); err != nil {

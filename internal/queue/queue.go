@@ -64,6 +64,9 @@ type Job struct {
 	// What the job was told at admission, told again for a repeated key.
 	AdmitDelay time.Duration `json:"admit_delay"`
 	AdmitDepth int           `json:"admit_depth"`
+	// Prompt: the bucket had room to send it at once (it waited only for
+	// the time a send takes to start).
+	Prompt bool `json:"prompt,omitempty"`
 }
 
 // NewJob is a job as a producer sends it.

@@ -1,0 +1,434 @@
+package queue
+
+import (
+	"cmp"
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"throttler/internal/leaky"
+)
+
+// claimEvery is the longest a due job waits to be claimed once within the
+// lead; it lets one pass over the due index take every job due in that time.
+const claimEvery = 10 * time.Millisecond
+
+// pokeIfSooner wakes the dispatcher if a job due at slot is due before it
+// planned to wake.
+func (s *BoltStore) pokeIfSooner(slot time.Time) {
+	if slot.Add(-DefaultLead).UnixNano() < s.nextWake.Load() {
+		s.poke()
+	}
+}
+
+// poke wakes the dispatcher.
+func (s *BoltStore) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Job implements Store.
+func (s *BoltStore) Job(ctx context.Context, id string) (Job, error) {
+	if !validID(id) {
+		return Job{}, ErrNotFound
+	}
+	var j Job
+	var found bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		j, found, err = getJob(tx, id, true)
+		return err
+	})
+	if err != nil {
+		return Job{}, unavailable(err)
+	}
+	if !found {
+		return Job{}, ErrNotFound
+	}
+	s.mu.Lock()
+	if c, ok := s.claims[id]; ok {
+		j.State, j.Attempts = StateDispatching, c.Attempts
+	}
+	s.mu.Unlock()
+	return j, nil
+}
+
+// Cancel implements Store.
+func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
+	if !validID(id) {
+		return Job{}, ErrNotFound
+	}
+	// Take the job out of the schedule first, so the dispatcher cannot hand
+	// it over meanwhile; put it back if the cancel does not happen.
+	s.mu.Lock()
+	if _, ok := s.claims[id]; ok {
+		s.mu.Unlock()
+		return Job{}, &StateError{ID: id, State: StateDispatching, Op: "cancel"}
+	}
+	slot, waiting := s.sched.waiting[id]
+	delete(s.sched.waiting, id)
+	s.mu.Unlock()
+
+	var j Job
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		var found bool
+		var err error
+		j, found, err = getJob(tx, id, false)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return ErrNotFound
+		}
+		if !j.State.Waiting() {
+			return &StateError{ID: id, State: j.State, Op: "cancel"}
+		}
+		if err := tx.Bucket(bucketDue).Delete(dueKey(j.DispatchAt, j.ID)); err != nil {
+			return err
+		}
+		j.State = StateCancelled
+		j.FinishedAt = s.clock.Now()
+		if err := putJob(tx, j); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketDone).Put(dueKey(j.FinishedAt, j.ID), nil)
+	})
+	s.mu.Lock()
+	if err == nil {
+		if tm, ok := s.tenants[j.Tenant]; ok {
+			tm.depth--
+			tm.rec.Cancelled++
+			tm.dirty = true
+		}
+	} else if waiting {
+		s.sched.add(dueEntry{at: slot, id: id, tenant: j.Tenant})
+	}
+	s.mu.Unlock()
+	var se *StateError
+	if errors.Is(err, ErrNotFound) || errors.As(err, &se) {
+		return Job{}, err
+	}
+	if err != nil {
+		return Job{}, unavailable(err)
+	}
+	return j, nil
+}
+
+// claimDue hands over up to limit waiting jobs due at or before horizon,
+// earliest first: they leave the schedule and are held in memory (nothing is
+// written), with their attempt counted in the job handed over. It also
+// returns the slot of the next waiting job (zero if none).
+//
+// Lock order: s.mu is never taken inside a read transaction. A commit that
+// grows the file waits for every reader to finish, and code that holds s.mu
+// opens read transactions: a reader waiting for s.mu would deadlock both.
+func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, error) {
+	var chosen []dueEntry
+	var next time.Time
+	s.mu.Lock()
+	for len(chosen) < limit {
+		e, ok := s.sched.peek()
+		if !ok {
+			break
+		}
+		if e.at.After(horizon) {
+			next = e.at
+			break
+		}
+		heap.Pop(&s.sched.heap)
+		delete(s.sched.waiting, e.id)
+		s.claims[e.id] = Job{ID: e.id, Tenant: e.tenant} // held while read
+		chosen = append(chosen, e)
+	}
+	if len(chosen) == limit {
+		if e, ok := s.sched.peek(); ok {
+			next = e.at
+		}
+	}
+	s.mu.Unlock()
+	if len(chosen) == 0 {
+		return nil, next, nil
+	}
+	claimed := make([]Job, 0, len(chosen))
+	err := s.db.View(func(tx *bolt.Tx) error {
+		for _, e := range chosen {
+			j, ok, err := getJob(tx, e.id, true)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("job %s is scheduled but not stored", e.id)
+			}
+			j.State = StateDispatching
+			j.Attempts++
+			claimed = append(claimed, j)
+		}
+		return nil
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		// Back in the schedule: nothing was handed over.
+		for _, e := range chosen {
+			delete(s.claims, e.id)
+			s.sched.add(e)
+		}
+		return nil, time.Time{}, unavailable(err)
+	}
+	for _, j := range claimed {
+		s.claims[j.ID] = j
+		if tm, ok := s.tenants[j.Tenant]; ok {
+			tm.depth--
+			tm.inFlight++
+		}
+	}
+	return claimed, next, nil
+}
+
+// finishWindow is how long the outcome of an attempt waits for others to
+// share its write. Outcomes are not waited for by anyone outside (the job is
+// held meanwhile), so they can share far more than admissions do: one commit
+// (two fsyncs) per window instead of per millisecond.
+const finishWindow = 10 * time.Millisecond
+
+type finishReq struct {
+	job  Job
+	o    Outcome
+	done chan error
+}
+
+// finish records the outcome of a claimed job, in a group with others.
+func (s *BoltStore) finish(j Job, o Outcome) error {
+	if o.Result == Released {
+		// Nothing was sent and nothing was written: the job waits as it was.
+		s.mu.Lock()
+		delete(s.claims, j.ID)
+		s.sched.add(dueEntry{at: j.DispatchAt, id: j.ID, tenant: j.Tenant})
+		if tm, ok := s.tenants[j.Tenant]; ok {
+			tm.inFlight--
+			tm.depth++
+		}
+		s.mu.Unlock()
+		return nil
+	}
+	r := finishReq{job: j, o: o, done: make(chan error, 1)}
+	select {
+	case s.finishQ <- r:
+	case <-s.stop:
+		return errors.New("store closed")
+	}
+	return <-r.done
+}
+
+// finisher writes outcomes in groups until the store closes.
+func (s *BoltStore) finisher() {
+	defer s.maintWG.Done()
+	for {
+		var group []finishReq
+		select {
+		case r := <-s.finishQ:
+			group = append(group, r)
+		case <-s.stop:
+			return
+		}
+		window := time.NewTimer(finishWindow)
+	collect:
+		for len(group) < 1000 {
+			select {
+			case r := <-s.finishQ:
+				group = append(group, r)
+			case <-window.C:
+				break collect
+			}
+		}
+		window.Stop()
+		err := s.writeOutcomes(group)
+		for _, r := range group {
+			r.done <- err
+		}
+	}
+}
+
+// writeOutcomes records a group of outcomes in one transaction.
+func (s *BoltStore) writeOutcomes(group []finishReq) error {
+	now := s.clock.Now()
+	results := make([]Job, len(group))
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		touched := map[string]bool{}
+		for i, r := range group {
+			j, o := r.job, r.o
+			// The claimed job is the stored one: nothing else changes a job
+			// the dispatcher holds.
+			cur := j
+			cur.Payload = nil
+			oldDue := dueKey(cur.DispatchAt, cur.ID)
+			cur.ResponseStatus = cmp.Or(o.Status, cur.ResponseStatus)
+			cur.LastError = cmp.Or(o.Error, cur.LastError)
+			if !o.SentAt.IsZero() {
+				cur.SentAt = o.SentAt
+			}
+			s.mu.Lock()
+			tm, err := s.loadTenantTx(tx, j.Tenant)
+			if err != nil {
+				s.mu.Unlock()
+				return err
+			}
+			if o.SentAt.After(tm.rec.LastAttemptAt) {
+				tm.rec.LastAttemptAt = o.SentAt
+			}
+			switch o.Result {
+			case Succeeded:
+				cur.State = StateSucceeded
+				cur.LastError = ""
+				cur.FinishedAt = now
+			case Failed:
+				cur.State = StateFailed
+				cur.FinishedAt = now
+			default: // Retry
+				cur.State = StateRetrying
+				slot, st := leaky.Reserve(leaky.State{TAT: tm.rec.TAT}, later(now, o.NotBefore), s.policy(j.Tenant))
+				tm.rec.TAT = st.TAT
+				cur.DispatchAt = slot
+			}
+			s.mu.Unlock()
+			if err := putJob(tx, cur); err != nil {
+				return err
+			}
+			due := tx.Bucket(bucketDue)
+			if err := due.Delete(oldDue); err != nil {
+				return err
+			}
+			if cur.State.Finished() {
+				if err := tx.Bucket(bucketDone).Put(dueKey(cur.FinishedAt, cur.ID), nil); err != nil {
+					return err
+				}
+			} else if err := due.Put(dueKey(cur.DispatchAt, cur.ID), []byte(cur.Tenant)); err != nil {
+				return err
+			}
+			results[i] = cur
+			touched[j.Tenant] = true
+		}
+		for name := range touched {
+			if err := s.putTenant(tx, name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return unavailable(err)
+	}
+	s.mu.Lock()
+	var soonest time.Time
+	for _, result := range results {
+		s.observeStart(result)
+		delete(s.claims, result.ID)
+		if !result.State.Finished() {
+			s.sched.add(dueEntry{at: result.DispatchAt, id: result.ID, tenant: result.Tenant})
+			if soonest.IsZero() || result.DispatchAt.Before(soonest) {
+				soonest = result.DispatchAt
+			}
+		}
+		if tm, ok := s.tenants[result.Tenant]; ok {
+			tm.inFlight--
+			switch result.State {
+			case StateSucceeded:
+				tm.rec.Delivered++
+			case StateFailed:
+				tm.rec.Failed++
+			default:
+				tm.depth++
+			}
+			tm.dirty = true
+		}
+	}
+	s.mu.Unlock()
+	if !soonest.IsZero() {
+		s.pokeIfSooner(soonest)
+	}
+	return nil
+}
+
+// Consume implements Store.
+func (s *BoltStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions) error {
+	lead := cmp.Or(opts.Lead, DefaultLead)
+	sem := make(chan struct{}, cmp.Or(opts.Concurrency, 1024))
+	freed := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		// While awake, every enqueue pokes (the poke waits in the channel);
+		// once asleep, only those due before the planned wake do.
+		s.nextWake.Store(math.MaxInt64)
+		now := s.clock.Now()
+		var next time.Time
+		if free := cap(sem) - len(sem); free > 0 {
+			jobs, n, err := s.claimDue(now.Add(lead), free)
+			if err != nil {
+				s.log.Error("dispatcher cannot read due jobs; trying again", "err", err)
+				n = now.Add(time.Second)
+			}
+			next = n
+			for _, j := range jobs {
+				sem <- struct{}{}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s.runHandler(ctx, h, j)
+					<-sem
+					select {
+					case freed <- struct{}{}:
+					default:
+					}
+				}()
+			}
+		}
+		// Sleep until the next job is well within the lead (so one pass
+		// takes many jobs), something is enqueued that is due sooner, a
+		// handler frees a place, or the poll interval passes.
+		wait := time.Second
+		var full <-chan struct{} // a freed place matters only when none was left
+		if len(sem) == cap(sem) {
+			full = freed
+		} else if !next.IsZero() {
+			wait = min(wait, next.Add(-lead+claimEvery).Sub(now))
+		}
+		s.nextWake.Store(now.Add(wait).UnixNano())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.wake:
+		case <-full:
+		case <-s.clock.After(max(wait, time.Millisecond)):
+		}
+	}
+}
+
+func (s *BoltStore) runHandler(ctx context.Context, h Handler, j Job) {
+	o := h(ctx, j)
+	// Recording the outcome must not be lost to a passing error: retry a
+	// few times. If it still fails the job stays waiting on disk and is
+	// sent again after a restart, with the same Idempotency-Key.
+	for attempt := 0; ; attempt++ {
+		err := s.finish(j, o)
+		if err == nil {
+			return
+		}
+		s.log.Error("cannot record the outcome of an attempt", "job", j.ID, "err", err)
+		if attempt >= 5 {
+			return
+		}
+		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+	}
+}
