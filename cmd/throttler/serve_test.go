@@ -286,3 +286,58 @@ func TestBatchAndCancel(t *testing.T) {
 		t.Fatalf("%d deliveries, want 3", n)
 	}
 }
+
+// A 5xx is retried, not lost: every job is delivered on its second attempt
+// with the same Idempotency-Key, and the retries are paced like any attempt.
+func TestServerErrorsAreRetried(t *testing.T) {
+	t.Parallel()
+	ds := downstreamtest.New(t)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		first := !seen[r.Header.Get("Idempotency-Key")]
+		seen[r.Header.Get("Idempotency-Key")] = true
+		mu.Unlock()
+		if first {
+			http.Error(w, "upstream exploded", http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 10\n", ds))
+	var ids []string
+	for i := 0; i < 5; i++ {
+		st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":%d}`, i))
+		if st != 202 {
+			t.Fatalf("%d %v", st, body)
+		}
+		ids = append(ids, body["id"].(string))
+	}
+	waitFor(t, 15*time.Second, "every job succeeded", func() bool {
+		for _, id := range ids {
+			if _, _, j := call(t, "GET", base+"/v1/jobs/"+id, ""); j["state"] != "succeeded" {
+				return false
+			}
+		}
+		return true
+	})
+	for _, id := range ids {
+		_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
+		if j["attempts"] != 2.0 || j["response_status"] != 200.0 {
+			t.Fatalf("job %v", j)
+		}
+	}
+	all := ds.All()
+	if len(all) != 10 {
+		t.Fatalf("%d attempts, want 10 (5 jobs x 2)", len(all))
+	}
+	for _, a := range all {
+		if a.Attempt != "1" && a.Attempt != "2" {
+			t.Fatalf("attempt header %q", a.Attempt)
+		}
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, all, 50*time.Millisecond, 1)
+	}
+}
