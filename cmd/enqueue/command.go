@@ -1,0 +1,486 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"throttler/internal/client"
+	"throttler/internal/leaky"
+)
+
+type options struct {
+	server, token, config string
+	tenant                string
+	data, file            string
+	key                   string
+	noDedupe              bool
+	maxAttempts           int
+	rate                  string
+	batch                 int
+	wait                  bool
+	waitTimeout           time.Duration
+	asJSON                bool
+	progress              string
+}
+
+func newCommand(stdin io.Reader, stdout, stderr io.Writer, env []string) *cobra.Command {
+	var o options
+	c := &cobra.Command{
+		Use:   "enqueue --tenant T (--data JSON | --file FILE | --file -)",
+		Short: "Send jobs to a throttler, politely",
+		Long: `Send jobs to a throttler: one payload (--data) or a file of them, one JSON
+value per line (--file; "-" reads standard input; blank lines are skipped).
+
+Every line of a file gets an idempotency key made from its line number and
+content, so running the same import again after an interruption sends
+nothing twice (--no-dedupe turns that off). A job refused with 429 is sent
+again after its Retry-After plus a little jitter; errors and 503 back off
+exponentially; each job is tried at most --max-attempts times.
+
+The server and token come from --server/--token, then THROTTLER_SERVER and
+THROTTLER_TOKEN, then the config file (--config or THROTTLER_CONFIG), then
+http://127.0.0.1:8080.
+
+Exit status: 0 all accepted (with --wait: all delivered); 1 the server
+refused the request; 2 bad input; 3 server unreachable; 4 jobs still
+refused after --max-attempts; 5 with --wait, jobs not delivered; 130
+interrupted.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			err := run(cmd.Context(), o, stdin, stdout, stderr, env)
+			var ee exitError
+			if err != nil && (!errors.As(err, &ee) || !ee.silent) {
+				fmt.Fprintln(stderr, "enqueue:", err)
+			}
+			return err
+		},
+	}
+	c.SetOut(stdout)
+	c.SetErr(stderr)
+	c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return exitError{code: exitUsage, err: fmt.Errorf("%w (see enqueue --help)", err)}
+	})
+	f := c.Flags()
+	f.StringVar(&o.server, "server", "", "throttler API base URL (default $THROTTLER_SERVER, the config's server.listen, or http://127.0.0.1:8080)")
+	f.StringVar(&o.token, "token", "", "API token (default $THROTTLER_TOKEN)")
+	f.StringVar(&o.config, "config", "", "throttler config file to read the server address from (default $THROTTLER_CONFIG)")
+	f.StringVarP(&o.tenant, "tenant", "t", "", "tenant to enqueue for (required)")
+	f.StringVarP(&o.data, "data", "d", "", "one payload, as JSON")
+	f.StringVarP(&o.file, "file", "f", "", `file of payloads, one JSON value per line ("-" for stdin)`)
+	f.StringVar(&o.key, "idempotency-key", "", "idempotency key of --data; with --file, the prefix of each line's key")
+	f.BoolVar(&o.noDedupe, "no-dedupe", false, "do not derive idempotency keys for file lines")
+	f.IntVar(&o.maxAttempts, "max-attempts", 10, "tries per job (429s and errors) before giving up")
+	f.StringVar(&o.rate, "rate", "", `pace sending to N/DURATION, e.g. "19/s" just under a tenant's 20/s`)
+	f.IntVar(&o.batch, "batch", 100, "jobs per request, 1 to 1000")
+	f.BoolVar(&o.wait, "wait", false, "after sending, wait until every job is delivered or failed")
+	f.DurationVar(&o.waitTimeout, "wait-timeout", time.Hour, "give up --wait after this")
+	f.BoolVar(&o.asJSON, "json", false, "print the summary as JSON")
+	f.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+	_ = c.MarkFlagRequired("tenant")
+	return c
+}
+
+// item is one job of the run.
+type item struct {
+	line      int // 1-based line of the file (1 for --data)
+	job       client.Job
+	attempts  int
+	notBefore time.Time
+	result    client.Result // the last answer
+	accepted  bool
+	given     bool // refused for good
+	final     client.JobStatus
+}
+
+// summary is what a run did.
+type summary struct {
+	Jobs        int      `json:"jobs"`
+	Accepted    int      `json:"accepted"`
+	Duplicates  int      `json:"duplicates"`
+	Rejected    int      `json:"rejected"`
+	Requests    int      `json:"requests"`
+	Waits       int      `json:"retry_after_waits"`
+	Delivered   int      `json:"delivered,omitempty"`
+	Failed      int      `json:"failed,omitempty"`
+	Undelivered int      `json:"undelivered,omitempty"`
+	Seconds     float64  `json:"seconds"`
+	Exit        int      `json:"exit"`
+	Error       string   `json:"error,omitempty"`
+	IDs         []string `json:"ids"`
+}
+
+func readItems(o options, stdin io.Reader) ([]*item, error) {
+	switch {
+	case o.data != "" && o.file != "":
+		return nil, errors.New("give --data or --file, not both")
+	case o.data != "":
+		if !json.Valid([]byte(o.data)) {
+			return nil, errors.New("--data is not valid JSON")
+		}
+		return []*item{{line: 1, job: client.Job{Payload: json.RawMessage(o.data), IdempotencyKey: o.key}}}, nil
+	case o.file == "":
+		return nil, errors.New("give --data JSON or --file FILE (- for stdin)")
+	}
+	var r io.Reader = stdin
+	name := "stdin"
+	if o.file != "-" {
+		f, err := os.Open(o.file)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r, name = f, o.file
+	}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var items []*item
+	for n := 1; sc.Scan(); n++ {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		if !json.Valid(line) {
+			return nil, fmt.Errorf("%s:%d: not valid JSON (one payload per line); nothing was sent", name, n)
+		}
+		it := &item{line: n, job: client.Job{Payload: json.RawMessage(bytes.Clone(line))}}
+		if !o.noDedupe {
+			it.job.IdempotencyKey = lineKey(o.key, n, line)
+		}
+		items = append(items, it)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %v; nothing was sent", name, err)
+	}
+	if len(items) == 0 {
+		return nil, fmt.Errorf("%s: no payloads in it", name)
+	}
+	return items, nil
+}
+
+// lineKey is a file line's idempotency key: the line number and a hash of
+// its content (so an edited line is a new job), after the user's prefix.
+func lineKey(prefix string, n int, line []byte) string {
+	sum := sha256.Sum256(line)
+	k := fmt.Sprintf("line%d-%s", n, hex.EncodeToString(sum[:12]))
+	if prefix != "" {
+		k = prefix + "-" + k
+	}
+	return k
+}
+
+func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writer, env []string) error {
+	start := time.Now()
+	bad := func(err error) error { return exitError{code: exitBadInput, err: err} }
+	if o.batch < 1 || o.batch > 1000 {
+		return bad(fmt.Errorf("--batch %d: want 1 to 1000", o.batch))
+	}
+	if o.maxAttempts < 1 {
+		return bad(fmt.Errorf("--max-attempts %d: want at least 1", o.maxAttempts))
+	}
+	var pace time.Duration
+	if o.rate != "" {
+		r, err := leaky.ParseRate(o.rate)
+		if err != nil {
+			return bad(fmt.Errorf("--rate: %v", err))
+		}
+		pace = r.Interval()
+	}
+	target, err := client.ResolveTarget(o.server, o.token, o.config, env)
+	if err != nil {
+		return bad(err)
+	}
+	items, err := readItems(o, stdin)
+	if err != nil {
+		return bad(err)
+	}
+	c := client.New(target)
+	p := newProgress(o.progress, stderr, len(items))
+	s := &summary{Jobs: len(items)}
+	runErr := send(ctx, c, o, items, pace, s, p)
+	if runErr == nil && o.wait {
+		runErr = waitDelivered(ctx, c, o, items, s, p)
+	}
+	p.done()
+	s.Seconds = time.Since(start).Seconds()
+	s.IDs = make([]string, len(items))
+	for i, it := range items {
+		if it.accepted {
+			s.IDs[i] = it.result.ID
+		}
+	}
+	s.Exit = exitOK
+	var ee exitError
+	switch {
+	case ctx.Err() != nil:
+		s.Exit = exitInterrupted
+		runErr = exitError{code: exitInterrupted, err: errors.New("interrupted: run the same command again to send the rest (nothing is sent twice)")}
+	case errors.As(runErr, &ee):
+		s.Exit = ee.code
+	case runErr != nil:
+		s.Exit = exitRefused
+		runErr = exitError{code: exitRefused, err: runErr}
+	case s.Rejected > 0:
+		s.Exit = exitRejected
+		runErr = exitError{code: exitRejected, err: fmt.Errorf("%d job(s) still refused after %d attempts each", s.Rejected, o.maxAttempts)}
+	case o.wait && s.Delivered < s.Accepted:
+		s.Exit = exitNotDelivered
+		runErr = exitError{code: exitNotDelivered, err: fmt.Errorf("%d of %d job(s) not delivered (%d failed)", s.Accepted-s.Delivered, s.Accepted, s.Failed)}
+	}
+	if runErr != nil {
+		s.Error = runErr.Error()
+	}
+	printSummary(stdout, o, s)
+	return runErr
+}
+
+// send enqueues every item, in order, honouring Retry-After.
+func send(ctx context.Context, c *client.Client, o options, items []*item, pace time.Duration, s *summary, p *progress) error {
+	pending := items
+	var nextPaced time.Time
+	failures := 0
+	// window is how many jobs go in the next request. After a 429 it shrinks
+	// to what the last request got in (at least one), so the jobs behind do
+	// not spend their attempts being refused with the front; when a request
+	// gets everything in, it doubles, up to --batch.
+	window := o.batch
+	for len(pending) > 0 {
+		now := time.Now()
+		// The first pending job goes first: later lines never overtake an
+		// earlier one that was told to wait.
+		wait := pending[0].notBefore.Sub(now)
+		if pace > 0 {
+			wait = max(wait, nextPaced.Sub(now))
+		}
+		if wait > 0 {
+			p.set(func(st *progressState) { st.waiting = true })
+			if err := sleep(ctx, wait); err != nil {
+				return err
+			}
+			p.set(func(st *progressState) { st.waiting = false })
+			now = time.Now()
+		}
+		n := min(len(pending), window)
+		if pace > 0 {
+			// Paced: one job every pace, and no credit for idle time beyond
+			// one interval; send those due by now together.
+			if nextPaced.Before(now.Add(-pace)) {
+				nextPaced = now
+			}
+			due := 1 + int(now.Sub(nextPaced)/pace)
+			n = min(n, max(1, due))
+			nextPaced = nextPaced.Add(time.Duration(n) * pace)
+		}
+		for i := 1; i < n; i++ { // stop at a job that must still wait
+			if pending[i].notBefore.After(now) {
+				n = i
+				break
+			}
+		}
+		batch := pending[:n]
+		jobs := make([]client.Job, n)
+		for i, it := range batch {
+			jobs[i] = it.job
+			it.attempts++
+		}
+		s.Requests++
+		results, err := c.EnqueueBatch(ctx, o.tenant, jobs)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			var ae *client.APIError
+			switch {
+			case client.IsUnreachable(err), errors.As(err, &ae) && (ae.Status == 503 || ae.Status >= 500 || ae.Status == 429):
+				failures++
+				if failures >= o.maxAttempts {
+					code := exitUnreachable
+					if ae != nil {
+						code = exitRefused
+					}
+					return exitError{code: code, err: fmt.Errorf("%v (gave up after %d tries)", err, failures)}
+				}
+				backoff := fullJitter(failures)
+				if ae != nil && ae.RetryAfter > 0 {
+					backoff = max(backoff, ae.RetryAfter)
+				}
+				for _, it := range batch {
+					it.attempts-- // the request, not the job, failed
+				}
+				p.set(func(st *progressState) { st.retrying = len(batch); st.lastErr = err.Error() })
+				if err := sleep(ctx, backoff); err != nil {
+					return err
+				}
+				continue
+			case errors.As(err, &ae) && (ae.Status == 400 || ae.Status == 413):
+				return exitError{code: exitBadInput, err: fmt.Errorf("server refused lines %d-%d: %v", batch[0].line, batch[n-1].line, err)}
+			default:
+				return err
+			}
+		}
+		failures = 0
+		var again []*item
+		var longest time.Duration
+		got := 0
+		for i, r := range results {
+			it := batch[i]
+			it.result = r
+			switch r.Status {
+			case 200, 202:
+				it.accepted = true
+				got++
+				s.Accepted++
+				if r.Status == 200 {
+					s.Duplicates++
+				}
+			case 429:
+				if it.attempts >= o.maxAttempts {
+					it.given = true
+					s.Rejected++
+					continue
+				}
+				wait := time.Duration(r.RetryAfterMS) * time.Millisecond
+				longest = max(longest, wait)
+				again = append(again, it)
+			default:
+				it.given = true
+				s.Rejected++
+			}
+		}
+		if len(again) > 0 {
+			window = max(1, got)
+		} else {
+			window = min(o.batch, 2*window)
+		}
+		if len(again) > 0 {
+			s.Waits++
+			// Retry-After plus jitter, so that clients told the same
+			// instant do not come back together.
+			at := time.Now().Add(longest + jitter(longest))
+			for _, it := range again {
+				it.notBefore = at
+			}
+		}
+		pending = append(again, pending[n:]...)
+		p.set(func(st *progressState) {
+			st.accepted, st.rejected, st.retrying, st.lastErr = s.Accepted, s.Rejected, len(again), ""
+		})
+	}
+	return nil
+}
+
+// waitDelivered polls the accepted jobs until each is finished.
+func waitDelivered(ctx context.Context, c *client.Client, o options, items []*item, s *summary, p *progress) error {
+	deadline := time.Now().Add(o.waitTimeout)
+	open := make([]*item, 0, len(items))
+	for _, it := range items {
+		if it.accepted {
+			open = append(open, it)
+		}
+	}
+	p.set(func(st *progressState) { st.phase = "delivering"; st.total = len(open) })
+	for len(open) > 0 {
+		var still []*item
+		for _, it := range open {
+			j, err := c.Job(ctx, it.result.ID)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				var ae *client.APIError
+				if errors.As(err, &ae) && ae.Status == 404 {
+					it.final = client.JobStatus{State: "unknown"}
+					continue
+				}
+				still = append(still, it) // a passing error: ask again
+				continue
+			}
+			if !j.Finished() {
+				still = append(still, it)
+				continue
+			}
+			it.final = j
+			if j.State == "succeeded" {
+				s.Delivered++
+			} else {
+				s.Failed++
+			}
+		}
+		open = still
+		p.set(func(st *progressState) { st.delivered, st.failed = s.Delivered, s.Failed })
+		if len(open) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.Undelivered = len(open)
+			return nil
+		}
+		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// fullJitter is capped exponential backoff with full jitter: uniform in
+// [0, min(30s, 250ms * 2^(n-1))], at least 50 ms.
+func fullJitter(n int) time.Duration {
+	ceiling := 30 * time.Second
+	if n < 12 {
+		ceiling = min(ceiling, 250*time.Millisecond<<(n-1))
+	}
+	return max(50*time.Millisecond, time.Duration(rand.Int64N(int64(ceiling)+1)))
+}
+
+// jitter is added to a Retry-After: up to 10% of it, at least 10 ms, at
+// most 1 s.
+func jitter(d time.Duration) time.Duration {
+	spread := min(time.Second, max(10*time.Millisecond, d/10))
+	return time.Duration(rand.Int64N(int64(spread) + 1))
+}
+
+func printSummary(w io.Writer, o options, s *summary) {
+	if o.asJSON {
+		enc := json.NewEncoder(w)
+		_ = enc.Encode(s)
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d job(s) for tenant %s: %d accepted", s.Jobs, o.tenant, s.Accepted)
+	if s.Duplicates > 0 {
+		fmt.Fprintf(&b, " (%d already there)", s.Duplicates)
+	}
+	fmt.Fprintf(&b, ", %d refused; %d request(s), %d Retry-After wait(s), %.1fs", s.Rejected, s.Requests, s.Waits, s.Seconds)
+	if o.wait {
+		fmt.Fprintf(&b, "; %d delivered, %d failed", s.Delivered, s.Failed)
+		if s.Undelivered > 0 {
+			fmt.Fprintf(&b, ", %d not finished after --wait-timeout", s.Undelivered)
+		}
+	}
+	fmt.Fprintln(w, b.String())
+}

@@ -1,0 +1,77 @@
+// Package servicetest runs a whole throttler in-process for tests: real
+// store file, real HTTP listener on a free loopback port, real dispatcher.
+package servicetest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"throttler/internal/config"
+	"throttler/internal/service"
+)
+
+// WriteConfig writes a config file for a test: a listener on a free port, a
+// store in the test's directory, one downstream "test" at downstreamURL, and
+// body after that.
+func WriteConfig(t testing.TB, body, downstreamURL string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	full := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n[store]\npath = %q\n[downstreams.test]\nurl = %q\ntimeout = \"2s\"\n%s",
+		filepath.Join(t.TempDir(), "throttler.db"), downstreamURL, body)
+	if err := os.WriteFile(p, []byte(full), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Start runs the service on the config file and returns the API's base URL.
+// It stops when the test ends (and shows its log if the test failed).
+func Start(t testing.TB, file string) string {
+	t.Helper()
+	cfg, err := config.Load(file, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	go func() { done <- service.Run(ctx, cfg, log, func(a string) { addr <- a }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("service: %v", err)
+		}
+		if t.Failed() {
+			logMu.Lock()
+			t.Logf("service log:\n%s", logs.String())
+			logMu.Unlock()
+		}
+	})
+	select {
+	case a := <-addr:
+		return "http://" + a
+	case err := <-done:
+		t.Fatalf("service: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("service did not start")
+	}
+	return ""
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
