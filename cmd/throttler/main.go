@@ -64,20 +64,28 @@ func newRootCommand(stdout, stderr io.Writer, env []string) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.PersistentPostRun = nil
-	root.AddCommand(newServeCommand(env), newConfigCommand(env), newStatusCommand(env))
+	root.AddCommand(newServeCommand(env), newConfigCommand(env), newStatusCommand(env), newTokenCommand())
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%w (see %s --help)", err, c.CommandPath())
 	})
-	// Errors are printed once, here, for every subcommand.
-	for _, c := range root.Commands() {
-		run := c.RunE
-		c.RunE = func(cmd *cobra.Command, args []string) error {
-			err := run(cmd, args)
-			if err != nil {
-				fmt.Fprintln(cmd.ErrOrStderr(), "throttler:", err)
-			}
-			return err
-		}
-	}
+	printErrors(root)
 	return root
+}
+
+// printErrors makes every command print its error once, prefixed.
+func printErrors(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		printErrors(sub)
+	}
+	run := c.RunE
+	if run == nil {
+		return
+	}
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		err := run(cmd, args)
+		if err != nil {
+			fmt.Fprintln(cmd.ErrOrStderr(), "throttler:", err)
+		}
+		return err
+	}
 }

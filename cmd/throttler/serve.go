@@ -15,6 +15,7 @@ import (
 func newServeCommand(env []string) *cobra.Command {
 	var flags configFlags
 	var listen, pprofListen string
+	var insecureNoAuth bool
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the API and the dispatcher",
@@ -28,6 +29,9 @@ their outcome is recorded; waiting jobs stay in the store for the next start.`,
 			var extra []string
 			if listen != "" {
 				extra = append(extra, "server.listen="+listen)
+			}
+			if insecureNoAuth {
+				extra = append(extra, "auth.insecure_no_auth=true")
 			}
 			cfg, err := flags.load(env, extra...)
 			if err != nil {
@@ -44,6 +48,7 @@ their outcome is recorded; waiting jobs stay in the store for the next start.`,
 	}
 	flags.register(c)
 	c.Flags().StringVar(&listen, "listen", "", "host:port to listen on (overrides server.listen)")
+	c.Flags().BoolVar(&insecureNoAuth, "insecure-no-auth", false, "allow listening beyond loopback with no API tokens (a fully trusted network only)")
 	c.Flags().StringVar(&pprofListen, "pprof-listen", "", "serve Go profiles (net/http/pprof) on this loopback host:port, for diagnosis")
 	return c
 }

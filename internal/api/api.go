@@ -35,6 +35,7 @@ type server struct {
 	config func() *config.Config
 	ready  func() error
 	log    *slog.Logger
+	slots  chan struct{} // requests being handled
 }
 
 // MaxBatchJobs is the most jobs one jobs:batch request may carry.
@@ -45,7 +46,8 @@ const envelopeBytes = 64 << 10
 
 // New returns the API's handler.
 func New(opts Options) http.Handler {
-	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger}
+	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger,
+		slots: make(chan struct{}, opts.Config().Server.MaxConcurrentRequests)}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -72,7 +74,7 @@ func New(opts Options) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.URL.Path+"; the API lives under /v1/ (see README)", nil)
 	})
-	return mux
+	return s.limit(s.authenticate(mux))
 }
 
 // apiError is an error answer: its code, status and extra fields.
@@ -155,12 +157,16 @@ func retryAfterSeconds(d time.Duration) int64 {
 	return max(1, int64(math.Ceil(d.Seconds())))
 }
 
-// tenantFromPath validates the {tenant} path segment and finds its settings.
-func (s *server) tenantFromPath(r *http.Request) (string, config.TenantSettings, error) {
+// tenantFromPath validates the {tenant} path segment, checks that the
+// request's token may do a to it, and finds its settings.
+func (s *server) tenantFromPath(r *http.Request, a access) (string, config.TenantSettings, error) {
 	name := r.PathValue("tenant")
 	if !config.ValidName(name) {
 		return "", config.TenantSettings{}, errorf(http.StatusBadRequest, "invalid_tenant",
 			"tenant name %q is not valid: use 1 to 128 ASCII letters, digits or . _ - + @", truncate(name, 140))
+	}
+	if err := authorize(r, name, a); err != nil {
+		return "", config.TenantSettings{}, err
 	}
 	ts, ok := s.config().Tenant(name)
 	if !ok {
@@ -266,7 +272,7 @@ func validKey(k string) bool {
 }
 
 func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
-	tenant, _, err := s.tenantFromPath(r)
+	tenant, _, err := s.tenantFromPath(r, write)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -313,7 +319,7 @@ func admissionJSON(a queue.Admission) map[string]any {
 }
 
 func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
-	tenant, _, err := s.tenantFromPath(r)
+	tenant, _, err := s.tenantFromPath(r, write)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -390,7 +396,7 @@ func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map
 }
 
 func (s *server) tenant(w http.ResponseWriter, r *http.Request) {
-	tenant, ts, err := s.tenantFromPath(r)
+	tenant, ts, err := s.tenantFromPath(r, read)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -404,6 +410,10 @@ func (s *server) tenant(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) tenants(w http.ResponseWriter, r *http.Request) {
+	if t := principal(r); t != nil && !t.AllTenants() {
+		s.fail(w, r, errorf(http.StatusForbidden, "forbidden", "token %q is scoped to some tenants: ask for each with GET /v1/tenants/{tenant}", t.Name))
+		return
+	}
 	offset, err := intParam(r, "offset", 0, 0, math.MaxInt32)
 	if err != nil {
 		s.fail(w, r, err)
@@ -475,6 +485,9 @@ func jobJSON(j queue.Job) map[string]any {
 
 func (s *server) job(w http.ResponseWriter, r *http.Request) {
 	j, err := s.store.Job(r.Context(), r.PathValue("id"))
+	if err == nil && !reachesJob(r, j.Tenant) {
+		err = queue.ErrNotFound
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -483,7 +496,18 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) cancel(w http.ResponseWriter, r *http.Request) {
-	j, err := s.store.Cancel(r.Context(), r.PathValue("id"))
+	id := r.PathValue("id")
+	// Look first: a job out of the token's reach must not even be touched.
+	j, err := s.store.Job(r.Context(), id)
+	if err == nil && !reachesJob(r, j.Tenant) {
+		err = queue.ErrNotFound
+	}
+	if err == nil {
+		err = authorize(r, j.Tenant, write)
+	}
+	if err == nil {
+		j, err = s.store.Cancel(r.Context(), id)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

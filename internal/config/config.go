@@ -5,6 +5,9 @@ package config
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +15,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -50,6 +54,12 @@ type Server struct {
 	// ShutdownTimeout bounds a clean stop: in-flight HTTP requests and
 	// attempts to the downstream. Default 15s.
 	ShutdownTimeout Duration `toml:"shutdown_timeout"`
+	// MaxConcurrentRequests caps requests handled at once; past it the API
+	// answers 503 at once instead of running out of memory. Default 1024.
+	MaxConcurrentRequests int `toml:"max_concurrent_requests"`
+	// TLSCert and TLSKey (PEM files) serve the API over HTTPS. Default none.
+	TLSCert string `toml:"tls_cert"`
+	TLSKey  string `toml:"tls_key"`
 }
 
 // Store is where jobs and bucket state live.
@@ -114,18 +124,44 @@ type TenantSettings struct {
 	AllowUnknownTenants *bool `toml:"allow_unknown_tenants"`
 }
 
-// Auth holds API tokens.
+// Auth holds API tokens. With none, the API has no auth and listens on
+// loopback addresses only.
 type Auth struct {
 	Tokens []Token `toml:"tokens"`
+	// InsecureNoAuth allows listening beyond loopback with no tokens (for a
+	// network you fully trust). Default false; also the flag
+	// --insecure-no-auth.
+	InsecureNoAuth bool `toml:"insecure_no_auth"`
 }
 
-// Token is one API token (not supported yet: the key is refused).
+// Roles of a token.
+const (
+	RoleAdmin    = "admin"    // everything
+	RoleProducer = "producer" // enqueue, read and cancel its tenants' jobs
+	RoleViewer   = "viewer"   // read status
+)
+
+// Token is one API token. The token itself is never in the file: its
+// SHA-256 is (sha256), or it is read from an environment variable
+// (token_env) or a file (token_file) when the config loads.
 type Token struct {
-	Name     string   `toml:"name"`
-	SHA256   string   `toml:"sha256"`
-	TokenEnv string   `toml:"token_env"`
-	Role     string   `toml:"role"`
-	Tenants  []string `toml:"tenants"`
+	Name      string   `toml:"name"`
+	SHA256    string   `toml:"sha256"`
+	TokenEnv  string   `toml:"token_env"`
+	TokenFile string   `toml:"token_file"`
+	Role      string   `toml:"role"`
+	Tenants   []string `toml:"tenants"`
+
+	// Digest is the SHA-256 of the token, filled by Validate.
+	Digest [32]byte `toml:"-"`
+}
+
+// AllTenants reports whether the token reaches every tenant.
+func (t Token) AllTenants() bool { return slices.Contains(t.Tenants, "*") }
+
+// Reaches reports whether the token's scope includes tenant.
+func (t Token) Reaches(tenant string) bool {
+	return t.AllTenants() || slices.Contains(t.Tenants, tenant)
 }
 
 // Duration is a time.Duration written as "5s" in the file.
@@ -173,11 +209,12 @@ func Default() *Config {
 	rate := leaky.MustParseRate("1/s")
 	return &Config{
 		Server: Server{
-			Listen:            "127.0.0.1:8080",
-			MaxBodyBytes:      1 << 20,
-			MaxBatchBytes:     16 << 20,
-			ReadHeaderTimeout: Duration(5 * time.Second),
-			ShutdownTimeout:   Duration(15 * time.Second),
+			Listen:                "127.0.0.1:8080",
+			MaxBodyBytes:          1 << 20,
+			MaxBatchBytes:         16 << 20,
+			ReadHeaderTimeout:     Duration(5 * time.Second),
+			ShutdownTimeout:       Duration(15 * time.Second),
+			MaxConcurrentRequests: 1024,
 		},
 		Store: Store{
 			Backend:   "embedded",
@@ -265,6 +302,7 @@ func (c *Config) envSections() map[string]reflect.Value {
 		"store":           reflect.ValueOf(&c.Store).Elem(),
 		"dispatch":        reflect.ValueOf(&c.Dispatch).Elem(),
 		"tenant_defaults": reflect.ValueOf(&c.TenantDefaults).Elem(),
+		"auth":            reflect.ValueOf(&c.Auth).Elem(),
 	}
 }
 
@@ -297,7 +335,7 @@ func (c *Config) set(path, value string) error {
 	section, key, ok := strings.Cut(path, ".")
 	sv, known := c.envSections()[section]
 	if !ok || !known {
-		return fmt.Errorf("unknown key; settable sections are server, store, dispatch and tenant_defaults")
+		return fmt.Errorf("unknown key; settable sections are server, store, dispatch, tenant_defaults and auth")
 	}
 	for i := 0; i < sv.NumField(); i++ {
 		if sv.Type().Field(i).Tag.Get("toml") == key {
@@ -350,11 +388,24 @@ func (c *Config) Validate() error {
 	if err != nil {
 		return bad("server.listen", "%q is not host:port: %v", s.Listen, err)
 	}
-	if len(c.Auth.Tokens) > 0 {
-		return bad("auth.tokens", "API tokens are not supported by this version yet; remove [[auth.tokens]] and listen on a loopback address")
+	if err := c.checkTokens(); err != nil {
+		return err
 	}
-	if !isLoopback(host) {
-		return bad("server.listen", "%q is not a loopback address and no API tokens are configured: anyone who reaches it could spend your downstream's money; listen on 127.0.0.1", s.Listen)
+	if !isLoopback(host) && len(c.Auth.Tokens) == 0 && !c.Auth.InsecureNoAuth {
+		return bad("server.listen", "%q is not a loopback address and no API tokens are configured: anyone who reaches it could spend your downstream's money. "+
+			"Add a token (run `throttler token new --name NAME --role producer --tenants '*'` and paste the [[auth.tokens]] it prints), "+
+			"or listen on 127.0.0.1 (or, on a network you fully trust, pass --insecure-no-auth)", s.Listen)
+	}
+	if (s.TLSCert == "") != (s.TLSKey == "") {
+		return bad("server.tls_cert", "set both tls_cert and tls_key, or neither")
+	}
+	if s.TLSCert != "" {
+		if _, err := tls.LoadX509KeyPair(s.TLSCert, s.TLSKey); err != nil {
+			return bad("server.tls_cert", "cannot load the certificate and key: %v", err)
+		}
+	}
+	if s.MaxConcurrentRequests < 1 {
+		return bad("server.max_concurrent_requests", "must be at least 1, got %d", s.MaxConcurrentRequests)
 	}
 	if s.MaxBodyBytes < 1 {
 		return bad("server.max_body_bytes", "must be at least 1, got %d", s.MaxBodyBytes)
@@ -467,6 +518,68 @@ func (c *Config) checkTenant(key string, t *TenantSettings) error {
 	}
 	if len(t.Windows) > 0 {
 		return bad("windows", "window limits are not supported by this version yet; remove the key")
+	}
+	return nil
+}
+
+// checkTokens validates [[auth.tokens]] and computes each token's digest.
+func (c *Config) checkTokens() error {
+	seen := map[string]bool{}
+	for i := range c.Auth.Tokens {
+		t := &c.Auth.Tokens[i]
+		key := fmt.Sprintf("auth.tokens[%d]", i)
+		bad := func(k, format string, args ...any) error {
+			return &Error{File: c.File, Key: key + "." + k, Reason: fmt.Sprintf(format, args...)}
+		}
+		if t.Name == "" || seen[t.Name] {
+			return bad("name", "every token needs a name of its own (for logs); %q is empty or repeated", t.Name)
+		}
+		seen[t.Name] = true
+		key = "auth.tokens." + t.Name
+		sources := 0
+		for _, v := range []string{t.SHA256, t.TokenEnv, t.TokenFile} {
+			if v != "" {
+				sources++
+			}
+		}
+		if sources != 1 {
+			return bad("sha256", "give exactly one of sha256 (the hex SHA-256 of the token: `throttler token new` prints it), token_env or token_file")
+		}
+		switch {
+		case t.SHA256 != "":
+			raw, err := hex.DecodeString(strings.TrimSpace(t.SHA256))
+			if err != nil || len(raw) != 32 {
+				return bad("sha256", "must be 64 hex digits (the SHA-256 of the token, not the token)")
+			}
+			copy(t.Digest[:], raw)
+		case t.TokenEnv != "":
+			v := strings.TrimSpace(os.Getenv(t.TokenEnv))
+			if v == "" {
+				return bad("token_env", "environment variable %s is not set or empty", t.TokenEnv)
+			}
+			t.Digest = sha256.Sum256([]byte(v))
+		default:
+			raw, err := os.ReadFile(t.TokenFile)
+			if err != nil {
+				return bad("token_file", "cannot read: %v", err)
+			}
+			v := strings.TrimSpace(string(raw))
+			if v == "" {
+				return bad("token_file", "%s is empty", t.TokenFile)
+			}
+			t.Digest = sha256.Sum256([]byte(v))
+		}
+		if t.Role != RoleAdmin && t.Role != RoleProducer && t.Role != RoleViewer {
+			return bad("role", "%q is not a role: use \"admin\", \"producer\" or \"viewer\"", t.Role)
+		}
+		if len(t.Tenants) == 0 {
+			return bad("tenants", "name the tenants it may reach, or [\"*\"] for all")
+		}
+		for _, name := range t.Tenants {
+			if name != "*" && !ValidName(name) {
+				return bad("tenants", "%q is not a tenant name", name)
+			}
+		}
 	}
 	return nil
 }

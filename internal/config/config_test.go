@@ -1,7 +1,10 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,7 +111,14 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"[server]\nshutdown_timeout = \"soon\"\n", "server.shutdown_timeout", "not a duration"},
 		{"[store]\nbackend = \"mongo\"\n", "store.backend", "embedded"},
 		{"[tenants.a]\nwindows = [\"1000/d\"]\n", "tenants.a.windows", "not supported"},
-		{"[[auth.tokens]]\nname = \"x\"\n", "auth.tokens", "not supported"},
+		{"[[auth.tokens]]\nname = \"x\"\n", "auth.tokens.x.sha256", "exactly one of"},
+		{"[[auth.tokens]]\nname = \"x\"\nsha256 = \"abc\"\nrole = \"admin\"\ntenants = [\"*\"]\n", "auth.tokens.x.sha256", "64 hex digits"},
+		{"[[auth.tokens]]\nname = \"x\"\ntoken_env = \"THROTTLER_TEST_UNSET_TOKEN\"\nrole = \"admin\"\ntenants = [\"*\"]\n", "auth.tokens.x.token_env", "not set"},
+		{"[[auth.tokens]]\nname = \"x\"\nsha256 = \"" + strings.Repeat("ab", 32) + "\"\nrole = \"root\"\ntenants = [\"*\"]\n", "auth.tokens.x.role", "admin"},
+		{"[[auth.tokens]]\nname = \"x\"\nsha256 = \"" + strings.Repeat("ab", 32) + "\"\nrole = \"viewer\"\n", "auth.tokens.x.tenants", "[\"*\"]"},
+		{"[[auth.tokens]]\nname = \"x\"\nsha256 = \"" + strings.Repeat("ab", 32) + "\"\nrole = \"viewer\"\ntenants=[\"*\"]\n[[auth.tokens]]\nname = \"x\"\n", "auth.tokens[1].name", "repeated"},
+		{"[server]\nlisten = \"0.0.0.0:8080\"\n", "server.listen", "throttler token new"},
+		{"[server]\ntls_cert = \"/nonexistent.pem\"\n", "server.tls_cert", "both"},
 	}
 	for _, c := range cases {
 		p := writeFile(t, c.body)
@@ -179,4 +189,47 @@ func FuzzLoad(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestTokensFromEnvFileAndHash(t *testing.T) {
+	t.Setenv("THROTTLER_TEST_TOKEN", "from-env")
+	file := filepath.Join(t.TempDir(), "tok")
+	os.WriteFile(file, []byte("from-file\n"), 0o600)
+	sum := sha256.Sum256([]byte("from-hash"))
+	p := writeFile(t, fmt.Sprintf(`
+[server]
+listen = "0.0.0.0:8080"
+[[auth.tokens]]
+name = "env"
+token_env = "THROTTLER_TEST_TOKEN"
+role = "producer"
+tenants = ["a", "b"]
+[[auth.tokens]]
+name = "file"
+token_file = %q
+role = "viewer"
+tenants = ["*"]
+[[auth.tokens]]
+name = "hash"
+sha256 = %q
+role = "admin"
+tenants = ["*"]
+`, file, hex.EncodeToString(sum[:])))
+	cfg, err := Load(p, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"from-env", "from-file", "from-hash"} {
+		if cfg.Auth.Tokens[i].Digest != sha256.Sum256([]byte(want)) {
+			t.Errorf("token %d: digest is not of %q", i, want)
+		}
+	}
+	env := cfg.Auth.Tokens[0]
+	if !env.Reaches("a") || env.Reaches("c") || env.AllTenants() || !cfg.Auth.Tokens[1].Reaches("c") {
+		t.Error("scopes")
+	}
+	// Beyond loopback without tokens, only when asked for in so many words.
+	if _, err := Load("", nil, []string{"server.listen=0.0.0.0:1", "auth.insecure_no_auth=true"}); err != nil {
+		t.Fatalf("--insecure-no-auth: %v", err)
+	}
 }

@@ -75,7 +75,16 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() {
+		if cfg.Server.TLSCert != "" {
+			serveErr <- srv.ServeTLS(ln, cfg.Server.TLSCert, cfg.Server.TLSKey)
+			return
+		}
+		serveErr <- srv.Serve(ln)
+	}()
+	if len(cfg.Auth.Tokens) == 0 && cfg.Auth.InsecureNoAuth {
+		log.Warn("NO AUTH: the API takes requests from anyone who can reach " + ln.Addr().String() + " (--insecure-no-auth); add [[auth.tokens]] unless this network is fully trusted")
+	}
 
 	consumeCtx, stopConsume := context.WithCancel(context.Background())
 	consumeDone := make(chan error, 1)
@@ -83,7 +92,8 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func
 		consumeDone <- store.Consume(consumeCtx, d.Handle, queue.ConsumeOptions{Concurrency: cfg.Dispatch.Concurrency})
 	}()
 	log.Info("throttler started", "addr", ln.Addr().String(), "store", cfg.Store.Backend, "path", cfg.Store.Path,
-		"config", cfg.File, "tenants", len(cfg.Tenants), "downstreams", len(cfg.Downstreams))
+		"config", cfg.File, "tenants", len(cfg.Tenants), "downstreams", len(cfg.Downstreams),
+		"tokens", len(cfg.Auth.Tokens), "tls", cfg.Server.TLSCert != "")
 	if started != nil {
 		started(ln.Addr().String())
 	}

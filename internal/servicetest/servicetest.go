@@ -22,9 +22,15 @@ import (
 // body after that.
 func WriteConfig(t testing.TB, body, downstreamURL string) string {
 	t.Helper()
+	return WriteConfigServer(t, "", body, downstreamURL)
+}
+
+// WriteConfigServer is WriteConfig with more keys for [server].
+func WriteConfigServer(t testing.TB, server, body, downstreamURL string) string {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "config.toml")
-	full := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n[store]\npath = %q\n[downstreams.test]\nurl = %q\ntimeout = \"2s\"\n%s",
-		filepath.Join(t.TempDir(), "throttler.db"), downstreamURL, body)
+	full := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n%s\n[store]\npath = %q\n[downstreams.test]\nurl = %q\ntimeout = \"2s\"\n%s",
+		server, filepath.Join(t.TempDir(), "throttler.db"), downstreamURL, body)
 	if err := os.WriteFile(p, []byte(full), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,97 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"throttler/internal/config"
+)
+
+// access is what a route needs of a token.
+type access int
+
+const (
+	read  access = iota // any role
+	write               // producer or admin
+)
+
+type principalKey struct{}
+
+// principal is who made the request: nil when no tokens are configured.
+func principal(r *http.Request) *config.Token {
+	t, _ := r.Context().Value(principalKey{}).(*config.Token)
+	return t
+}
+
+// authenticate checks the bearer token (when tokens are configured) and
+// puts who it is in the request's context. Every token is compared, in
+// constant time, whichever matches: how long it takes says nothing of which
+// token, or how much of one, was right.
+func (s *server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tokens := s.config().Auth.Tokens
+		if len(tokens) == 0 || r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		presented, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		digest := sha256.Sum256([]byte(strings.TrimSpace(presented)))
+		match := -1
+		for i := range tokens {
+			if subtle.ConstantTimeCompare(digest[:], tokens[i].Digest[:]) == 1 {
+				match = i
+			}
+		}
+		if !ok || presented == "" || match < 0 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="throttler"`)
+			writeError(w, http.StatusUnauthorized, "unauthorized", "send a valid API token: Authorization: Bearer <token>", nil)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, &tokens[match])))
+	})
+}
+
+// authorize says whether the request's token may do a of tenant.
+func authorize(r *http.Request, tenant string, a access) error {
+	t := principal(r)
+	if t == nil {
+		return nil
+	}
+	if a == write && t.Role == config.RoleViewer {
+		return errorf(http.StatusForbidden, "forbidden", "token %q is a viewer: it cannot change anything", t.Name)
+	}
+	if tenant != "" && !t.Reaches(tenant) {
+		return errorf(http.StatusForbidden, "forbidden", "token %q may not reach tenant %q", t.Name, tenant)
+	}
+	return nil
+}
+
+// reachesJob says whether the request's token may see a job of tenant. A
+// job outside its scope is answered as if it did not exist, so that
+// nothing, not even whether an id exists, leaks across tenants.
+func reachesJob(r *http.Request, tenant string) bool {
+	t := principal(r)
+	return t == nil || t.Reaches(tenant)
+}
+
+// limit caps requests handled at once: past the cap, 503 at once (shed load
+// instead of queueing until memory runs out). It also bounds every request
+// body; the job routes bound theirs more tightly.
+func (s *server) limit(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case s.slots <- struct{}{}:
+			defer func() { <-s.slots }()
+		default:
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "overloaded", fmt.Sprintf("more than %d requests at once; try again", cap(s.slots)), nil)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, s.config().Server.MaxBatchBytes)
+		next.ServeHTTP(w, r)
+	})
+}
