@@ -204,13 +204,21 @@ func TestSlowlorisIsCutOff(t *testing.T) {
 	}()
 	start := time.Now()
 	var sent atomic.Int32
+	stopWriting := make(chan struct{})
+	writerDone := make(chan struct{})
+	defer func() { close(stopWriting); <-writerDone }()
 	go func() {
+		defer close(writerDone)
 		for _, b := range []byte("POST /v1/tenants/a/jobs HTTP/1.1\r\nHost: x\r\n") {
 			if _, err := conn.Write([]byte{b}); err != nil {
 				return
 			}
 			sent.Add(1)
-			time.Sleep(time.Second)
+			select {
+			case <-stopWriting:
+				return
+			case <-time.After(time.Second):
+			}
 		}
 	}()
 	// Others are served meanwhile, promptly.

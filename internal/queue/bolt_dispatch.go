@@ -293,10 +293,14 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 				cur.State = StateFailed
 				cur.FinishedAt = now
 			default: // Retry
+				// A retry takes one interval of the schedule, like any job,
+				// and waits out its backoff too. Reserving at the end of the
+				// backoff instead would push the schedule seconds ahead and
+				// refuse new jobs as if the queue were full.
 				cur.State = StateRetrying
-				slot, st := leaky.Reserve(leaky.State{TAT: tm.rec.TAT}, later(now, o.NotBefore), s.policy(j.Tenant))
+				slot, st := leaky.Reserve(leaky.State{TAT: tm.rec.TAT}, now, s.policy(j.Tenant))
 				tm.rec.TAT = st.TAT
-				cur.DispatchAt = slot
+				cur.DispatchAt = later(slot, o.NotBefore)
 			}
 			s.mu.Unlock()
 			if err := putJob(tx, cur); err != nil {

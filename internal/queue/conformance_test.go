@@ -296,6 +296,39 @@ func runConformance(t *testing.T, open opener) {
 		}
 	})
 
+	t.Run("RetryBackoffDoesNotFillTheQueue", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		s := open(t)(t, clk, leaky20(3))
+		ctx := context.Background()
+		id := enqueueOne(t, s, "acme", payload(1)).Job.ID
+		got := make(chan handed, 10)
+		stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+			got <- handed{j, clk.Now()}
+			return Outcome{Result: Retry, Status: 503, Error: "busy", NotBefore: clk.Now().Add(10 * time.Second)}
+		})
+		waitHanded(t, clk, got, time.Millisecond)
+		waitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == StateRetrying })
+		stop()
+		j, _ := s.Job(ctx, id)
+		if j.DispatchAt.Before(t0.Add(10 * time.Second)) {
+			t.Fatalf("retry due at %v, before its backoff", j.DispatchAt.Sub(t0))
+		}
+		// The retry took one place of three; two more fit, not three.
+		for i := 0; i < 2; i++ {
+			if a := enqueueOne(t, s, "acme", payload(i)); a.Rejected != nil {
+				t.Fatalf("job %d refused while one job waits out a 10s backoff: %+v", i, a.Rejected)
+			}
+		}
+		if a := enqueueOne(t, s, "acme", payload(9)); a.Rejected == nil {
+			t.Fatal("a fourth waiting job admitted at capacity 3")
+		}
+		st, _ := s.Tenant(ctx, "acme")
+		if st.QueueDepth != 3 {
+			t.Fatalf("depth %d, want 3 (a retrying job counts)", st.QueueDepth)
+		}
+	})
+
 	t.Run("RestartKeepsJobsAndSpacesOverdueOnes", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewFake(t0)
