@@ -15,7 +15,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"throttler/internal/config"
+	"throttler/internal/metrics"
 	"throttler/internal/queue"
 )
 
@@ -28,14 +31,17 @@ type Options struct {
 	// pings the store.
 	Ready  func() error
 	Logger *slog.Logger
+	// Metrics, if set, counts admissions and serves /metrics.
+	Metrics *metrics.Metrics
 }
 
 type server struct {
-	store  queue.Store
-	config func() *config.Config
-	ready  func() error
-	log    *slog.Logger
-	slots  chan struct{} // requests being handled
+	store   queue.Store
+	config  func() *config.Config
+	ready   func() error
+	log     *slog.Logger
+	slots   chan struct{} // requests being handled
+	metrics *metrics.Metrics
 }
 
 // MaxBatchJobs is the most jobs one jobs:batch request may carry.
@@ -47,7 +53,7 @@ const envelopeBytes = 64 << 10
 // New returns the API's handler.
 func New(opts Options) http.Handler {
 	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger,
-		slots: make(chan struct{}, opts.Config().Server.MaxConcurrentRequests)}
+		slots: make(chan struct{}, opts.Config().Server.MaxConcurrentRequests), metrics: opts.Metrics}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -65,6 +71,17 @@ func New(opts Options) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
+	if s.metrics != nil {
+		prom := promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})
+		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+			// Metrics show every tenant: a token scoped to some may not see them.
+			if t := principal(r); t != nil && !t.AllTenants() {
+				s.fail(w, r, errorf(http.StatusForbidden, "forbidden", "token %q is scoped to some tenants; /metrics needs a token for all (\"*\")", t.Name))
+				return
+			}
+			prom.ServeHTTP(w, r)
+		})
+	}
 	// The same paths with other methods: a JSON 405 instead of the mux's text.
 	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/healthz", "/readyz"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
@@ -293,6 +310,7 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	s.counted(tenant, out)
 	a := out[0]
 	if a.Rejected != nil {
 		s.fail(w, r, a.Rejected)
@@ -303,6 +321,12 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusOK
 	}
 	writeJSON(w, status, admissionJSON(a))
+}
+
+func (s *server) counted(tenant string, out []queue.Admission) {
+	if s.metrics != nil {
+		s.metrics.Admitted(tenant, out)
+	}
 }
 
 func admissionJSON(a queue.Admission) map[string]any {
@@ -352,6 +376,7 @@ func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	s.counted(tenant, out)
 	results := make([]map[string]any, len(out))
 	for i, a := range out {
 		switch {

@@ -44,6 +44,10 @@ type Options struct {
 	// Client sends requests. Default NewClient(1024).
 	Client *http.Client
 	Logger *slog.Logger
+	// OnAttempt, if set, is told of every attempt: its outcome, the answer's
+	// class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error; "" if
+	// nothing was sent) and the time from write to answer.
+	OnAttempt func(job queue.Job, o queue.Outcome, class string, latency time.Duration)
 }
 
 // Dispatcher is a queue.Handler. Safe for concurrent use.
@@ -53,6 +57,7 @@ type Dispatcher struct {
 	client *http.Client
 	gate   *Gate
 	log    *slog.Logger
+	onAtt  func(queue.Job, queue.Outcome, string, time.Duration)
 
 	randMu sync.Mutex
 	rand   *rand.Rand
@@ -67,6 +72,7 @@ func New(opts Options) *Dispatcher {
 		client: cmp.Or(opts.Client, NewClient(1024)),
 		gate:   NewGate(clk),
 		log:    cmp.Or(opts.Logger, slog.Default()),
+		onAtt:  opts.OnAttempt,
 		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 }
@@ -101,6 +107,19 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 	if stop.Err() != nil {
 		return queue.Outcome{Result: queue.Released}
 	}
+	o, class := d.attempt(stop, job)
+	if d.onAtt != nil {
+		var latency time.Duration
+		if !o.SentAt.IsZero() {
+			latency = d.clock.Now().Sub(o.SentAt)
+		}
+		d.onAtt(job, o, class, latency)
+	}
+	return o
+}
+
+// attempt makes one attempt and classifies the answer.
+func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome, string) {
 	r := d.routes(job.Tenant)
 	// Once begun, an attempt is not cut short by a stop: a request cut off
 	// mid-write would leave the downstream guessing, and the job was handed
@@ -160,7 +179,7 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 	}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, r.URL, bytes.NewReader(job.Payload))
 	if err != nil {
-		return queue.Outcome{Result: queue.Failed, Error: fmt.Sprintf("cannot build the request to %s: %v", r.Downstream, err)}
+		return queue.Outcome{Result: queue.Failed, Error: fmt.Sprintf("cannot build the request to %s: %v", r.Downstream, err)}, ""
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "throttler")
@@ -177,11 +196,14 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 	mu.Unlock()
 	now := d.clock.Now()
 	if err != nil {
-		what := "connection error"
+		what, class := "connection error", "connection_error"
 		if errors.Is(ctx.Err(), context.Canceled) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			what = fmt.Sprintf("timeout after %v", r.Timeout)
+			what, class = fmt.Sprintf("timeout after %v", r.Timeout), "timeout"
 		}
-		return d.retry(job, r, out, now, 0, fmt.Sprintf("%s: %v", what, unwrapURL(err)))
+		if out.SentAt.IsZero() {
+			class = "connection_error" // nothing was written
+		}
+		return d.retry(job, r, out, now, 0, fmt.Sprintf("%s: %v", what, unwrapURL(err))), class
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes))
 	resp.Body.Close()
@@ -189,20 +211,28 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 	switch s := resp.StatusCode; {
 	case s >= 200 && s < 300:
 		out.Result = queue.Succeeded
-		return out
+		return out, "2xx"
 	case s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable:
 		wait, _ := retryAfter(resp.Header.Get("Retry-After"), now)
-		return d.retry(job, r, out, now, wait, statusError(s, body))
+		class := "5xx"
+		if s == http.StatusTooManyRequests {
+			class = "429"
+		}
+		return d.retry(job, r, out, now, wait, statusError(s, body)), class
 	case s >= 500 || s == http.StatusRequestTimeout:
-		return d.retry(job, r, out, now, 0, statusError(s, body))
+		class := "5xx"
+		if s < 500 {
+			class = "4xx"
+		}
+		return d.retry(job, r, out, now, 0, statusError(s, body)), class
 	case s >= 300 && s < 400:
 		out.Result = queue.Failed
 		out.Error = statusError(s, body) + " (redirects are not followed: point the downstream url at the final address)"
-		return out
+		return out, "3xx"
 	default:
 		out.Result = queue.Failed
 		out.Error = statusError(s, body)
-		return out
+		return out, "4xx"
 	}
 }
 

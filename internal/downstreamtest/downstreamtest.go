@@ -10,6 +10,7 @@
 package downstreamtest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -105,6 +106,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	answer := s.answer
 	s.mu.Unlock()
 	if answer != nil {
+		r.Body = io.NopCloser(bytes.NewReader(body)) // the answer may read it too
 		answer(w, r)
 		return
 	}

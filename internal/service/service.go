@@ -16,6 +16,7 @@ import (
 	"throttler/internal/config"
 	"throttler/internal/dispatch"
 	"throttler/internal/leaky"
+	"throttler/internal/metrics"
 	"throttler/internal/queue"
 )
 
@@ -37,11 +38,25 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func
 	if err != nil {
 		return err
 	}
+	m := metrics.New(store, func(tenant string) (string, string) {
+		ts, _ := cfg.Tenant(tenant)
+		if _, named := cfg.Tenants[tenant]; named {
+			return ts.Downstream, tenant
+		}
+		return ts.Downstream, metrics.OtherTenants
+	}, func() []string {
+		names := make([]string, 0, len(cfg.Tenants))
+		for name := range cfg.Tenants {
+			names = append(names, name)
+		}
+		return names
+	})
 	client := dispatch.NewClient(cfg.Dispatch.Concurrency)
 	defer client.CloseIdleConnections()
 	d := dispatch.New(dispatch.Options{
-		Client: client,
-		Logger: log,
+		Client:    client,
+		Logger:    log,
+		OnAttempt: m.Attempt,
 		Routes: func(tenant string) dispatch.Route {
 			ts, _ := cfg.Tenant(tenant)
 			ds := cfg.Downstreams[ts.Downstream]
@@ -57,9 +72,10 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func
 	var stopping atomic.Bool
 	srv := &http.Server{
 		Handler: api.New(api.Options{
-			Store:  store,
-			Config: func() *config.Config { return cfg },
-			Logger: log,
+			Store:   store,
+			Config:  func() *config.Config { return cfg },
+			Logger:  log,
+			Metrics: m,
 			Ready: func() error {
 				if stopping.Load() {
 					return errors.New("shutting down")

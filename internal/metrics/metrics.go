@@ -1,0 +1,172 @@
+// Package metrics owns throttler's Prometheus metrics: their names, their
+// labels, and the rule that keeps the series count bounded (a tenant label
+// only for tenants named in config; every other tenant is "_other").
+// Queue depth and expected delay are read from the store at scrape time.
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"throttler/internal/queue"
+)
+
+// OtherTenants is the tenant label of every tenant not named in config: a
+// million dynamic tenants must not make a million series.
+const OtherTenants = "_other"
+
+// Labels says how a tenant is labelled: its downstream, and its own name
+// only if it is named in config.
+type Labels func(tenant string) (downstream, tenantLabel string)
+
+// Metrics are the service's metrics, on a registry it owns.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	accepted, rejected, delivered, failed, retried *prometheus.CounterVec
+	attempts                                       *prometheus.CounterVec
+	dispatchError, queueWait, latency              *prometheus.HistogramVec
+	labels                                         Labels
+}
+
+// New registers every metric on a new registry. store, labels and named
+// (the tenants named in config, always shown) feed the scrape-time gauges.
+func New(store queue.Store, labels Labels, named func() []string) *Metrics {
+	reg := prometheus.NewRegistry()
+	tl := []string{"downstream", "tenant"}
+	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: name, Help: help}, append(append([]string(nil), tl...), extra...))
+	}
+	// Buckets from 100 µs to ~100 s: dispatch error lives at the low end,
+	// queue wait anywhere.
+	buckets := prometheus.ExponentialBuckets(0.0001, 2.5, 16)
+	hist := func(name, help string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "throttler", Name: name, Help: help, Buckets: buckets}, []string{"downstream"})
+	}
+	m := &Metrics{
+		Registry:  reg,
+		labels:    labels,
+		accepted:  counter("jobs_accepted_total", "Jobs admitted (202)."),
+		rejected:  counter("jobs_rejected_total", "Jobs refused with 429, by reason (queue_full, rate_limited).", "reason"),
+		delivered: counter("jobs_delivered_total", "Jobs the downstream took (2xx)."),
+		failed:    counter("jobs_failed_total", "Jobs that ended failed (permanent error or last attempt)."),
+		retried:   counter("jobs_retried_total", "Attempts that will be tried again."),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "attempts_total",
+			Help: "Requests to downstreams, by answer class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error)."}, []string{"downstream", "class"}),
+		dispatchError: hist("dispatch_error_seconds", "When a request was written, minus the job's slot."),
+		queueWait:     hist("queue_wait_seconds", "When a job's first attempt was written, minus when it was accepted."),
+		latency:       hist("downstream_latency_seconds", "From writing a request to its answer (or error)."),
+	}
+	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.attempts, m.dispatchError, m.queueWait, m.latency,
+		&queueCollector{store: store, labels: labels, named: named})
+	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+// Admitted counts the answers of one enqueue call.
+func (m *Metrics) Admitted(tenant string, out []queue.Admission) {
+	ds, tl := m.labels(tenant)
+	for _, a := range out {
+		switch {
+		case a.Rejected != nil:
+			m.rejected.WithLabelValues(ds, tl, a.Rejected.Reason).Inc()
+		case !a.Duplicate:
+			m.accepted.WithLabelValues(ds, tl).Inc()
+		}
+	}
+}
+
+// Attempt records one attempt and how it ended.
+func (m *Metrics) Attempt(j queue.Job, o queue.Outcome, class string, latency time.Duration) {
+	ds, tl := m.labels(j.Tenant)
+	if class != "" {
+		m.attempts.WithLabelValues(ds, class).Inc()
+	}
+	if !o.SentAt.IsZero() {
+		m.dispatchError.WithLabelValues(ds).Observe(max(0, o.SentAt.Sub(j.DispatchAt)).Seconds())
+		if j.Attempts == 1 {
+			m.queueWait.WithLabelValues(ds).Observe(max(0, o.SentAt.Sub(j.EnqueuedAt)).Seconds())
+		}
+		m.latency.WithLabelValues(ds).Observe(latency.Seconds())
+	}
+	switch o.Result {
+	case queue.Succeeded:
+		m.delivered.WithLabelValues(ds, tl).Inc()
+	case queue.Failed:
+		m.failed.WithLabelValues(ds, tl).Inc()
+	case queue.Retry:
+		m.retried.WithLabelValues(ds, tl).Inc()
+	}
+}
+
+var (
+	depthDesc = prometheus.NewDesc("throttler_queue_depth", "Jobs admitted and not yet handed to the downstream.", []string{"downstream", "tenant"}, nil)
+	delayDesc = prometheus.NewDesc("throttler_expected_delay_seconds", "How long a job admitted now would wait (for _other: the longest).", []string{"downstream", "tenant"}, nil)
+	inFlDesc  = prometheus.NewDesc("throttler_in_flight", "Jobs being sent.", []string{"downstream", "tenant"}, nil)
+)
+
+// queueCollector reads depth and delay from the store at scrape time
+// rather than mirroring them in gauges.
+type queueCollector struct {
+	store  queue.Store
+	labels Labels
+	named  func() []string
+}
+
+func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- depthDesc
+	ch <- delayDesc
+	ch <- inFlDesc
+}
+
+func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tenants, err := c.store.Tenants(ctx, 0, 0)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(depthDesc, err)
+		return
+	}
+	type key struct{ ds, tenant string }
+	type agg struct {
+		depth, inFlight int
+		delay           time.Duration
+	}
+	sums := map[key]*agg{}
+	// Named tenants are always shown, busy or not; the list below has only
+	// the busy ones.
+	busy := map[string]bool{}
+	for _, t := range tenants {
+		busy[t.Tenant] = true
+	}
+	for _, name := range c.named() {
+		if busy[name] {
+			continue
+		}
+		st, err := c.store.Tenant(ctx, name)
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(depthDesc, err)
+			return
+		}
+		tenants = append(tenants, st)
+	}
+	for _, t := range tenants {
+		ds, tl := c.labels(t.Tenant)
+		k := key{ds, tl}
+		a := sums[k]
+		if a == nil {
+			a = &agg{}
+			sums[k] = a
+		}
+		a.depth += t.QueueDepth
+		a.inFlight += t.InFlight
+		a.delay = max(a.delay, t.ExpectedDelay)
+	}
+	for k, a := range sums {
+		ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(a.depth), k.ds, k.tenant)
+		ch <- prometheus.MustNewConstMetric(inFlDesc, prometheus.GaugeValue, float64(a.inFlight), k.ds, k.tenant)
+		ch <- prometheus.MustNewConstMetric(delayDesc, prometheus.GaugeValue, a.delay.Seconds(), k.ds, k.tenant)
+	}
+}

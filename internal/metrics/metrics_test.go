@@ -1,0 +1,116 @@
+package metrics
+
+import (
+	"context"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+)
+
+func setup(t *testing.T) (*Metrics, *queue.BoltStore) {
+	t.Helper()
+	store, err := queue.OpenBolt(filepath.Join(t.TempDir(), "m.db"), queue.BoltOptions{Policy: func(string) leaky.Policy {
+		return leaky.Policy{Interval: time.Hour, Burst: 1, Capacity: 2}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	labels := func(tenant string) (string, string) {
+		if tenant == "acme" || tenant == "idle" {
+			return "sms", tenant
+		}
+		return "sms", OtherTenants
+	}
+	return New(store, labels, func() []string { return []string{"acme", "idle"} }), store
+}
+
+func TestCountersAndGauges(t *testing.T) {
+	t.Parallel()
+	m, store := setup(t)
+	ctx := context.Background()
+	// acme: 4 jobs at capacity 2: 3 admitted (one sent at once, two wait), 1 refused.
+	var jobs []queue.NewJob
+	for i := 0; i < 4; i++ {
+		jobs = append(jobs, queue.NewJob{Payload: []byte("1")})
+	}
+	out, err := store.Enqueue(ctx, "acme", jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Admitted("acme", out)
+	// A repeat of an idempotency key is not a new acceptance.
+	for i := 0; i < 2; i++ {
+		o, _ := store.Enqueue(ctx, "dyn-1", []queue.NewJob{{Payload: []byte("1"), IdempotencyKey: "k"}})
+		m.Admitted("dyn-1", o)
+	}
+	sent := time.Now()
+	j := out[0].Job
+	j.Attempts = 1
+	m.Attempt(j, queue.Outcome{Result: queue.Retry, SentAt: sent, Status: 502}, "5xx", 10*time.Millisecond)
+	j.Attempts = 2
+	m.Attempt(j, queue.Outcome{Result: queue.Succeeded, SentAt: sent, Status: 200}, "2xx", 10*time.Millisecond)
+	m.Attempt(out[1].Job, queue.Outcome{Result: queue.Failed, SentAt: sent, Status: 400}, "4xx", 10*time.Millisecond)
+
+	for _, c := range []struct {
+		got  float64
+		want float64
+		what string
+	}{
+		{testutil.ToFloat64(m.accepted.WithLabelValues("sms", "acme")), 3, "accepted acme"},
+		{testutil.ToFloat64(m.accepted.WithLabelValues("sms", OtherTenants)), 1, "accepted other"},
+		{testutil.ToFloat64(m.rejected.WithLabelValues("sms", "acme", "queue_full")), 1, "rejected"},
+		{testutil.ToFloat64(m.retried.WithLabelValues("sms", "acme")), 1, "retried"},
+		{testutil.ToFloat64(m.delivered.WithLabelValues("sms", "acme")), 1, "delivered"},
+		{testutil.ToFloat64(m.failed.WithLabelValues("sms", "acme")), 1, "failed"},
+		{testutil.ToFloat64(m.attempts.WithLabelValues("sms", "5xx")), 1, "attempts 5xx"},
+		{testutil.ToFloat64(m.attempts.WithLabelValues("sms", "2xx")), 1, "attempts 2xx"},
+		{testutil.ToFloat64(m.attempts.WithLabelValues("sms", "4xx")), 1, "attempts 4xx"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
+	}
+	// Gauges come from the store at scrape time, and match it.
+	st, _ := store.Tenant(ctx, "acme")
+	want := strings.NewReader(`# HELP throttler_queue_depth Jobs admitted and not yet handed to the downstream.
+# TYPE throttler_queue_depth gauge
+throttler_queue_depth{downstream="sms",tenant="_other"} 1
+throttler_queue_depth{downstream="sms",tenant="acme"} ` + itoa(st.QueueDepth) + `
+throttler_queue_depth{downstream="sms",tenant="idle"} 0
+`)
+	if err := testutil.GatherAndCompare(m.Registry, want, "throttler_queue_depth"); err != nil {
+		t.Fatal(err)
+	}
+	if st.QueueDepth != 3 {
+		t.Fatalf("store depth %d", st.QueueDepth)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func TestNamesPassPromlint(t *testing.T) {
+	t.Parallel()
+	m, store := setup(t)
+	out, _ := store.Enqueue(context.Background(), "acme", []queue.NewJob{{Payload: []byte("1")}})
+	m.Admitted("acme", out)
+	j := out[0].Job
+	j.Attempts = 1
+	m.Attempt(j, queue.Outcome{Result: queue.Succeeded, SentAt: time.Now()}, "2xx", time.Millisecond)
+	problems, err := testutil.GatherAndLint(m.Registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "throttler_") {
+			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	}
+}
