@@ -31,6 +31,10 @@ type pacedWrite struct {
 	policy    leaky.Policy
 	notBefore time.Time
 	wrote     func(time.Time) // told when the first bytes were written
+	// done is closed once the write was made (and wrote told) or refused.
+	// An answer can be read before the writing goroutine gets to tell
+	// wrote; whoever reads the answer waits for this first.
+	done chan struct{}
 }
 
 func (c *pacedConn) Write(p []byte) (int, error) {
@@ -41,6 +45,7 @@ func (c *pacedConn) Write(p []byte) (int, error) {
 	if pw == nil {
 		return c.Conn.Write(p)
 	}
+	defer close(pw.done)
 	t, err := pw.gate.Wait(pw.ctx, pw.key, pw.policy, pw.notBefore)
 	if err != nil {
 		return 0, err // nothing written

@@ -135,6 +135,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		sentAt   time.Time
 		timeout  *time.Timer
 		fallback *Ticket // pacing without a pacedConn
+		armed    *pacedWrite
 	)
 	wrote := func(at time.Time) {
 		mu.Lock()
@@ -156,8 +157,11 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// written (again after a dead idle connection: nothing was written
 		// on that one). The gate itself is passed at the write.
 		GotConn: func(info httptrace.GotConnInfo) {
-			pw := &pacedWrite{ctx: ctx, gate: d.gate, key: job.Tenant, policy: r.Policy, notBefore: job.DispatchAt, wrote: wrote}
+			pw := &pacedWrite{ctx: ctx, gate: d.gate, key: job.Tenant, policy: r.Policy, notBefore: job.DispatchAt, wrote: wrote, done: make(chan struct{})}
 			if pace(info.Conn, pw) {
+				mu.Lock()
+				armed = pw
+				mu.Unlock()
 				return
 			}
 			// Not our connection type: pace here, and count the send as
@@ -188,6 +192,12 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 	req.Header.Set("X-Throttler-Attempt", strconv.Itoa(job.Attempts))
 
 	resp, err := d.client.Do(req)
+	mu.Lock()
+	pw := armed
+	mu.Unlock()
+	if err == nil && pw != nil {
+		<-pw.done // an answer means the write was made: wait until it is told
+	}
 	mu.Lock()
 	if timeout != nil {
 		timeout.Stop()
