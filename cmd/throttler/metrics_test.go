@@ -71,8 +71,9 @@ capacity = 2
 rate = "1/h"
 capacity = 10
 `, ds))
-	for _, p := range []string{`"ok"`, `"bad"`, `"flaky"`, `"refused"`} {
-		call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":`+p+`}`)
+	// One batch: four decisions at one instant, whatever the machine's speed.
+	if st, _, b := call(t, "POST", base+"/v1/tenants/acme/jobs:batch", `{"jobs":[{"payload":"ok"},{"payload":"bad"},{"payload":"flaky"},{"payload":"refused"}]}`); st != 200 {
+		t.Fatalf("batch: %d %v", st, b)
 	}
 	call(t, "POST", base+"/v1/tenants/dyn-1/jobs", `{"payload":"ok"}`)
 	for i := 0; i < 3; i++ {
