@@ -53,7 +53,8 @@ type process struct {
 	done chan struct{}
 }
 
-var addrRE = regexp.MustCompile(`msg="throttler started" addr=(\S+)`)
+// addrRE finds the address in the start line, logged as text or JSON.
+var addrRE = regexp.MustCompile(`throttler started"?,?\s*"?addr"?[=:]"?([^"\s]+)`)
 
 // startProcess runs `throttler serve --config file` and waits until it listens.
 func startProcess(t *testing.T, file string, args ...string) *process {

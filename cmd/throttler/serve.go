@@ -2,13 +2,18 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"throttler/internal/config"
 	"throttler/internal/service"
 )
 
@@ -37,13 +42,38 @@ their outcome is recorded; waiting jobs stay in the store for the next start.`,
 			if err != nil {
 				return exitError{code: 2, err: err}
 			}
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+			log := newLogger(cmd.ErrOrStderr(), cfg.Log)
 			if pprofListen != "" {
 				if err := startPprof(pprofListen, log); err != nil {
 					return exitError{code: 2, err: err}
 				}
 			}
-			return service.Run(cmd.Context(), cfg, log, nil)
+			// SIGHUP: read the config again; a broken one is refused and the
+			// running one kept.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			reloads := make(chan *config.Config)
+			go func() {
+				for {
+					select {
+					case <-cmd.Context().Done():
+						return
+					case <-hup:
+					}
+					next, err := flags.load(env, extra...)
+					if err != nil {
+						log.Error("config reload refused; the running config is kept", "err", err)
+						continue
+					}
+					select {
+					case reloads <- next:
+					case <-cmd.Context().Done():
+						return
+					}
+				}
+			}()
+			return service.Run(cmd.Context(), service.Options{Config: cfg, Logger: log, Reloads: reloads})
 		},
 	}
 	flags.register(c)
@@ -51,6 +81,27 @@ their outcome is recorded; waiting jobs stay in the store for the next start.`,
 	c.Flags().BoolVar(&insecureNoAuth, "insecure-no-auth", false, "allow listening beyond loopback with no API tokens (a fully trusted network only)")
 	c.Flags().StringVar(&pprofListen, "pprof-listen", "", "serve Go profiles (net/http/pprof) on this loopback host:port, for diagnosis")
 	return c
+}
+
+// newLogger logs with slog: text on a terminal, JSON otherwise (or as
+// log.format says), at log.level.
+func newLogger(w io.Writer, c config.Log) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	format := c.Format
+	if format == "auto" {
+		format = "json"
+		if f, ok := w.(*os.File); ok {
+			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+				format = "text"
+			}
+		}
+	}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // startPprof serves the Go profiler on a separate loopback listener.

@@ -35,6 +35,7 @@ type Config struct {
 	TenantDefaults TenantSettings            `toml:"tenant_defaults"`
 	Tenants        map[string]TenantSettings `toml:"tenants"`
 	Auth           Auth                      `toml:"auth"`
+	Log            Log                       `toml:"log"`
 
 	// File is where the config came from ("" for defaults only).
 	File string `toml:"-"`
@@ -54,12 +55,25 @@ type Server struct {
 	// ShutdownTimeout bounds a clean stop: in-flight HTTP requests and
 	// attempts to the downstream. Default 15s.
 	ShutdownTimeout Duration `toml:"shutdown_timeout"`
+	// DrainDelay is how long a stopping service answers 503 on /readyz
+	// before it closes its listener, so that load balancers stop sending
+	// first. Default 0s.
+	DrainDelay Duration `toml:"drain_delay"`
 	// MaxConcurrentRequests caps requests handled at once; past it the API
 	// answers 503 at once instead of running out of memory. Default 1024.
 	MaxConcurrentRequests int `toml:"max_concurrent_requests"`
 	// TLSCert and TLSKey (PEM files) serve the API over HTTPS. Default none.
 	TLSCert string `toml:"tls_cert"`
 	TLSKey  string `toml:"tls_key"`
+}
+
+// Log is how the service logs.
+type Log struct {
+	// Level is debug, info, warn or error. Default info.
+	Level string `toml:"level"`
+	// Format is text, json, or auto (text on a terminal, JSON otherwise).
+	// Default auto.
+	Format string `toml:"format"`
 }
 
 // Store is where jobs and bucket state live.
@@ -223,6 +237,7 @@ func Default() *Config {
 			Retention: Duration(72 * time.Hour),
 		},
 		Dispatch: Dispatch{Concurrency: 1024},
+		Log:      Log{Level: "info", Format: "auto"},
 		TenantDefaults: TenantSettings{
 			Mode:                ModeLeaky,
 			Rate:                &rate,
@@ -303,6 +318,7 @@ func (c *Config) envSections() map[string]reflect.Value {
 		"dispatch":        reflect.ValueOf(&c.Dispatch).Elem(),
 		"tenant_defaults": reflect.ValueOf(&c.TenantDefaults).Elem(),
 		"auth":            reflect.ValueOf(&c.Auth).Elem(),
+		"log":             reflect.ValueOf(&c.Log).Elem(),
 	}
 }
 
@@ -335,7 +351,7 @@ func (c *Config) set(path, value string) error {
 	section, key, ok := strings.Cut(path, ".")
 	sv, known := c.envSections()[section]
 	if !ok || !known {
-		return fmt.Errorf("unknown key; settable sections are server, store, dispatch, tenant_defaults and auth")
+		return fmt.Errorf("unknown key; settable sections are server, store, dispatch, tenant_defaults, auth and log")
 	}
 	for i := 0; i < sv.NumField(); i++ {
 		if sv.Type().Field(i).Tag.Get("toml") == key {
@@ -403,6 +419,19 @@ func (c *Config) Validate() error {
 		if _, err := tls.LoadX509KeyPair(s.TLSCert, s.TLSKey); err != nil {
 			return bad("server.tls_cert", "cannot load the certificate and key: %v", err)
 		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("log.level", "%q is not a level: use debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "auto", "text", "json":
+	default:
+		return bad("log.format", "%q is not a format: use auto, text or json", c.Log.Format)
+	}
+	if s.DrainDelay < 0 || s.DrainDelay >= s.ShutdownTimeout {
+		return bad("server.drain_delay", "must be from 0 to less than shutdown_timeout (%v)", s.ShutdownTimeout.Std())
 	}
 	if s.MaxConcurrentRequests < 1 {
 		return bad("server.max_concurrent_requests", "must be at least 1, got %d", s.MaxConcurrentRequests)
@@ -582,6 +611,28 @@ func (c *Config) checkTokens() error {
 		}
 	}
 	return nil
+}
+
+// NeedsRestart lists the keys whose change between c and next a running
+// service cannot take: everything but tenants, tenant defaults and
+// downstreams.
+func (c *Config) NeedsRestart(next *Config) []string {
+	var keys []string
+	for _, f := range []struct {
+		key  string
+		a, b any
+	}{
+		{"server", c.Server, next.Server},
+		{"store", c.Store, next.Store},
+		{"dispatch", c.Dispatch, next.Dispatch},
+		{"auth", c.Auth, next.Auth},
+		{"log", c.Log, next.Log},
+	} {
+		if !reflect.DeepEqual(f.a, f.b) {
+			keys = append(keys, f.key)
+		}
+	}
+	return keys
 }
 
 // Policy is the bucket policy of these settings.

@@ -20,13 +20,29 @@ import (
 	"throttler/internal/queue"
 )
 
+// Options configure Run.
+type Options struct {
+	Config *config.Config
+	Logger *slog.Logger
+	// Started, if set, is told the address the API listens on.
+	Started func(addr string)
+	// Reloads brings new configs (SIGHUP): tenants, tenant defaults and
+	// downstreams change at once; other sections need a restart and are
+	// kept as they were (with a log line saying so).
+	Reloads <-chan *config.Config
+}
+
 // Run runs until ctx is done, then stops cleanly: readiness goes false, the
-// API stops taking requests, attempts being written finish (within
-// server.shutdown_timeout) and their outcome is recorded. started, if not
-// nil, is told the address the API listens on.
-func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func(addr string)) error {
+// listener closes after server.drain_delay, the API finishes its requests,
+// attempts being written finish (within server.shutdown_timeout) and their
+// outcome is recorded.
+func Run(ctx context.Context, opts Options) error {
+	log := opts.Logger
+	var live atomic.Pointer[config.Config]
+	live.Store(opts.Config)
+	cfg := opts.Config // the sections a running service cannot change
 	policy := func(tenant string) leaky.Policy {
-		ts, _ := cfg.Tenant(tenant)
+		ts, _ := live.Load().Tenant(tenant)
 		return ts.Policy()
 	}
 	store, err := queue.OpenBolt(cfg.Store.Path, queue.BoltOptions{
@@ -39,14 +55,16 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func
 		return err
 	}
 	m := metrics.New(store, func(tenant string) (string, string) {
-		ts, _ := cfg.Tenant(tenant)
-		if _, named := cfg.Tenants[tenant]; named {
+		c := live.Load()
+		ts, _ := c.Tenant(tenant)
+		if _, named := c.Tenants[tenant]; named {
 			return ts.Downstream, tenant
 		}
 		return ts.Downstream, metrics.OtherTenants
 	}, func() []string {
-		names := make([]string, 0, len(cfg.Tenants))
-		for name := range cfg.Tenants {
+		c := live.Load()
+		names := make([]string, 0, len(c.Tenants))
+		for name := range c.Tenants {
 			names = append(names, name)
 		}
 		return names
@@ -58,8 +76,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func
 		Logger:    log,
 		OnAttempt: m.Attempt,
 		Routes: func(tenant string) dispatch.Route {
-			ts, _ := cfg.Tenant(tenant)
-			ds := cfg.Downstreams[ts.Downstream]
+			c := live.Load()
+			ts, _ := c.Tenant(tenant)
+			ds := c.Downstreams[ts.Downstream]
 			return dispatch.Route{Downstream: ts.Downstream, URL: ds.URL, Timeout: ds.Timeout.Std(), MaxAttempts: ds.MaxAttempts, Policy: ts.Policy()}
 		},
 	})
@@ -69,16 +88,19 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func
 		store.Close()
 		return fmt.Errorf("listen on %s: %w (is another throttler running? change server.listen)", cfg.Server.Listen, err)
 	}
-	var stopping atomic.Bool
+	var stopping, dispatcherDown atomic.Bool
 	srv := &http.Server{
 		Handler: api.New(api.Options{
 			Store:   store,
-			Config:  func() *config.Config { return cfg },
+			Config:  live.Load,
 			Logger:  log,
 			Metrics: m,
 			Ready: func() error {
-				if stopping.Load() {
+				switch {
+				case stopping.Load():
 					return errors.New("shutting down")
+				case dispatcherDown.Load():
+					return errors.New("the dispatcher stopped")
 				}
 				return nil
 			},
@@ -105,27 +127,44 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func
 	consumeCtx, stopConsume := context.WithCancel(context.Background())
 	consumeDone := make(chan error, 1)
 	go func() {
-		consumeDone <- store.Consume(consumeCtx, d.Handle, queue.ConsumeOptions{Concurrency: cfg.Dispatch.Concurrency})
+		err := store.Consume(consumeCtx, d.Handle, queue.ConsumeOptions{Concurrency: cfg.Dispatch.Concurrency})
+		if consumeCtx.Err() == nil {
+			dispatcherDown.Store(true)
+			log.Error("the dispatcher stopped", "err", err)
+		}
+		consumeDone <- err
 	}()
 	log.Info("throttler started", "addr", ln.Addr().String(), "store", cfg.Store.Backend, "path", cfg.Store.Path,
 		"config", cfg.File, "tenants", len(cfg.Tenants), "downstreams", len(cfg.Downstreams),
 		"tokens", len(cfg.Auth.Tokens), "tls", cfg.Server.TLSCert != "")
-	if started != nil {
-		started(ln.Addr().String())
+	if opts.Started != nil {
+		opts.Started(ln.Addr().String())
 	}
 
 	var runErr error
-	select {
-	case <-ctx.Done():
-	case err := <-serveErr:
-		runErr = fmt.Errorf("http server: %w", err)
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case err := <-serveErr:
+			runErr = fmt.Errorf("http server: %w", err)
+			break wait
+		case next := <-opts.Reloads:
+			reload(log, &live, next)
+		}
 	}
 
-	// Stop: readiness false first, then the listener, then the dispatcher.
+	// Stop: readiness false first, then (after the drain delay) the
+	// listener, then the dispatcher.
 	stopping.Store(true)
-	log.Info("stopping", "shutdown_timeout", cfg.Server.ShutdownTimeout.Std())
+	log.Info("stopping", "drain_delay", cfg.Server.DrainDelay.Std(), "shutdown_timeout", cfg.Server.ShutdownTimeout.Std())
 	deadline, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.Std())
 	defer cancel()
+	select {
+	case <-time.After(cfg.Server.DrainDelay.Std()):
+	case <-deadline.Done():
+	}
 	if err := srv.Shutdown(deadline); err != nil {
 		log.Warn("API requests still running at shutdown_timeout", "err", err)
 	}
@@ -142,4 +181,18 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger, started func
 		log.Warn("attempts still in flight at shutdown_timeout: they will be sent again after restart")
 	}
 	return runErr
+}
+
+// reload takes a new config's tenants, tenant defaults and downstreams. The
+// schedule of jobs already admitted stands; the next slots, and the spacing
+// of every send from now on, follow the new settings.
+func reload(log *slog.Logger, live *atomic.Pointer[config.Config], next *config.Config) {
+	cur := live.Load()
+	merged := *next
+	if keys := cur.NeedsRestart(next); len(keys) > 0 {
+		log.Warn("config reloaded, but these sections need a restart and keep their running values", "sections", keys)
+		merged.Server, merged.Store, merged.Dispatch, merged.Auth, merged.Log = cur.Server, cur.Store, cur.Dispatch, cur.Auth, cur.Log
+	}
+	live.Store(&merged)
+	log.Info("config reloaded", "config", next.File, "tenants", len(next.Tenants), "downstreams", len(next.Downstreams))
 }

@@ -55,7 +55,9 @@ func Start(t testing.TB, file string) string {
 		defer logMu.Unlock()
 		return logs.Write(p)
 	}), nil))
-	go func() { done <- service.Run(ctx, cfg, log, func(a string) { addr <- a }) }()
+	go func() {
+		done <- service.Run(ctx, service.Options{Config: cfg, Logger: log, Started: func(a string) { addr <- a }})
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
