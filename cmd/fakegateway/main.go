@@ -1,39 +1,35 @@
-// Command fakegateway is a downstream to try throttler with: it prints each
-// request it receives (time, gap since the previous one, the throttler's
-// headers, the body) and answers with a fixed status.
+// Command fakegateway is a downstream to try throttler with, standing in for
+// a rate-limited vendor API: it prints each request (time, gap since the
+// previous one, the throttler's headers, the body), answers with a fixed
+// status, and with --rate answers 429 with Retry-After past its own limit.
 package main
 
 import (
 	"flag"
-	"fmt"
-	"io"
 	"log"
 	"net/http"
 	"os"
-	"sync"
 	"time"
+
+	"throttler/internal/fakegateway"
+	"throttler/internal/leaky"
 )
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9000", "address to listen on")
-	status := flag.Int("status", http.StatusOK, "status to answer every request with")
+	status := flag.Int("status", http.StatusOK, "status to answer with")
+	rateFlag := flag.String("rate", "", `its own limit, N/DURATION (e.g. "10/s"); past it, 429 with Retry-After`)
+	burst := flag.Int("burst", 1, "requests it takes at once after a quiet spell")
 	flag.Parse()
-	var mu sync.Mutex
-	var last time.Time
-	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		now := time.Now()
-		body, _ := io.ReadAll(io.LimitReader(r.Body, 4096))
-		mu.Lock()
-		gap := "-"
-		if !last.IsZero() {
-			gap = now.Sub(last).Round(time.Millisecond).String()
+	var rate *leaky.Rate
+	if *rateFlag != "" {
+		r, err := leaky.ParseRate(*rateFlag)
+		if err != nil {
+			log.Fatalf("fakegateway: --rate: %v", err)
 		}
-		last = now
-		fmt.Fprintf(os.Stdout, "%s  +%-8s tenant=%s attempt=%s key=%s  %s\n", now.Format("15:04:05.000"), gap,
-			r.Header.Get("X-Throttler-Tenant"), r.Header.Get("X-Throttler-Attempt"), r.Header.Get("Idempotency-Key"), body)
-		mu.Unlock()
-		w.WriteHeader(*status)
-	})
-	log.Printf("fakegateway: listening on %s, answering %d", *listen, *status)
-	log.Fatal(http.ListenAndServe(*listen, nil))
+		rate = &r
+	}
+	srv := &http.Server{Addr: *listen, Handler: fakegateway.New(rate, *burst, *status, os.Stdout), ReadHeaderTimeout: 5 * time.Second}
+	log.Printf("fakegateway: listening on %s, answering %d, limit %q burst %d", *listen, *status, *rateFlag, *burst)
+	log.Fatal(srv.ListenAndServe())
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"syscall"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"throttler/internal/downstreamtest"
+	"throttler/internal/fakegateway"
+	"throttler/internal/leaky"
 	"throttler/internal/servicetest"
 )
 
@@ -118,5 +121,27 @@ func TestReadinessFalseBeforeTheListenerCloses(t *testing.T) {
 	}
 	if err := p.cmd.Wait(); err != nil {
 		t.Fatalf("exit: %v\n%s", err, p.logs())
+	}
+}
+
+// A vendor that enforces its own limit (the fake gateway) never has to say
+// 429 to a throttler set a little under that limit.
+func TestFakeGatewayNeverRefuses(t *testing.T) {
+	limit := leaky.MustParseRate("20/s")
+	gw := fakegateway.New(&limit, 1, 200, nil)
+	srv := httptest.NewServer(gw)
+	defer srv.Close()
+	base := startServer(t, servicetest.WriteConfig(t, "[tenant_defaults]\nrate = \"19/s\"\ncapacity = 100\n", srv.URL))
+	for i := 0; i < 40; i++ {
+		if st, _, b := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":1}`); st != 202 {
+			t.Fatalf("%d %v", st, b)
+		}
+	}
+	waitFor(t, 15*time.Second, "40 deliveries", func() bool { return gw.Accepted.Load()+gw.Refused.Load() >= 40 })
+	if raceEnabled {
+		return // timing is checked without -race
+	}
+	if n := gw.Refused.Load(); n != 0 {
+		t.Fatalf("the gateway refused %d requests", n)
 	}
 }

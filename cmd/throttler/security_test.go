@@ -128,6 +128,17 @@ func TestTokensScopeAndRoles(t *testing.T) {
 		}
 	}
 
+	// The status page shows tenants only to a token that may list them all.
+	if st, page := callRaw(t, "GET", base+"/", ""); st != 200 || strings.Contains(page, `data-tenant="b"`) {
+		t.Errorf("status page without a token: %d, shows b: %v", st, strings.Contains(page, `data-tenant="b"`))
+	}
+	if _, page := callRaw(t, "GET", base+"/", "", p...); strings.Contains(page, `data-tenant="b"`) {
+		t.Error("status page shows b to a token scoped to a")
+	}
+	if _, page := callRaw(t, "GET", base+"/", "", bearer(tokViewer)...); !strings.Contains(page, `data-tenant="b"`) {
+		t.Error("status page hides b from a viewer of everything")
+	}
+
 	// A job of b and a job that does not exist: the very same answers.
 	for _, method := range []string{"GET", "DELETE"} {
 		stB, bodyB := callRaw(t, method, base+"/v1/jobs/"+jobB, "", p...)

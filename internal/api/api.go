@@ -88,6 +88,8 @@ func New(opts Options) http.Handler {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path), nil)
 		})
 	}
+	mux.HandleFunc("GET /{$}", s.page)
+	mux.HandleFunc("GET /static/app.js", s.pageScript)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.URL.Path+"; the API lives under /v1/ (see README)", nil)
 	})

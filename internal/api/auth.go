@@ -34,7 +34,10 @@ func principal(r *http.Request) *config.Token {
 func (s *server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tokens := s.config().Auth.Tokens
-		if len(tokens) == 0 || r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+		// The page and its script hold no data: the page asks for a token
+		// and fetches with it.
+		public := r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/" || r.URL.Path == "/static/app.js"
+		if len(tokens) == 0 || (public && r.Header.Get("Authorization") == "") {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"throttler/internal/downstreamtest"
+)
+
+// The compose file validates (docker-compose config works without an
+// engine; .ci/run installs Debian's docker-compose).
+func TestComposeFileValidates(t *testing.T) {
+	t.Parallel()
+	bin, err := exec.LookPath("docker-compose")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("docker-compose is not installed (.ci/run installs it)")
+		}
+		t.Skip("docker-compose is not installed")
+	}
+	out, err := exec.Command(bin, "-f", "../../docker-compose.yml", "config", "-q").CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker-compose config: %v\n%s", err, out)
+	}
+}
+
+// The Dockerfile builds what README runs: cmd/throttler, with the Go of
+// go.mod, and serves the config it is given.
+func TestDockerfileBuildsTheREADMEBinary(t *testing.T) {
+	t.Parallel()
+	docker, _ := os.ReadFile("../../Dockerfile")
+	readme, _ := os.ReadFile("../../README.md")
+	gomod, _ := os.ReadFile("../../go.mod")
+	if !regexp.MustCompile(`go build [^\n]*-o /out/throttler \./cmd/throttler`).Match(docker) {
+		t.Fatal("the Dockerfile does not build ./cmd/throttler")
+	}
+	if !strings.Contains(string(readme), "go run ./cmd/throttler serve") {
+		t.Fatal("README does not run ./cmd/throttler")
+	}
+	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
+	if goVersion == nil || !strings.Contains(string(docker), "FROM golang:"+string(goVersion[1])) {
+		t.Fatalf("the Dockerfile's Go is not go.mod's (%s)", goVersion)
+	}
+}
+
+func TestSystemdUnitIsHardened(t *testing.T) {
+	t.Parallel()
+	unit, err := os.ReadFile("../../deploy/throttler.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{"DynamicUser=yes", "ProtectSystem=strict", "StateDirectory=throttler", "NoNewPrivileges=yes", "ExecReload=/bin/kill -HUP $MAINPID"} {
+		if !strings.Contains(string(unit), line) {
+			t.Errorf("unit lacks %s", line)
+		}
+	}
+}
+
+// Every metric the Grafana dashboard asks for is one the service exports.
+func TestDashboardUsesRealMetrics(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../deploy/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil || len(dash.Panels) == 0 {
+		t.Fatalf("dashboard: %v", err)
+	}
+	ds := downstreamtest.New(t)
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		if body, _ := io.ReadAll(r.Body); string(body) == `"fail"` {
+			http.Error(w, "no", 400)
+		}
+	})
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 1\n[tenants.acme]\n", ds))
+	// One delivered, one failed, one refused: every series has a sample.
+	call(t, "POST", base+"/v1/tenants/acme/jobs:batch", `{"jobs":[{"payload":"ok"},{"payload":"fail"},{"payload":"refused"}]}`)
+	waitFor(t, 5*time.Second, "the attempts", func() bool {
+		_, _, b := call(t, "GET", base+"/v1/tenants/acme", "")
+		return b["failed_total"] == 1.0 && b["delivered_total"] == 1.0
+	})
+	exported := scrape(t, base)
+	name := regexp.MustCompile(`throttler_[a-z_]+`)
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range name.FindAllString(tg.Expr, -1) {
+				if !strings.Contains(exported, "\n"+m) && !strings.Contains(exported, "# TYPE "+m+" ") {
+					t.Errorf("panel %q uses %s, which is not exported", p.Title, m)
+				}
+			}
+		}
+	}
+}
