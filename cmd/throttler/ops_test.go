@@ -119,6 +119,7 @@ func TestReadinessFalseBeforeTheListenerCloses(t *testing.T) {
 	if !sawNotReady {
 		t.Fatal("readiness never turned false before the listener closed")
 	}
+	<-p.done
 	if err := p.cmd.Wait(); err != nil {
 		t.Fatalf("exit: %v\n%s", err, p.logs())
 	}

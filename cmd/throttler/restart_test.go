@@ -113,8 +113,8 @@ func (p *process) kill9(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	p.cmd.Wait()
 	<-p.done
+	p.cmd.Wait()
 }
 
 // Jobs waiting when the process is killed are all delivered after a restart
@@ -186,10 +186,10 @@ func TestSigtermStopsCleanly(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	<-p.done // read the log to its end before Wait closes the pipe
 	if err := p.cmd.Wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v\n%s", err, p.logs())
 	}
-	<-p.done
 	if !strings.Contains(p.logs(), "stopped cleanly") {
 		t.Fatalf("log:\n%s", p.logs())
 	}
