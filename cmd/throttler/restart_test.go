@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,6 +176,12 @@ func TestKill9AndRestartLosesNothing(t *testing.T) {
 // with no repeat.
 func TestSigtermStopsCleanly(t *testing.T) {
 	ds := downstreamtest.New(t)
+	// Each answer takes 150 ms, so the SIGTERM lands during an attempt: it
+	// must finish and be recorded (no repeat after the restart).
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(150 * time.Millisecond)
+		w.WriteHeader(200)
+	})
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 50\n", ds)
 	p := startProcess(t, file)
 	for i := 0; i < 20; i++ {
