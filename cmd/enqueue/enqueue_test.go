@@ -158,13 +158,7 @@ func runEnqueue(ctx context.Context, t *testing.T, stdin string, args ...string)
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	servicetest.WaitFor(t, timeout, what, cond)
 }
 
 // deliveredOnce waits until the downstream has seen n distinct jobs and

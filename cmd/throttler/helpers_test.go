@@ -16,13 +16,7 @@ import (
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	servicetest.WaitFor(t, timeout, what, cond)
 }
 
 func writeConfig(t testing.TB, body string, ds *downstreamtest.Server) string {
@@ -37,8 +31,8 @@ func startServer(t testing.TB, file string) string {
 
 var httpClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 30 * time.Second}
 
-// call sends a request and decodes the JSON answer.
-func call(t *testing.T, method, url string, body string, header ...string) (int, http.Header, map[string]any) {
+// send sends a request and returns the answer's status, header and body.
+func send(t *testing.T, method, url string, body string, header ...string) (int, http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, bytes.NewBufferString(body))
 	if err != nil {
@@ -53,13 +47,27 @@ func call(t *testing.T, method, url string, body string, header ...string) (int,
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, raw
+}
+
+// call sends a request and decodes the JSON answer.
+func call(t *testing.T, method, url string, body string, header ...string) (int, http.Header, map[string]any) {
+	t.Helper()
+	status, h, raw := send(t, method, url, body, header...)
 	var m map[string]any
 	if len(raw) > 0 {
 		if err := json.Unmarshal(raw, &m); err != nil {
 			t.Fatalf("%s %s: answer is not JSON: %q", method, url, raw)
 		}
 	}
-	return resp.StatusCode, resp.Header, m
+	return status, h, m
+}
+
+// callRaw sends a request and returns the answer's status and body as text.
+func callRaw(t *testing.T, method, url, body string, header ...string) (int, string) {
+	t.Helper()
+	status, _, raw := send(t, method, url, body, header...)
+	return status, string(raw)
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }

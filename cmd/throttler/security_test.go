@@ -67,21 +67,6 @@ tenants = ["*"]
 
 func bearer(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
 
-func callRaw(t *testing.T, method, url, body string, header ...string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(raw)
-}
-
 // A producer token for tenant a cannot touch tenant b, and learns nothing of
 // it: b's job answers exactly like a job that does not exist.
 func TestTokensScopeAndRoles(t *testing.T) {

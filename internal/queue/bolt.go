@@ -78,7 +78,7 @@ type tenantMem struct {
 // write commits, so it never shows a job that is not durable.
 type schedule struct {
 	heap    dueHeap
-	waiting map[string]time.Time // id -> slot of each waiting job not held by the dispatcher
+	waiting map[string]dueEntry // id -> entry of each waiting job not held by the dispatcher
 }
 
 type dueEntry struct {
@@ -106,7 +106,7 @@ func (h *dueHeap) Pop() any {
 }
 
 func (sc *schedule) add(e dueEntry) {
-	sc.waiting[e.id] = e.at
+	sc.waiting[e.id] = e
 	heap.Push(&sc.heap, e)
 }
 
@@ -114,7 +114,7 @@ func (sc *schedule) add(e dueEntry) {
 func (sc *schedule) peek() (dueEntry, bool) {
 	for sc.heap.Len() > 0 {
 		e := sc.heap[0]
-		if at, ok := sc.waiting[e.id]; ok && at.Equal(e.at) {
+		if w, ok := sc.waiting[e.id]; ok && w.at.Equal(e.at) {
 			return e, true
 		}
 		heap.Pop(&sc.heap)
@@ -180,7 +180,7 @@ func OpenBolt(path string, opts BoltOptions) (*BoltStore, error) {
 		tenants:   map[string]*tenantMem{},
 		idemWait:  map[string]chan struct{}{},
 		claims:    map[string]Job{},
-		sched:     schedule{waiting: map[string]time.Time{}},
+		sched:     schedule{waiting: map[string]dueEntry{}},
 		wake:      make(chan struct{}, 1),
 		finishQ:   make(chan finishReq),
 		stop:      make(chan struct{}),

@@ -73,7 +73,7 @@ func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
 		s.mu.Unlock()
 		return Job{}, &StateError{ID: id, State: StateDispatching, Op: "cancel"}
 	}
-	slot, waiting := s.sched.waiting[id]
+	entry, waiting := s.sched.waiting[id]
 	delete(s.sched.waiting, id)
 	s.mu.Unlock()
 
@@ -109,7 +109,7 @@ func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
 			tm.dirty = true
 		}
 	} else if waiting {
-		s.sched.add(dueEntry{at: slot, id: id, tenant: j.Tenant})
+		s.sched.add(entry) // not cancelled after all: it waits as before
 	}
 	s.mu.Unlock()
 	var se *StateError
