@@ -99,6 +99,9 @@ func TestTokensScopeAndRoles(t *testing.T) {
 		{"viewer cancels", "DELETE", "/v1/jobs/" + jobB, ``, bearer(tokViewer), 403},
 		{"viewer reads", "GET", "/v1/tenants/b", ``, bearer(tokViewer), 200},
 		{"viewer lists", "GET", "/v1/tenants", ``, bearer(tokViewer), 200},
+		{"producer lists b's failed jobs", "GET", "/v1/tenants/b/jobs?state=failed", ``, p, 403},
+		{"producer lists its failed jobs", "GET", "/v1/tenants/a/jobs?state=failed", ``, p, 200},
+		{"viewer retries", "POST", "/v1/jobs/" + jobB + "/retry", ``, bearer(tokViewer), 403},
 		{"producer reads metrics", "GET", "/metrics", ``, p, 403},
 		{"viewer reads metrics", "GET", "/metrics", ``, bearer(tokViewer), 200},
 		{"no token for metrics", "GET", "/metrics", ``, nil, 401},
@@ -125,9 +128,10 @@ func TestTokensScopeAndRoles(t *testing.T) {
 	}
 
 	// A job of b and a job that does not exist: the very same answers.
-	for _, method := range []string{"GET", "DELETE"} {
-		stB, bodyB := callRaw(t, method, base+"/v1/jobs/"+jobB, "", p...)
-		stU, bodyU := callRaw(t, method, base+"/v1/jobs/"+unknown, "", p...)
+	for _, route := range []struct{ method, suffix string }{{"GET", ""}, {"DELETE", ""}, {"POST", "/retry"}} {
+		method := route.method
+		stB, bodyB := callRaw(t, method, base+"/v1/jobs/"+jobB+route.suffix, "", p...)
+		stU, bodyU := callRaw(t, method, base+"/v1/jobs/"+unknown+route.suffix, "", p...)
 		if stB != 404 || stB != stU || bodyB != bodyU || strings.Contains(bodyB, "+15550199") {
 			t.Errorf("%s b's job: %d %q; unknown job: %d %q", method, stB, bodyB, stU, bodyU)
 		}

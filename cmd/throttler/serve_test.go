@@ -341,3 +341,69 @@ func TestServerErrorsAreRetried(t *testing.T) {
 		downstreamtest.CheckWindows(t, all, 50*time.Millisecond, 1)
 	}
 }
+
+// A 400 fails the job at once, with the status and the body's start in
+// last_error; it is listed with the tenant's failed jobs, and a retry through
+// the API delivers it once the downstream takes it.
+func TestPermanentFailureThenRetry(t *testing.T) {
+	t.Parallel()
+	ds := downstreamtest.New(t)
+	var mu sync.Mutex
+	broken := true
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if broken {
+			http.Error(w, `{"error":"invalid destination number"}`, http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(200)
+	})
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\n", ds))
+	_, _, a := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"to":"+1555"}}`)
+	id := a["id"].(string)
+	waitFor(t, 5*time.Second, "the job failed", func() bool {
+		_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
+		return j["state"] == "failed"
+	})
+	_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
+	if j["attempts"] != 1.0 || j["response_status"] != 400.0 || !strings.Contains(fmt.Sprint(j["last_error"]), "400 Bad Request: {\"error\":\"invalid destination number\"}") {
+		t.Fatalf("failed job %v", j)
+	}
+	if n := len(ds.All()); n != 1 {
+		t.Fatalf("%d attempts for a permanent error", n)
+	}
+	_, _, list := call(t, "GET", base+"/v1/tenants/acme/jobs?state=failed", "")
+	if jobs := list["jobs"].([]any); len(jobs) != 1 || jobs[0].(map[string]any)["id"] != id {
+		t.Fatalf("failed list %v", list)
+	}
+	if st, _, b := call(t, "POST", base+"/v1/jobs/"+id+"/retry", ""); st != 202 {
+		t.Fatalf("retry while still failing: %d %v", st, b) // accepted: it fails again below
+	}
+	waitFor(t, 5*time.Second, "failed again", func() bool {
+		_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
+		return j["state"] == "failed"
+	})
+	mu.Lock()
+	broken = false
+	mu.Unlock()
+	st, _, b := call(t, "POST", base+"/v1/jobs/"+id+"/retry", "")
+	if st != 202 || b["id"] != id || b["state"] != "queued" {
+		t.Fatalf("retry: %d %v", st, b)
+	}
+	waitFor(t, 5*time.Second, "delivered", func() bool {
+		_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
+		return j["state"] == "succeeded"
+	})
+	if st, _, b := call(t, "POST", base+"/v1/jobs/"+id+"/retry", ""); st != 409 || b["error"] != "not_retryable" {
+		t.Fatalf("retry of a delivered job: %d %v", st, b)
+	}
+	_, _, list = call(t, "GET", base+"/v1/tenants/acme/jobs?state=failed", "")
+	if jobs := list["jobs"].([]any); len(jobs) != 0 {
+		t.Fatalf("failed list after delivery: %v", list)
+	}
+	all := ds.All()
+	if len(all) != 3 || all[2].Key != id {
+		t.Fatalf("%d attempts", len(all))
+	}
+}

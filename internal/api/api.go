@@ -67,6 +67,8 @@ func New(opts Options) http.Handler {
 	mux.HandleFunc("GET /v1/tenants", s.tenants)
 	mux.HandleFunc("GET /v1/jobs/{id}", s.job)
 	mux.HandleFunc("DELETE /v1/jobs/{id}", s.cancel)
+	mux.HandleFunc("POST /v1/jobs/{id}/retry", s.retry)
+	mux.HandleFunc("GET /v1/tenants/{tenant}/jobs", s.failedJobs)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -83,7 +85,7 @@ func New(opts Options) http.Handler {
 		})
 	}
 	// The same paths with other methods: a JSON 405 instead of the mux's text.
-	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/healthz", "/readyz"} {
+	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/healthz", "/readyz"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path), nil)
 		})
@@ -333,11 +335,15 @@ func (s *server) counted(tenant string, out []queue.Admission) {
 
 func admissionJSON(a queue.Admission) map[string]any {
 	j := a.Job
+	dispatchAt := j.DispatchAt
+	if a.Duplicate {
+		dispatchAt = j.EnqueuedAt.Add(j.AdmitDelay) // the first answer, again
+	}
 	return map[string]any{
 		"id":                j.ID,
 		"tenant":            j.Tenant,
 		"state":             j.State,
-		"dispatch_at":       j.EnqueuedAt.Add(j.AdmitDelay).UTC(),
+		"dispatch_at":       dispatchAt.UTC(),
 		"expected_delay_ms": ceilMillis(a.ExpectedDelay),
 		"queue_depth":       a.QueueDepth,
 		"capacity":          a.Capacity,
@@ -540,6 +546,63 @@ func (s *server) cancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, jobJSON(j))
+}
+
+// retry sends a failed job again, through its tenant's queue.
+func (s *server) retry(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	j, err := s.store.Job(r.Context(), id)
+	if err == nil && !reachesJob(r, j.Tenant) {
+		err = queue.ErrNotFound
+	}
+	if err == nil {
+		err = authorize(r, j.Tenant, write)
+	}
+	var a queue.Admission
+	if err == nil {
+		a, err = s.store.Retry(r.Context(), id)
+	}
+	if err == nil && a.Rejected != nil {
+		err = a.Rejected
+	}
+	var se *queue.StateError
+	if errors.As(err, &se) {
+		err = errorf(http.StatusConflict, "not_retryable", "%s: only failed jobs can be sent again", se.Error())
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, admissionJSON(a))
+}
+
+// failedJobs lists a tenant's failed jobs, newest first, with their last
+// error and the downstream's status.
+func (s *server) failedJobs(w http.ResponseWriter, r *http.Request) {
+	tenant, _, err := s.tenantFromPath(r, read)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if st := r.URL.Query().Get("state"); st != string(queue.StateFailed) {
+		s.fail(w, r, errorf(http.StatusBadRequest, "invalid_parameter", "state=%q: only state=failed can be listed", st))
+		return
+	}
+	limit, err := intParam(r, "limit", 100, 1, 1000)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	jobs, err := s.store.Failed(r.Context(), tenant, limit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	items := make([]map[string]any, len(jobs))
+	for i, j := range jobs {
+		items[i] = jobJSON(j)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": items})
 }
 
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {

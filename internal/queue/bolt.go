@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,6 +30,7 @@ var (
 	bucketPayloads = []byte("payloads") // id -> payload, written once
 	bucketDue      = []byte("due")      // slot (8 bytes, big endian ns) + id -> tenant: waiting jobs
 	bucketDone     = []byte("done")     // finished_at + id -> nil: for the reaper
+	bucketFailed   = []byte("failed")   // tenant + 0x00 + newest-first time + id -> nil
 	bucketIdem     = []byte("idem")     // tenant + 0x00 + key -> id
 	bucketTenants  = []byte("tenants")  // tenant -> tenantRecord (JSON)
 	bucketMeta     = []byte("meta")     // "clean" -> "1" after a clean stop
@@ -206,6 +208,13 @@ func parseDueKey(k []byte) (time.Time, string) {
 	return time.Unix(0, int64(binary.BigEndian.Uint64(k[:8]))), string(k[8:])
 }
 
+// failedKey orders a tenant's failed jobs newest first.
+func failedKey(j Job) []byte {
+	k := append([]byte(j.Tenant), 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	binary.BigEndian.PutUint64(k[len(j.Tenant)+1:], math.MaxUint64-uint64(j.FinishedAt.UnixNano()))
+	return append(k, j.ID...)
+}
+
 func idemKey(tenant, key string) []byte {
 	return append(append([]byte(tenant), 0), key...)
 }
@@ -266,7 +275,7 @@ const interruptedMargin = 50 * time.Millisecond
 func (s *BoltStore) recover() error {
 	now := s.clock.Now()
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketJobs, bucketPayloads, bucketDue, bucketDone, bucketIdem, bucketTenants, bucketMeta} {
+		for _, name := range [][]byte{bucketJobs, bucketPayloads, bucketDue, bucketDone, bucketFailed, bucketIdem, bucketTenants, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -759,9 +768,14 @@ func (s *BoltStore) reap(cutoff time.Time, limit int) (int, error) {
 			if !at.Before(cutoff) {
 				break
 			}
-			if j, ok, _ := getJob(tx, id, false); ok && j.IdempotencyKey != "" {
-				if bytes.Equal(idem.Get(idemKey(j.Tenant, j.IdempotencyKey)), []byte(id)) {
+			if j, ok, _ := getJob(tx, id, false); ok {
+				if j.IdempotencyKey != "" && bytes.Equal(idem.Get(idemKey(j.Tenant, j.IdempotencyKey)), []byte(id)) {
 					if err := idem.Delete(idemKey(j.Tenant, j.IdempotencyKey)); err != nil {
+						return err
+					}
+				}
+				if j.State == StateFailed {
+					if err := tx.Bucket(bucketFailed).Delete(failedKey(j)); err != nil {
 						return err
 					}
 				}

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"cmp"
 	"container/heap"
 	"context"
@@ -314,6 +315,11 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 				if err := tx.Bucket(bucketDone).Put(dueKey(cur.FinishedAt, cur.ID), nil); err != nil {
 					return err
 				}
+				if cur.State == StateFailed {
+					if err := tx.Bucket(bucketFailed).Put(failedKey(cur), nil); err != nil {
+						return err
+					}
+				}
 			} else if err := due.Put(dueKey(cur.DispatchAt, cur.ID), []byte(cur.Tenant)); err != nil {
 				return err
 			}
@@ -435,4 +441,109 @@ func (s *BoltStore) runHandler(ctx context.Context, h Handler, j Job) {
 		}
 		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
 	}
+}
+
+// Retry implements Store.
+func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
+	if !validID(id) {
+		return Admission{}, ErrNotFound
+	}
+	s.mu.Lock()
+	if _, held := s.claims[id]; held {
+		s.mu.Unlock()
+		return Admission{}, &StateError{ID: id, State: StateDispatching, Op: "retry"}
+	}
+	var j Job
+	var found bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		j, found, err = getJob(tx, id, false)
+		return err
+	})
+	switch {
+	case err != nil:
+		s.mu.Unlock()
+		return Admission{}, unavailable(err)
+	case !found:
+		s.mu.Unlock()
+		return Admission{}, ErrNotFound
+	case j.State != StateFailed:
+		s.mu.Unlock()
+		return Admission{}, &StateError{ID: id, State: j.State, Op: "retry"}
+	}
+	tm, err := s.loadTenant(j.Tenant)
+	if err != nil {
+		s.mu.Unlock()
+		return Admission{}, err
+	}
+	policy := s.policy(j.Tenant)
+	now := s.clock.Now()
+	d, st := leaky.Admit(leaky.State{TAT: tm.rec.TAT}, now.Add(s.startLag()), policy)
+	if !d.Admitted {
+		tm.rec.Rejected++
+		tm.dirty = true
+		depth := tm.depth
+		s.mu.Unlock()
+		return Admission{Rejected: rejection(j.Tenant, policy, d, depth), QueueDepth: depth, Capacity: policy.Capacity}, nil
+	}
+	failed := j
+	tm.rec.TAT = st.TAT
+	tm.depth++
+	tm.pending++
+	j.State, j.Attempts, j.DispatchAt, j.FinishedAt = StateQueued, 0, d.Slot, time.Time{}
+	j.Prompt = d.Delay == 0
+	s.claims[id] = Job{ID: id, Tenant: j.Tenant} // held until durable: no second retry, no dispatch
+	s.mu.Unlock()
+
+	err = s.db.Batch(func(tx *bolt.Tx) error {
+		if err := putJob(tx, j); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketDone).Delete(dueKey(failed.FinishedAt, id)); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketFailed).Delete(failedKey(failed)); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketDue).Put(dueKey(j.DispatchAt, id), []byte(j.Tenant)); err != nil {
+			return err
+		}
+		return s.putTenant(tx, j.Tenant)
+	})
+	s.mu.Lock()
+	tm.pending--
+	delete(s.claims, id)
+	if err != nil {
+		tm.depth--
+	} else {
+		s.sched.add(dueEntry{at: j.DispatchAt, id: id, tenant: j.Tenant})
+	}
+	depth := tm.depth
+	s.mu.Unlock()
+	if err != nil {
+		return Admission{}, unavailable(err)
+	}
+	s.pokeIfSooner(j.DispatchAt)
+	return Admission{Job: j, ExpectedDelay: j.DispatchAt.Sub(now), QueueDepth: depth, Capacity: policy.Capacity}, nil
+}
+
+// Failed implements Store.
+func (s *BoltStore) Failed(ctx context.Context, tenant string, limit int) ([]Job, error) {
+	var out []Job
+	prefix := append([]byte(tenant), 0)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketFailed).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && (limit <= 0 || len(out) < limit); k, _ = c.Next() {
+			id := string(k[len(prefix)+8:])
+			j, ok, err := getJob(tx, id, false)
+			if err != nil {
+				return err
+			}
+			if ok && j.State == StateFailed {
+				out = append(out, j)
+			}
+		}
+		return nil
+	})
+	return out, unavailable(err)
 }

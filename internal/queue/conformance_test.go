@@ -329,6 +329,71 @@ func runConformance(t *testing.T, open opener) {
 		}
 	})
 
+	t.Run("FailedJobsListedAndRetried", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		s := open(t)(t, clk, leaky20(1))
+		ctx := context.Background()
+		id := enqueueOne(t, s, "acme", payload(1)).Job.ID
+		other := enqueueOne(t, s, "other", payload(2)).Job.ID
+		got := make(chan handed, 10)
+		var mu sync.Mutex
+		fail := true
+		stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+			got <- handed{j, clk.Now()}
+			mu.Lock()
+			defer mu.Unlock()
+			if fail {
+				return Outcome{Result: Failed, Status: 400, Error: "400 Bad Request: invalid number", SentAt: clk.Now()}
+			}
+			return Outcome{Result: Succeeded, Status: 200, SentAt: clk.Now()}
+		})
+		waitHanded(t, clk, got, time.Millisecond)
+		waitHanded(t, clk, got, time.Millisecond)
+		waitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == StateFailed })
+		waitFor(t, func() bool { j, _ := s.Job(ctx, other); return j.State == StateFailed })
+		list, err := s.Failed(ctx, "acme", 10)
+		if err != nil || len(list) != 1 || list[0].ID != id || list[0].LastError == "" || list[0].ResponseStatus != 400 {
+			t.Fatalf("failed list %+v %v", list, err)
+		}
+		// Only failed jobs can be retried.
+		enqueueOne(t, s, "third", payload(3))
+		waiting := enqueueOne(t, s, "third", payload(4)).Job.ID // due an interval later
+		var se *StateError
+		if _, err := s.Retry(ctx, waiting); !errors.As(err, &se) || se.State != StateQueued {
+			t.Fatalf("retry of a waiting job: %v", err)
+		}
+		if _, err := s.Cancel(ctx, waiting); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Retry(ctx, waiting); !errors.As(err, &se) || se.State != StateCancelled {
+			t.Fatalf("retry of a cancelled job: %v", err)
+		}
+		if _, err := s.Retry(ctx, newID(t0)); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("retry of an unknown job: %v", err)
+		}
+		mu.Lock()
+		fail = false
+		mu.Unlock()
+		a, err := s.Retry(ctx, id)
+		if err != nil || a.Rejected != nil || a.Job.State != StateQueued || a.Job.Attempts != 0 {
+			t.Fatalf("retry: %+v %v", a, err)
+		}
+		if list, _ := s.Failed(ctx, "acme", 10); len(list) != 0 {
+			t.Fatalf("still listed as failed: %+v", list)
+		}
+		for h := waitHanded(t, clk, got, time.Millisecond); h.job.ID != id; h = waitHanded(t, clk, got, time.Millisecond) {
+		}
+		waitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == StateSucceeded })
+		stop()
+		if j, _ := s.Job(ctx, id); j.Attempts != 1 || j.ResponseStatus != 200 {
+			t.Fatalf("after the retry: %+v", j)
+		}
+		if _, err := s.Retry(ctx, id); !errors.As(err, &se) || se.State != StateSucceeded {
+			t.Fatalf("retry of a succeeded job: %v", err)
+		}
+	})
+
 	t.Run("RestartKeepsJobsAndSpacesOverdueOnes", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewFake(t0)

@@ -162,6 +162,13 @@ type Store interface {
 	// Cancel cancels a waiting job. A job being sent or finished gives a
 	// *StateError.
 	Cancel(ctx context.Context, id string) (Job, error)
+	// Retry sends a failed job again through its tenant's queue: it takes a
+	// slot like a new job (so it can be refused: Admission.Rejected) and
+	// gets its attempts afresh. A job not failed gives a *StateError.
+	Retry(ctx context.Context, id string) (Admission, error)
+	// Failed lists a tenant's failed jobs (kept for store.retention),
+	// newest first, at most limit.
+	Failed(ctx context.Context, tenant string, limit int) ([]Job, error)
 	// Tenant reports one tenant (a tenant never seen reports zeros).
 	Tenant(ctx context.Context, tenant string) (TenantStatus, error)
 	// Tenants lists tenants with jobs waiting or in flight, deepest first.
