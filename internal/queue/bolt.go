@@ -452,6 +452,10 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 			inCall[nj.IdempotencyKey] = i
 			prev, found, err := s.jobByKey(tenant, nj.IdempotencyKey)
 			if err != nil {
+				// Nothing of this call is admitted (the slots taken so far
+				// stay taken: a gap is safe).
+				tm.depth -= len(admitted)
+				tm.rec.Accepted -= int64(len(admitted))
 				s.releaseKeys(claimedKeys)
 				s.mu.Unlock()
 				return nil, err
