@@ -136,10 +136,14 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		timeout  *time.Timer
 		fallback *Ticket // pacing without a pacedConn
 		armed    *pacedWrite
+		over     bool // the attempt's outcome is decided: a late report changes nothing
 	)
 	wrote := func(at time.Time) {
 		mu.Lock()
 		defer mu.Unlock()
+		if over {
+			return
+		}
 		sentAt = at
 		if timeout == nil {
 			timeout = time.AfterFunc(r.Timeout, cancel)
@@ -199,6 +203,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		<-pw.done // an answer means the write was made: wait until it is told
 	}
 	mu.Lock()
+	over = true
 	if timeout != nil {
 		timeout.Stop()
 	}

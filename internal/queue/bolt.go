@@ -268,10 +268,6 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// interruptedMargin bounds how long after its slot an attempt may have been
-// written (a slow connection, a gate held back by a late predecessor).
-const interruptedMargin = 50 * time.Millisecond
-
 func (s *BoltStore) recover() error {
 	now := s.clock.Now()
 	return s.db.Update(func(tx *bolt.Tx) error {
@@ -328,8 +324,11 @@ func (s *BoltStore) respace(tx *bolt.Tx, now time.Time, clean bool) error {
 			if !tm.rec.LastAttemptAt.IsZero() {
 				floor = later(floor, tm.rec.LastAttemptAt.Add(p.Interval))
 			}
-			if last, ok := lastPassed[tenant]; ok && !clean {
-				floor = later(floor, last.Add(interruptedMargin+p.Interval))
+			if _, ok := lastPassed[tenant]; ok && !clean {
+				// One of them may have been written at any moment before
+				// the crash (its slot, or later: a slow connection, a held
+				// gate): only "before now" is sure.
+				floor = later(floor, now.Add(p.Interval))
 			}
 		}
 		if at.Before(floor) {
@@ -385,6 +384,16 @@ func (s *BoltStore) loadTenantTx(tx *bolt.Tx, name string) (*tenantMem, error) {
 	if _, err := getJSON(tx.Bucket(bucketTenants), []byte(name), &tm.rec); err != nil {
 		return nil, err
 	}
+	// The next send may not come sooner than one interval after the last
+	// recorded one, even if the schedule says so (a retry sent long after its
+	// reserved slot, a late write): in a running process the gate knows,
+	// after a restart or an eviction only this does.
+	if !tm.rec.LastAttemptAt.IsZero() {
+		p := s.policy(name)
+		if floor := tm.rec.LastAttemptAt.Add(p.Interval + p.Tolerance()); tm.rec.TAT.Before(floor) {
+			tm.rec.TAT = floor
+		}
+	}
 	s.tenants[name] = tm
 	return tm, nil
 }
@@ -410,7 +419,6 @@ func (s *BoltStore) putTenant(tx *bolt.Tx, name string) error {
 	var rec tenantRecord
 	if ok {
 		rec = tm.rec
-		tm.dirty = false
 	}
 	s.mu.Unlock()
 	if !ok {
@@ -524,6 +532,7 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		// schedule is safe, a second job in one slot is not.
 		tm.depth -= len(admitted)
 		tm.rec.Accepted -= int64(len(admitted))
+		tm.dirty = true
 	}
 	if err == nil {
 		for _, j := range admitted {
@@ -725,18 +734,21 @@ func (s *BoltStore) maintain() {
 }
 
 func (s *BoltStore) flushDirty() error {
+	// Clean before writing: a change made meanwhile marks the tenant dirty
+	// again and is written next time; a failed write marks them all again.
 	s.mu.Lock()
 	var names []string
 	for name, tm := range s.tenants {
 		if tm.dirty {
 			names = append(names, name)
+			tm.dirty = false
 		}
 	}
 	s.mu.Unlock()
 	if len(names) == 0 {
 		return nil
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		for _, n := range names {
 			if err := s.putTenant(tx, n); err != nil {
 				return err
@@ -744,6 +756,16 @@ func (s *BoltStore) flushDirty() error {
 		}
 		return nil
 	})
+	if err != nil {
+		s.mu.Lock()
+		for _, n := range names {
+			if tm, ok := s.tenants[n]; ok {
+				tm.dirty = true
+			}
+		}
+		s.mu.Unlock()
+	}
+	return err
 }
 
 // evictIdle drops tenants whose state no longer matters from memory (their

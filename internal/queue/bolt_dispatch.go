@@ -427,19 +427,37 @@ func (s *BoltStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions)
 
 func (s *BoltStore) runHandler(ctx context.Context, h Handler, j Job) {
 	o := h(ctx, j)
-	// Recording the outcome must not be lost to a passing error: retry a
-	// few times. If it still fails the job stays waiting on disk and is
-	// sent again after a restart, with the same Idempotency-Key.
-	for attempt := 0; ; attempt++ {
+	// The outcome must be recorded before the job is let go: until then it
+	// stays held (not sent again, not cancellable). Keep trying through a
+	// passing failure; once the service is stopping, give up after a few
+	// tries: the job is still waiting on disk and a restart sends it again
+	// with the same Idempotency-Key.
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
 		err := s.finish(j, o)
 		if err == nil {
 			return
 		}
-		s.log.Error("cannot record the outcome of an attempt", "job", j.ID, "err", err)
-		if attempt >= 5 {
+		s.log.Error("cannot record the outcome of an attempt; trying again", "job", j.ID, "err", err)
+		if (ctx.Err() != nil && attempt >= 5) || s.isClosing() {
 			return
 		}
-		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+		select {
+		case <-time.After(backoff):
+		case <-s.stop:
+			return
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// isClosing reports whether Close has begun.
+func (s *BoltStore) isClosing() bool {
+	select {
+	case <-s.stop:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -496,6 +514,13 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 	s.mu.Unlock()
 
 	err = s.db.Batch(func(tx *bolt.Tx) error {
+		// Still there and still failed? (The reaper may have removed it
+		// since it was read.)
+		if cur, ok, err := getJob(tx, id, false); err != nil {
+			return err
+		} else if !ok || cur.State != StateFailed {
+			return ErrNotFound
+		}
 		if err := putJob(tx, j); err != nil {
 			return err
 		}
@@ -520,6 +545,9 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 	}
 	depth := tm.depth
 	s.mu.Unlock()
+	if errors.Is(err, ErrNotFound) {
+		return Admission{}, err
+	}
 	if err != nil {
 		return Admission{}, unavailable(err)
 	}

@@ -173,9 +173,10 @@ func TestBoltCrashRespacesFromPossiblySentSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	// Jobs 0 and 1 may have been sent at t0 and t0+1s: the next send is no
-	// sooner than t0+1s + margin + 1s.
-	first := t0.Add(time.Second + interruptedMargin + time.Second)
+	// Jobs 0 and 1 may have been sent at any moment before the crash (only
+	// "before the restart" is sure): the next send is one interval after
+	// the restart.
+	first := t0.Add(1600*time.Millisecond + time.Second)
 	for i, id := range ids {
 		j, err := r.Job(context.Background(), id)
 		if err != nil {
@@ -246,4 +247,34 @@ func TestBoltStressNoDeadlock(t *testing.T) {
 		return true
 	})
 	stop()
+}
+
+// After a restart, a new job is not sent sooner than one interval after the
+// last recorded send, even when that send was long after its slot (a retry
+// that waited out a long backoff): the gate that knew it is gone.
+func TestBoltRestartSpacesFromTheLastSend(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	reopen := boltOpener(t)
+	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Minute, Burst: 1, Capacity: 10} }
+	s := reopen(t, clk, policy)
+	enqueueOne(t, s, "acme", payload(1))
+	lateSend := t0.Add(5 * time.Minute)
+	got := make(chan handed, 1)
+	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+		got <- handed{j, clk.Now()}
+		return Outcome{Result: Succeeded, Status: 200, SentAt: lateSend}
+	})
+	waitHanded(t, clk, got, time.Millisecond)
+	waitFor(t, func() bool { st, _ := s.Tenant(context.Background(), "acme"); return st.Delivered == 1 })
+	stop()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(lateSend.Add(2 * time.Second))
+	s = reopen(t, clk, policy)
+	a := enqueueOne(t, s, "acme", payload(2))
+	if a.Rejected != nil || a.Job.DispatchAt.Before(lateSend.Add(time.Minute)) {
+		t.Fatalf("new job due %v after the last send, want at least a minute: %+v", a.Job.DispatchAt.Sub(lateSend), a)
+	}
 }
