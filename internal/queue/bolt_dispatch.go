@@ -108,6 +108,13 @@ func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
 			tm.depth--
 			tm.rec.Cancelled++
 			tm.dirty = true
+			// The last job of the schedule gives its place back, so that
+			// cancelling does not leave the queue looking fuller than it is.
+			// (Only then: a place in the middle is already spaced around.)
+			p := s.policy(j.Tenant)
+			if p.Burst == 1 && j.DispatchAt.Add(p.Interval).Equal(tm.rec.TAT) {
+				tm.rec.TAT = j.DispatchAt
+			}
 		}
 	} else if waiting {
 		s.sched.add(entry) // not cancelled after all: it waits as before

@@ -394,6 +394,37 @@ func runConformance(t *testing.T, open opener) {
 		}
 	})
 
+	t.Run("CancellingTheLastJobGivesItsPlaceBack", func(t *testing.T) {
+		t.Parallel()
+		s := open(t)(t, clock.NewFake(t0), leaky20(2))
+		ctx := context.Background()
+		var ids []string
+		for i := 0; i < 3; i++ { // one at once, two waiting: full
+			a := enqueueOne(t, s, "acme", payload(i))
+			if a.Rejected != nil {
+				t.Fatalf("job %d refused", i)
+			}
+			ids = append(ids, a.Job.ID)
+		}
+		if a := enqueueOne(t, s, "acme", payload(9)); a.Rejected == nil {
+			t.Fatal("admitted past capacity")
+		}
+		if _, err := s.Cancel(ctx, ids[2]); err != nil {
+			t.Fatal(err)
+		}
+		a := enqueueOne(t, s, "acme", payload(10))
+		if a.Rejected != nil || !a.Job.DispatchAt.Equal(t0.Add(2*T)) {
+			t.Fatalf("after cancelling the last job: %+v (want its slot %v)", a, 2*T)
+		}
+		// A job cancelled in the middle leaves its slot empty: the rest keep theirs.
+		if _, err := s.Cancel(ctx, ids[1]); err != nil {
+			t.Fatal(err)
+		}
+		if a := enqueueOne(t, s, "acme", payload(11)); a.Rejected == nil {
+			t.Fatal("a middle cancellation moved the schedule")
+		}
+	})
+
 	t.Run("RestartKeepsJobsAndSpacesOverdueOnes", func(t *testing.T) {
 		t.Parallel()
 		clk := clock.NewFake(t0)
