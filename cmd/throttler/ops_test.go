@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"syscall"
@@ -126,15 +125,16 @@ func TestReadinessFalseBeforeTheListenerCloses(t *testing.T) {
 }
 
 // A vendor that enforces its own limit (the fake gateway) never has to say
-// 429 to a throttler set a little (10%) under that limit. The gateway judges
-// by when its handler runs, as a vendor's limiter would, so the margin also
-// covers this machine's scheduling while the rest of the suite runs.
+// 429 to a throttler set a little (5%) under that limit. The gateway judges
+// arrivals by their kernel receive time (the recording downstream's), so the
+// test process's own scheduling does not count against the throttler.
 func TestFakeGatewayNeverRefuses(t *testing.T) {
 	limit := leaky.MustParseRate("20/s")
 	gw := fakegateway.New(&limit, 1, 200, nil)
-	srv := httptest.NewServer(gw)
-	defer srv.Close()
-	base := startServer(t, servicetest.WriteConfig(t, "[tenant_defaults]\nrate = \"18/s\"\ncapacity = 100\n", srv.URL))
+	gw.ArrivedAt = downstreamtest.ArrivalTime
+	ds := downstreamtest.New(t)
+	ds.Answer(gw.ServeHTTP)
+	base := startServer(t, servicetest.WriteConfig(t, "[tenant_defaults]\nrate = \"19/s\"\ncapacity = 100\n", ds.URL))
 	for i := 0; i < 40; i++ {
 		if st, _, b := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":1}`); st != 202 {
 			t.Fatalf("%d %v", st, b)

@@ -91,6 +91,15 @@ func (s *Server) Answer(h http.HandlerFunc) {
 
 type connKey struct{}
 
+type arrivalKey struct{}
+
+// ArrivalTime is when the request an Answer handler is given reached the
+// server (its kernel receive time); the zero time outside an Answer.
+func ArrivalTime(r *http.Request) time.Time {
+	at, _ := r.Context().Value(arrivalKey{}).(time.Time)
+	return at
+}
+
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	handled := time.Now()
 	at := handled
@@ -107,7 +116,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	if answer != nil {
 		r.Body = io.NopCloser(bytes.NewReader(body)) // the answer may read it too
-		answer(w, r)
+		answer(w, r.WithContext(context.WithValue(r.Context(), arrivalKey{}, at)))
 		return
 	}
 	w.WriteHeader(http.StatusOK)

@@ -29,6 +29,11 @@ type Gateway struct {
 	last  time.Time
 
 	Accepted, Refused atomic.Int64
+
+	// ArrivedAt, if set, says when a request arrived (default: now). Tests
+	// set it to the kernel's receive time, so that the test process's own
+	// scheduling does not count as the sender's.
+	ArrivedAt func(r *http.Request) time.Time
 }
 
 // Tolerance is how early a request may come and still be taken: like a
@@ -48,6 +53,11 @@ func New(rate *leaky.Rate, burst, status int, out io.Writer) *Gateway {
 
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
+	if g.ArrivedAt != nil {
+		if at := g.ArrivedAt(r); !at.IsZero() {
+			now = at
+		}
+	}
 	body, _ := io.ReadAll(io.LimitReader(r.Body, 4096))
 	g.mu.Lock()
 	if g.policy != nil {
