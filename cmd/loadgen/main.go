@@ -59,6 +59,9 @@ func admitCommand() *cobra.Command {
 			if err := loopbackOnly(server); err != nil {
 				return err
 			}
+			if duration <= 0 || duration > 2*time.Minute || clients < 1 || clients > 4096 {
+				return fmt.Errorf("--duration must be up to 2m and --clients 1 to 4096: load runs are bounded")
+			}
 			client := newClient(clients)
 			var counts [600]atomic.Int64
 			var mu sync.Mutex
@@ -127,6 +130,9 @@ any window-rule violation per tenant.`,
 			}
 			if err := loopbackOnly("http://" + sink); err != nil {
 				return err
+			}
+			if tenants < 1 || perTenant < 1 || perTenant > 1000 || tenants*perTenant > 1_000_000 || timeout <= 0 || timeout > 10*time.Minute {
+				return fmt.Errorf("at most 1,000,000 jobs (1000 per tenant) and a --timeout up to 10m: load runs are bounded")
 			}
 			ds, err := downstreamtest.Start(sink)
 			if err != nil {
