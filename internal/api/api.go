@@ -516,11 +516,22 @@ func jobJSON(j queue.Job) map[string]any {
 	}
 }
 
-func (s *server) job(w http.ResponseWriter, r *http.Request) {
+// jobFromPath finds the {id} job and checks that the request's token may do
+// a to it. A job out of the token's reach is answered as if it did not exist,
+// before anything touches it.
+func (s *server) jobFromPath(r *http.Request, a access) (queue.Job, error) {
 	j, err := s.store.Job(r.Context(), r.PathValue("id"))
 	if err == nil && !reachesJob(r, j.Tenant) {
-		err = queue.ErrNotFound
+		return queue.Job{}, queue.ErrNotFound
 	}
+	if err == nil {
+		err = authorize(r, j.Tenant, a)
+	}
+	return j, err
+}
+
+func (s *server) job(w http.ResponseWriter, r *http.Request) {
+	j, err := s.jobFromPath(r, read)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -529,17 +540,9 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) cancel(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	// Look first: a job out of the token's reach must not even be touched.
-	j, err := s.store.Job(r.Context(), id)
-	if err == nil && !reachesJob(r, j.Tenant) {
-		err = queue.ErrNotFound
-	}
+	j, err := s.jobFromPath(r, write)
 	if err == nil {
-		err = authorize(r, j.Tenant, write)
-	}
-	if err == nil {
-		j, err = s.store.Cancel(r.Context(), id)
+		j, err = s.store.Cancel(r.Context(), j.ID)
 	}
 	if err != nil {
 		s.fail(w, r, err)
@@ -550,17 +553,10 @@ func (s *server) cancel(w http.ResponseWriter, r *http.Request) {
 
 // retry sends a failed job again, through its tenant's queue.
 func (s *server) retry(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	j, err := s.store.Job(r.Context(), id)
-	if err == nil && !reachesJob(r, j.Tenant) {
-		err = queue.ErrNotFound
-	}
-	if err == nil {
-		err = authorize(r, j.Tenant, write)
-	}
+	j, err := s.jobFromPath(r, write)
 	var a queue.Admission
 	if err == nil {
-		a, err = s.store.Retry(r.Context(), id)
+		a, err = s.store.Retry(r.Context(), j.ID)
 	}
 	if err == nil && a.Rejected != nil {
 		err = a.Rejected

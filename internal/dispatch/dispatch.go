@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -43,7 +42,6 @@ type Options struct {
 	Clock clock.Clock
 	// Client sends requests. Default NewClient(1024).
 	Client *http.Client
-	Logger *slog.Logger
 	// OnAttempt, if set, is told of every attempt: its outcome, the answer's
 	// class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error; "" if
 	// nothing was sent) and the time from write to answer.
@@ -56,7 +54,6 @@ type Dispatcher struct {
 	clock  clock.Clock
 	client *http.Client
 	gate   *Gate
-	log    *slog.Logger
 	onAtt  func(queue.Job, queue.Outcome, string, time.Duration)
 
 	randMu sync.Mutex
@@ -71,7 +68,6 @@ func New(opts Options) *Dispatcher {
 		clock:  clk,
 		client: cmp.Or(opts.Client, NewClient(1024)),
 		gate:   NewGate(clk),
-		log:    cmp.Or(opts.Logger, slog.Default()),
 		onAtt:  opts.OnAttempt,
 		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}

@@ -146,10 +146,3 @@ func (g *Gate) sweep(now time.Time) {
 		}
 	}
 }
-
-// Len is how many keys the gate remembers.
-func (g *Gate) Len() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.keys)
-}

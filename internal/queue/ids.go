@@ -30,6 +30,3 @@ func validID(s string) bool {
 	_, err := idEncoding.DecodeString(s)
 	return err == nil
 }
-
-// ValidID is validID for the API layer.
-func ValidID(s string) bool { return validID(s) }

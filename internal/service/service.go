@@ -73,7 +73,6 @@ func Run(ctx context.Context, opts Options) error {
 	defer client.CloseIdleConnections()
 	d := dispatch.New(dispatch.Options{
 		Client:    client,
-		Logger:    log,
 		OnAttempt: m.Attempt,
 		Routes: func(tenant string) dispatch.Route {
 			c := live.Load()
