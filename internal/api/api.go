@@ -69,6 +69,8 @@ func New(opts Options) http.Handler {
 	mux.HandleFunc("DELETE /v1/jobs/{id}", s.cancel)
 	mux.HandleFunc("POST /v1/jobs/{id}/retry", s.retry)
 	mux.HandleFunc("GET /v1/tenants/{tenant}/jobs", s.failedJobs)
+	mux.HandleFunc("POST /v1/tenants/{tenant}/pause", s.hold(true))
+	mux.HandleFunc("POST /v1/tenants/{tenant}/resume", s.hold(false))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -85,7 +87,7 @@ func New(opts Options) http.Handler {
 		})
 	}
 	// The same paths with other methods: a JSON 405 instead of the mux's text.
-	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/healthz", "/readyz"} {
+	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/v1/tenants/{tenant}/pause", "/v1/tenants/{tenant}/resume", "/healthz", "/readyz"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path), nil)
 		})
@@ -408,6 +410,10 @@ func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map[string]any {
 	p := ts.Policy()
+	var pausedUntil any // null: not paused, or an operator hold with no end
+	if !st.PausedUntil.IsZero() {
+		pausedUntil = st.PausedUntil.UTC().Format(time.RFC3339Nano)
+	}
 	return map[string]any{
 		"tenant":            st.Tenant,
 		"mode":              ts.Mode,
@@ -418,8 +424,9 @@ func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map
 		"queue_depth":       st.QueueDepth,
 		"in_flight":         st.InFlight,
 		"expected_delay_ms": ceilMillis(st.ExpectedDelay),
-		"paused":            false,
-		"paused_until":      nil,
+		"paused":            st.Paused,
+		"paused_until":      pausedUntil,
+		"held":              st.Held,
 		"accepted_total":    st.Accepted,
 		"rejected_total":    st.Rejected,
 		"delivered_total":   st.Delivered,
@@ -570,6 +577,38 @@ func (s *server) retry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, admissionJSON(a))
+}
+
+// hold pauses (an operator hold: nothing of the tenant is sent until
+// resumed; it keeps accepting while it has room) or resumes a tenant.
+func (s *server) hold(pause bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tenant, ts, err := s.tenantFromPath(r, operate)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		var st queue.TenantStatus
+		if pause {
+			st, err = s.store.Pause(r.Context(), tenant)
+		} else {
+			st, err = s.store.Resume(r.Context(), tenant)
+		}
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		s.log.Info("tenant hold changed", "tenant", tenant, "paused", pause, "by", who(r))
+		writeJSON(w, http.StatusOK, s.tenantJSON(st, ts))
+	}
+}
+
+// who names the token of a request, for the audit log.
+func who(r *http.Request) string {
+	if t := principal(r); t != nil {
+		return t.Name
+	}
+	return "(no auth)"
 }
 
 // failedJobs lists a tenant's failed jobs, newest first, with their last

@@ -15,8 +15,9 @@ import (
 type access int
 
 const (
-	read  access = iota // any role
-	write               // producer or admin
+	read    access = iota // any role
+	write                 // producer or admin
+	operate               // admin: pause and resume tenants
 )
 
 type principalKey struct{}
@@ -66,6 +67,9 @@ func authorize(r *http.Request, tenant string, a access) error {
 	}
 	if a == write && t.Role == config.RoleViewer {
 		return errorf(http.StatusForbidden, "forbidden", "token %q is a viewer: it cannot change anything", t.Name)
+	}
+	if a == operate && t.Role != config.RoleAdmin {
+		return errorf(http.StatusForbidden, "forbidden", "token %q is a %s: only an admin token can pause or resume a tenant", t.Name, t.Role)
 	}
 	if tenant != "" && !t.Reaches(tenant) {
 		return errorf(http.StatusForbidden, "forbidden", "token %q may not reach tenant %q", t.Name, tenant)

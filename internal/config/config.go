@@ -104,12 +104,27 @@ type Downstream struct {
 	// Timeout bounds one attempt from the moment the request is written.
 	// Default 5s.
 	Timeout Duration `toml:"timeout"`
-	// Rate is a ceiling across all tenants of this downstream (optional).
+	// Rate is a ceiling across all tenants of this downstream (optional):
+	// the vendor's account-wide limit, shared fairly between its tenants.
 	Rate *leaky.Rate `toml:"rate"`
 	// Burst goes with Rate. Default 1.
 	Burst *int `toml:"burst"`
-	// MaxAttempts is how many times a job is tried. Default 5.
+	// MaxAttempts is how many failed attempts (5xx, timeouts, connection
+	// errors) end a job as failed. Default 5. Pushback (429, 503 with
+	// Retry-After) and waits behind an open circuit breaker do not count.
 	MaxAttempts int `toml:"max_attempts"`
+}
+
+// Ceiling is the downstream's limit across its tenants (nil: none).
+func (d Downstream) Ceiling() *leaky.Policy {
+	if d.Rate == nil {
+		return nil
+	}
+	burst := 1
+	if d.Burst != nil {
+		burst = *d.Burst
+	}
+	return &leaky.Policy{Interval: d.Rate.Interval(), Burst: burst}
 }
 
 // Modes of a tenant's bucket.
@@ -133,6 +148,8 @@ type TenantSettings struct {
 	Burst *int `toml:"burst"`
 	// Windows are extra limits such as "1000/d" (not supported yet).
 	Windows []string `toml:"windows"`
+	// MaxAttempts overrides the downstream's max_attempts for this tenant.
+	MaxAttempts *int `toml:"max_attempts"`
 	// AllowUnknownTenants (tenant_defaults only): false refuses tenants not
 	// named in [tenants.*] with 404. Default true.
 	AllowUnknownTenants *bool `toml:"allow_unknown_tenants"`
@@ -486,8 +503,14 @@ func (c *Config) Validate() error {
 		if d.MaxAttempts < 1 || d.MaxAttempts > 100 {
 			return bad(key+".max_attempts", "must be from 1 to 100, got %d", d.MaxAttempts)
 		}
-		if d.Rate != nil || d.Burst != nil {
-			return bad(key+".rate", "a downstream-wide ceiling is not supported by this version yet; remove rate and burst here and set the tenants' rates so that together they stay under it")
+		if d.Burst != nil && d.Rate == nil {
+			return bad(key+".burst", "goes with rate: set the downstream's rate too, or remove burst")
+		}
+		if d.Rate != nil && d.Rate.IsZero() {
+			return bad(key+".rate", "must be a rate such as \"100/s\"")
+		}
+		if d.Burst != nil && (*d.Burst < 1 || *d.Burst > 1_000_000) {
+			return bad(key+".burst", "must be from 1 to 1000000")
 		}
 		c.Downstreams[name] = d
 	}
@@ -515,6 +538,7 @@ func (c *Config) Validate() error {
 		t.Rate = cmp.Or(t.Rate, def.Rate)
 		t.Capacity = cmp.Or(t.Capacity, def.Capacity)
 		t.Burst = cmp.Or(t.Burst, def.Burst)
+		t.MaxAttempts = cmp.Or(t.MaxAttempts, def.MaxAttempts)
 		if t.Windows == nil {
 			t.Windows = def.Windows
 		}
@@ -544,6 +568,9 @@ func (c *Config) checkTenant(key string, t *TenantSettings) error {
 	}
 	if t.Burst == nil || *t.Burst < 1 || *t.Burst > 1_000_000 {
 		return bad("burst", "must be from 1 to 1000000")
+	}
+	if t.MaxAttempts != nil && (*t.MaxAttempts < 1 || *t.MaxAttempts > 100) {
+		return bad("max_attempts", "must be from 1 to 100, got %d", *t.MaxAttempts)
 	}
 	if len(t.Windows) > 0 {
 		return bad("windows", "window limits are not supported by this version yet; remove the key")
@@ -636,6 +663,14 @@ func (c *Config) NeedsRestart(next *Config) []string {
 }
 
 // Policy is the bucket policy of these settings.
+// Attempts is the tenant's max_attempts: its own, or its downstream's.
+func (c *Config) Attempts(t TenantSettings) int {
+	if t.MaxAttempts != nil {
+		return *t.MaxAttempts
+	}
+	return c.Downstreams[t.Downstream].MaxAttempts
+}
+
 func (t TenantSettings) Policy() leaky.Policy {
 	p := leaky.Policy{Interval: t.Rate.Interval(), Burst: *t.Burst, Capacity: *t.Capacity}
 	if t.Mode == ModeToken {

@@ -5,9 +5,8 @@ import (
 	"crypto/tls"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
-
-	"throttler/internal/leaky"
 )
 
 // pacedConn passes the tenant's gate in the goroutine that writes, right
@@ -27,10 +26,12 @@ type pacedConn struct {
 type pacedWrite struct {
 	ctx       context.Context
 	gate      *Gate
-	key       string
-	policy    leaky.Policy
+	lanes     []Lane
 	notBefore time.Time
-	wrote     func(time.Time) // told when the first bytes were written
+	// refused is set if the gate did not let the write go because a lane
+	// is held.
+	refused atomic.Pointer[HeldError]
+	wrote   func(time.Time) // told when the first bytes were written
 	// done is closed once the write was made (and wrote told) or refused.
 	// An answer can be read before the writing goroutine gets to tell
 	// wrote; whoever reads the answer waits for this first.
@@ -46,8 +47,11 @@ func (c *pacedConn) Write(p []byte) (int, error) {
 		return c.Conn.Write(p)
 	}
 	defer close(pw.done)
-	t, err := pw.gate.Wait(pw.ctx, pw.key, pw.policy, pw.notBefore)
+	t, err := pw.gate.WaitLanes(pw.ctx, pw.notBefore, pw.lanes...)
 	if err != nil {
+		if h, ok := err.(*HeldError); ok {
+			pw.refused.Store(h)
+		}
 		return 0, err // nothing written
 	}
 	n, err := c.Conn.Write(p)

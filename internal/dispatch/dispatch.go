@@ -32,6 +32,18 @@ type Route struct {
 	Timeout     time.Duration
 	MaxAttempts int
 	Policy      leaky.Policy
+	// Ceiling is the downstream's own limit across its tenants (nil: none).
+	Ceiling *leaky.Policy
+}
+
+// lanes are the gate's rules for a send of tenant on r: the tenant's rate,
+// and the downstream's ceiling (or, without one, its holds alone).
+func (r Route) lanes(tenant string) []Lane {
+	ds := Lane{Key: "downstream:" + r.Downstream}
+	if r.Ceiling != nil {
+		ds.Policy = *r.Ceiling
+	}
+	return []Lane{{Key: "tenant:" + tenant, Policy: r.Policy}, ds}
 }
 
 // Options configure a Dispatcher.
@@ -56,6 +68,9 @@ type Dispatcher struct {
 	gate   *Gate
 	onAtt  func(queue.Job, queue.Outcome, string, time.Duration)
 
+	breakersMu sync.Mutex
+	breakers   map[string]*breaker // by downstream
+
 	randMu sync.Mutex
 	rand   *rand.Rand
 }
@@ -69,7 +84,9 @@ func New(opts Options) *Dispatcher {
 		client: cmp.Or(opts.Client, NewClient(1024)),
 		gate:   NewGate(clk),
 		onAtt:  opts.OnAttempt,
-		rand:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+
+		breakers: map[string]*breaker{},
+		rand:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 }
 
@@ -114,9 +131,34 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 	return o
 }
 
+func (d *Dispatcher) breaker(downstream string) *breaker {
+	d.breakersMu.Lock()
+	defer d.breakersMu.Unlock()
+	b := d.breakers[downstream]
+	if b == nil {
+		b = &breaker{}
+		d.breakers[downstream] = b
+	}
+	return b
+}
+
+// BreakerOpen reports whether the circuit breaker of a downstream stops its
+// sends now.
+func (d *Dispatcher) BreakerOpen(downstream string) bool {
+	return d.breaker(downstream).isOpen()
+}
+
 // attempt makes one attempt and classifies the answer.
 func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome, string) {
 	r := d.routes(job.Tenant)
+	br := d.breaker(r.Downstream)
+	probe, until, ok := br.allow(d.clock.Now())
+	if !ok {
+		// The downstream is failing: this job waits for the next probe,
+		// first in its tenant's queue, and uses up none of its attempts.
+		return queue.Outcome{Result: queue.Released, PauseUntil: until}, ""
+	}
+	lanes := r.lanes(job.Tenant)
 	// Once begun, an attempt is not cut short by a stop: a request cut off
 	// mid-write would leave the downstream guessing, and the job was handed
 	// over only a moment before its slot.
@@ -132,7 +174,8 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		timeout  *time.Timer
 		fallback *Ticket // pacing without a pacedConn
 		armed    *pacedWrite
-		over     bool // the attempt's outcome is decided: a late report changes nothing
+		held     *HeldError // the gate refused the send: a lane is held
+		over     bool       // the attempt's outcome is decided: a late report changes nothing
 	)
 	wrote := func(at time.Time) {
 		mu.Lock()
@@ -157,7 +200,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// written (again after a dead idle connection: nothing was written
 		// on that one). The gate itself is passed at the write.
 		GotConn: func(info httptrace.GotConnInfo) {
-			pw := &pacedWrite{ctx: ctx, gate: d.gate, key: job.Tenant, policy: r.Policy, notBefore: job.DispatchAt, wrote: wrote, done: make(chan struct{})}
+			pw := &pacedWrite{ctx: ctx, gate: d.gate, lanes: lanes, notBefore: job.DispatchAt, wrote: wrote, done: make(chan struct{})}
 			if pace(info.Conn, pw) {
 				mu.Lock()
 				armed = pw
@@ -171,8 +214,15 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 				fallback.Done()
 			}
 			mu.Unlock()
-			t, err := d.gate.Wait(ctx, job.Tenant, r.Policy, job.DispatchAt)
+			t, err := d.gate.WaitLanes(ctx, job.DispatchAt, lanes...)
 			if err != nil {
+				var h *HeldError
+				if errors.As(err, &h) {
+					mu.Lock()
+					held = h
+					mu.Unlock()
+				}
+				cancel() // nothing may be written
 				return
 			}
 			mu.Lock()
@@ -204,8 +254,17 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		timeout.Stop()
 	}
 	out := queue.Outcome{SentAt: sentAt}
+	if pw != nil && held == nil {
+		held = pw.refused.Load()
+	}
 	mu.Unlock()
 	now := d.clock.Now()
+	if err != nil && held != nil && out.SentAt.IsZero() {
+		// Paused while it waited for its slot: nothing was sent. It goes
+		// back in line behind the job that was pushed back.
+		br.report(now, probe, unsent)
+		return queue.Outcome{Result: queue.Released, PauseUntil: held.Until}, ""
+	}
 	if err != nil {
 		what, class := "connection error", "connection_error"
 		if errors.Is(ctx.Err(), context.Canceled) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -214,46 +273,86 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		if out.SentAt.IsZero() {
 			class = "connection_error" // nothing was written
 		}
-		return d.retry(job, r, out, now, 0, fmt.Sprintf("%s: %v", what, unwrapURL(err))), class
+		return d.failure(job, r, br, probe, out, now, fmt.Sprintf("%s: %v", what, unwrapURL(err))), class
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes))
 	resp.Body.Close()
 	out.Status = resp.StatusCode
+	wait, hasWait := retryAfter(resp.Header.Get("Retry-After"), now)
 	switch s := resp.StatusCode; {
 	case s >= 200 && s < 300:
+		br.report(now, probe, healthy)
 		out.Result = queue.Succeeded
 		return out, "2xx"
-	case s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable:
-		wait, _ := retryAfter(resp.Header.Get("Retry-After"), now)
+	case s == http.StatusTooManyRequests || (s == http.StatusServiceUnavailable && hasWait):
+		br.report(now, probe, healthy) // it answers: it is up, and asks us to wait
 		class := "5xx"
 		if s == http.StatusTooManyRequests {
 			class = "429"
 		}
-		return d.retry(job, r, out, now, wait, statusError(s, body)), class
+		if !hasWait {
+			d.randMu.Lock()
+			wait = backoff(job.Attempts, d.rand)
+			d.randMu.Unlock()
+		}
+		return d.pushback(job, r, out, now.Add(wait), statusError(s, body)), class
 	case s >= 500 || s == http.StatusRequestTimeout:
 		class := "5xx"
 		if s < 500 {
 			class = "4xx"
 		}
-		return d.retry(job, r, out, now, 0, statusError(s, body)), class
+		return d.failure(job, r, br, probe, out, now, statusError(s, body)), class
 	case s >= 300 && s < 400:
+		br.report(now, probe, healthy)
 		out.Result = queue.Failed
 		out.Error = statusError(s, body) + " (redirects are not followed: point the downstream url at the final address)"
 		return out, "3xx"
 	default:
+		br.report(now, probe, healthy)
 		out.Result = queue.Failed
 		out.Error = statusError(s, body)
 		return out, "4xx"
 	}
 }
 
+// pushback pauses the job's tenant until until (and the downstream, when it
+// has a ceiling: its account-wide limit is what was hit): sends waiting at
+// the gate give up and go back in line; the job keeps its place, first when
+// the pause ends, and its attempts are not used up.
+func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until time.Time, msg string) queue.Outcome {
+	lanes := r.lanes(job.Tenant)
+	d.gate.Hold(lanes[0].Key, until)
+	if r.Ceiling != nil {
+		d.gate.Hold(lanes[1].Key, until)
+	}
+	out.Result, out.Error, out.NotBefore, out.PauseUntil = queue.Retry, msg, until, until
+	return out
+}
+
+// failure handles a 5xx, timeout or connection error: it feeds the
+// circuit breaker, and retries the job with backoff or fails it once its
+// attempts are used up. A failed probe only waits for the next one.
+func (d *Dispatcher) failure(job queue.Job, r Route, br *breaker, probe bool, out queue.Outcome, now time.Time, msg string) queue.Outcome {
+	opened, probeAt := br.report(now, probe, failing)
+	if opened {
+		// Sends of other jobs waiting for their slot give up now.
+		d.gate.Hold(r.lanes(job.Tenant)[1].Key, probeAt)
+	}
+	if probe {
+		out.Result, out.NotBefore, out.PauseUntil = queue.Retry, probeAt, probeAt
+		out.Error = fmt.Sprintf("%s (circuit breaker open: next probe at %s)", msg, probeAt.UTC().Format(time.RFC3339))
+		return out
+	}
+	return d.retry(job, r, out, now, 0, msg)
+}
+
 // retry schedules another attempt no earlier than wait from now (backoff if
 // wait is 0), or fails the job once its attempts are used up.
 func (d *Dispatcher) retry(job queue.Job, r Route, out queue.Outcome, now time.Time, wait time.Duration, msg string) queue.Outcome {
 	out.Error = msg
-	if job.Attempts >= r.MaxAttempts {
+	if job.Failures+1 >= r.MaxAttempts {
 		out.Result = queue.Failed
-		out.Error = fmt.Sprintf("gave up after %d attempts: %s", job.Attempts, msg)
+		out.Error = fmt.Sprintf("gave up after %d failed attempts: %s", job.Failures+1, msg)
 		return out
 	}
 	if wait == 0 {

@@ -78,8 +78,9 @@ func cmpOr[T comparable](a, b T) T {
 	return a
 }
 
+// job is a job on its attempt-th attempt, all earlier ones failed.
 func job(id string, attempt int, slot time.Time) queue.Job {
-	return queue.Job{ID: id, Tenant: "acme", Payload: json.RawMessage(`{"to":"+15550100","text":"hi"}`), Attempts: attempt, DispatchAt: slot}
+	return queue.Job{ID: id, Tenant: "acme", Payload: json.RawMessage(`{"to":"+15550100","text":"hi"}`), Attempts: attempt, Failures: attempt - 1, DispatchAt: slot}
 }
 
 const jobID = "01knb4s3vq5m8h7xkq2d9e4c1a"
@@ -123,26 +124,33 @@ func TestClassification(t *testing.T) {
 		errHas    string
 		waitAtMin time.Duration
 		waitAtMax time.Duration
+		pause     bool // pushback: the tenant pauses until NotBefore
 	}{
-		{"2xx succeeds", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }, 1, queue.Succeeded, 204, "", 0, 0},
+		{"2xx succeeds", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }, 1, queue.Succeeded, 204, "", 0, 0, false},
 		{"400 fails at once with the body", func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(400)
 			io.WriteString(w, `{"error":"invalid phone number"}`)
-		}, 1, queue.Failed, 400, `400 Bad Request: {"error":"invalid phone number"}`, 0, 0},
-		{"500 retries with backoff", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 1, queue.Retry, 500, "500 Internal Server Error", 0, time.Second},
-		{"500 backoff grows", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(502) }, 3, queue.Retry, 502, "502", 0, 4 * time.Second},
+		}, 1, queue.Failed, 400, `400 Bad Request: {"error":"invalid phone number"}`, 0, 0, false},
+		{"500 retries with backoff", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 1, queue.Retry, 500, "500 Internal Server Error", 0, time.Second, false},
+		{"500 backoff grows", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(502) }, 3, queue.Retry, 502, "502", 0, 4 * time.Second, false},
 		{"429 honours Retry-After seconds", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", "2")
 			w.WriteHeader(429)
-		}, 1, queue.Retry, 429, "429 Too Many Requests", 2 * time.Second, 2 * time.Second},
+		}, 1, queue.Retry, 429, "429 Too Many Requests", 2 * time.Second, 2 * time.Second, true},
+		{"429 without Retry-After pauses for a backoff", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(429) }, 1, queue.Retry, 429, "429", 0, time.Second, true},
+		{"429 on the last attempt still waits: pushback is not failure", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(429)
+		}, 5, queue.Retry, 429, "429", time.Second, time.Second, true},
+		{"503 without Retry-After is a failure", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }, 1, queue.Retry, 503, "503", 0, time.Second, false},
 		{"503 honours Retry-After date", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", httpDate)
 			w.WriteHeader(503)
-		}, 1, queue.Retry, 503, "503", 1 * time.Second, 3 * time.Second},
+		}, 1, queue.Retry, 503, "503", 1 * time.Second, 3 * time.Second, true},
 		{"redirect is not followed", func(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, "http://127.0.0.2:1/elsewhere", http.StatusFound)
-		}, 1, queue.Failed, 302, "not followed", 0, 0},
-		{"last attempt fails", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 5, queue.Failed, 500, "gave up after 5 attempts", 0, 0},
+		}, 1, queue.Failed, 302, "not followed", 0, 0, false},
+		{"last attempt fails", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }, 5, queue.Failed, 500, "gave up after 5 failed attempts", 0, 0, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -159,6 +167,9 @@ func TestClassification(t *testing.T) {
 				wait := out.NotBefore.Sub(before)
 				if wait < c.waitAtMin-50*time.Millisecond || wait > c.waitAtMax+time.Second {
 					t.Fatalf("retry after %v, want %v..%v", wait, c.waitAtMin, c.waitAtMax)
+				}
+				if paused := !out.PauseUntil.IsZero(); paused != c.pause || (paused && !out.PauseUntil.Equal(out.NotBefore)) {
+					t.Fatalf("PauseUntil %v with NotBefore %v; want a pause: %v", out.PauseUntil, out.NotBefore, c.pause)
 				}
 			}
 		})

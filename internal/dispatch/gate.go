@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -9,15 +10,21 @@ import (
 	"throttler/internal/leaky"
 )
 
-// Gate enforces a tenant's spacing on the moments requests are really
-// written, whatever the schedule said. It is GCRA on send times with a small
+// Gate enforces spacing on the moments requests are really written,
+// whatever the schedule said: a tenant's rate, and a downstream's ceiling
+// shared by its tenants. Each is a lane: GCRA on send times with a small
 // slack, so in any window W at most (W + slack)/T + Burst requests go out.
 //
 // A send is known only when its first bytes are written, which can be well
 // after the gate let it go: net/http writes from another goroutine, and a
-// busy machine delays that goroutine. So a key's next send waits until the
+// busy machine delays that goroutine. So a lane's next send waits until the
 // previous one reports when it was written (Ticket.Wrote) or that it never
 // was (Ticket.Done), and is spaced from the real write.
+//
+// A lane can be held (Hold): the downstream asked it to wait (429 with
+// Retry-After) or its circuit breaker is open. Sends waiting on a held lane
+// give up with a *HeldError instead of going when the hold ends: the store
+// puts them back in order behind the job that was pushed back.
 type Gate struct {
 	clock clock.Clock
 
@@ -26,19 +33,37 @@ type Gate struct {
 	calls int
 }
 
+// Lane is one rule a send must pass: Key's own GCRA under Policy, and
+// Key's holds. A lane with a zero Policy.Interval only has holds.
+type Lane struct {
+	Key    string
+	Policy leaky.Policy
+}
+
 type gateKey struct {
 	tat         time.Time     // theoretical time of the next send
 	outstanding chan struct{} // closed when the last release is resolved; nil if none
+	heldUntil   time.Time
+	held        chan struct{} // closed (and replaced) when a hold begins
 }
 
 // Ticket is one send the gate let go.
 type Ticket struct {
-	g    *Gate
-	key  string
-	p    leaky.Policy
-	At   time.Time // when the gate let it go
-	once sync.Once
-	done chan struct{}
+	g     *Gate
+	lanes []Lane
+	At    time.Time // when the gate let it go
+	once  sync.Once
+	done  chan struct{}
+}
+
+// HeldError is a send given up because a lane is held.
+type HeldError struct {
+	Key   string
+	Until time.Time
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("%s is paused until %s", e.Key, e.Until.Format(time.RFC3339Nano))
 }
 
 // NewGate returns an empty gate on clk.
@@ -56,58 +81,108 @@ func slack(p leaky.Policy) time.Duration {
 	return min(1500*time.Microsecond, p.Interval/8)
 }
 
-// Wait blocks until key may send at or after notBefore under p and returns
-// the ticket of that send. It returns early only when ctx is done. The
-// caller must resolve the ticket: Wrote when the request is written, Done
-// when the attempt ends (either is enough; both are fine).
+// Wait is WaitLanes with one lane.
 func (g *Gate) Wait(ctx context.Context, key string, p leaky.Policy, notBefore time.Time) (*Ticket, error) {
+	return g.WaitLanes(ctx, notBefore, Lane{Key: key, Policy: p})
+}
+
+// WaitLanes blocks until a send may go at or after notBefore on every lane
+// (one or two) and returns its ticket. It returns early when ctx is done, or with a
+// *HeldError when a lane is held. The caller must resolve the ticket: Wrote
+// when the request is written, Done when the attempt ends (either is
+// enough; both are fine).
+func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane) (*Ticket, error) {
+	if len(lanes) < 1 || len(lanes) > 2 {
+		panic("dispatch: a send passes one or two lanes")
+	}
 	for {
 		g.mu.Lock()
-		k := g.keys[key]
-		if k == nil {
-			k = &gateKey{}
-			g.keys[key] = k
-		}
-		if busy := k.outstanding; busy != nil {
-			g.mu.Unlock()
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-busy:
-			}
-			continue
-		}
 		now := g.clock.Now()
-		allowed := k.tat.Add(-p.Tolerance() - slack(p))
-		if allowed.Before(notBefore) {
-			allowed = notBefore
-		}
-		if !now.Before(allowed) {
-			tat := k.tat
-			if tat.Before(now) {
-				tat = now
+		var busy chan struct{}
+		var heldWake []chan struct{}
+		allowed := notBefore
+		for _, l := range lanes {
+			k := g.key(l.Key)
+			if k.heldUntil.After(now) {
+				until := k.heldUntil
+				g.mu.Unlock()
+				return nil, &HeldError{Key: l.Key, Until: until}
 			}
-			k.tat = tat.Add(p.Interval)
-			t := &Ticket{g: g, key: key, p: p, At: now, done: make(chan struct{})}
-			k.outstanding = t.done
+			heldWake = append(heldWake, k.held)
+			if l.Policy.Interval == 0 {
+				continue // a lane for holds only: no rate
+			}
+			if k.outstanding != nil && busy == nil {
+				busy = k.outstanding
+			}
+			if a := k.tat.Add(-l.Policy.Tolerance() - slack(l.Policy)); a.After(allowed) {
+				allowed = a
+			}
+		}
+		if busy == nil && !now.Before(allowed) {
+			t := &Ticket{g: g, lanes: lanes, At: now, done: make(chan struct{})}
+			for _, l := range lanes {
+				if l.Policy.Interval > 0 {
+					k := g.keys[l.Key]
+					k.tat = later(k.tat, now).Add(l.Policy.Interval)
+					k.outstanding = t.done
+				}
+			}
 			g.sweep(now)
 			g.mu.Unlock()
 			return t, nil
 		}
 		g.mu.Unlock()
+		var timer <-chan time.Time
+		if busy == nil {
+			timer = g.clock.After(allowed.Sub(now))
+		}
+		// A hold on any lane wakes us to give up (a send has at most two
+		// lanes: its tenant and its downstream).
+		var held0, held1 <-chan struct{}
+		held0 = heldWake[0]
+		if len(heldWake) > 1 {
+			held1 = heldWake[1]
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-g.clock.After(allowed.Sub(now)):
+		case <-busy:
+		case <-timer:
+		case <-held0:
+		case <-held1:
 		}
 	}
 }
 
-// Wrote records that the request was written at wrote: the key's next send
-// is spaced from then.
+// key returns the state of key, creating it (g.mu held).
+func (g *Gate) key(name string) *gateKey {
+	k := g.keys[name]
+	if k == nil {
+		k = &gateKey{held: make(chan struct{})}
+		g.keys[name] = k
+	}
+	return k
+}
+
+// Hold stops sends on key until until: those waiting give up (HeldError),
+// later ones are refused. A hold never shortens another.
+func (g *Gate) Hold(key string, until time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := g.key(key)
+	if until.After(k.heldUntil) {
+		k.heldUntil = until
+		close(k.held)
+		k.held = make(chan struct{})
+	}
+}
+
+// Wrote records that the request was written at wrote: each lane's next
+// send is spaced from then.
 func (t *Ticket) Wrote(wrote time.Time) {
-	t.resolve(func(k *gateKey) {
-		if next := wrote.Add(t.p.Interval); k.tat.Before(next) {
+	t.resolve(func(k *gateKey, p leaky.Policy) {
+		if next := wrote.Add(p.Interval); k.tat.Before(next) {
 			k.tat = next
 		}
 	})
@@ -117,15 +192,17 @@ func (t *Ticket) Wrote(wrote time.Time) {
 // written (the slot stays used: a gap is safe).
 func (t *Ticket) Done() { t.resolve(nil) }
 
-func (t *Ticket) resolve(f func(*gateKey)) {
+func (t *Ticket) resolve(f func(*gateKey, leaky.Policy)) {
 	t.once.Do(func() {
 		t.g.mu.Lock()
-		if k := t.g.keys[t.key]; k != nil {
-			if f != nil {
-				f(k)
-			}
-			if k.outstanding == t.done {
-				k.outstanding = nil
+		for _, l := range t.lanes {
+			if k := t.g.keys[l.Key]; k != nil {
+				if f != nil {
+					f(k, l.Policy)
+				}
+				if k.outstanding == t.done {
+					k.outstanding = nil
+				}
 			}
 		}
 		close(t.done)
@@ -141,8 +218,15 @@ func (g *Gate) sweep(now time.Time) {
 		return
 	}
 	for key, k := range g.keys {
-		if k.outstanding == nil && k.tat.Before(now) {
+		if k.outstanding == nil && k.tat.Before(now) && !k.heldUntil.After(now) {
 			delete(g.keys, key)
 		}
 	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -28,7 +28,7 @@ import (
 var (
 	bucketJobs     = []byte("jobs")     // id -> Job without its payload (JSON)
 	bucketPayloads = []byte("payloads") // id -> payload, written once
-	bucketDue      = []byte("due")      // slot (8 bytes, big endian ns) + id -> tenant: waiting jobs
+	bucketDue      = []byte("due")      // slot (tenant time, 8 bytes big endian ns) + id -> tenant: waiting jobs
 	bucketDone     = []byte("done")     // finished_at + id -> nil: for the reaper
 	bucketFailed   = []byte("failed")   // tenant + 0x00 + newest-first time + id -> nil
 	bucketIdem     = []byte("idem")     // tenant + 0x00 + key -> id
@@ -42,6 +42,8 @@ var keyClean = []byte("clean")
 type BoltOptions struct {
 	Clock  clock.Clock // default clock.Real
 	Policy PolicyFunc  // required
+	// Ceiling gives a tenant's downstream ceiling (default: none).
+	Ceiling CeilingFunc
 	// Retention is how long finished jobs are kept. Default 72h.
 	Retention time.Duration
 	// MaxBatchDelay is how long a write waits for others to share its
@@ -55,13 +57,15 @@ type BoltOptions struct {
 
 // tenantRecord is the durable state of a tenant.
 type tenantRecord struct {
-	TAT           time.Time `json:"tat"`
-	LastAttemptAt time.Time `json:"last_attempt_at"`
-	Accepted      int64     `json:"accepted"`
-	Rejected      int64     `json:"rejected"`
-	Delivered     int64     `json:"delivered"`
-	Failed        int64     `json:"failed"`
-	Cancelled     int64     `json:"cancelled"`
+	// TAT is in tenant time (see leaky.Pause), like every slot.
+	TAT           time.Time   `json:"tat"`
+	Pause         leaky.Pause `json:"pause,omitzero"`
+	LastAttemptAt time.Time   `json:"last_attempt_at"`
+	Accepted      int64       `json:"accepted"`
+	Rejected      int64       `json:"rejected"`
+	Delivered     int64       `json:"delivered"`
+	Failed        int64       `json:"failed"`
+	Cancelled     int64       `json:"cancelled"`
 }
 
 type tenantMem struct {
@@ -75,18 +79,42 @@ type tenantMem struct {
 }
 
 // schedule is the dispatcher's in-memory view of the due index: a min-heap
-// of waiting jobs by slot, with lazy deletion (an entry counts only while
-// waiting[id] still holds its slot). It is changed only after the matching
-// write commits, so it never shows a job that is not durable.
+// of waiting jobs by real dispatch time, with lazy deletion (an entry counts
+// only while waiting[id] still holds its time). It is changed only after the
+// matching write commits, so it never shows a job that is not durable.
 type schedule struct {
-	heap    dueHeap
-	waiting map[string]dueEntry // id -> entry of each waiting job not held by the dispatcher
+	heap     dueHeap
+	waiting  map[string]dueEntry            // id -> entry of each waiting job not held by the dispatcher
+	byTenant map[string]map[string]struct{} // tenant -> ids in waiting: to retime a tenant's jobs when it pauses
 }
 
 type dueEntry struct {
-	at     time.Time
+	at     time.Time // real time: slot plus the tenant's pauses
+	slot   time.Time // tenant time
 	id     string
 	tenant string
+	held   bool // handed over later than its time, for a downstream's ceiling
+}
+
+// never is the heap time of a held tenant's jobs: not due until resumed.
+var never = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// realAt is when a job of slot goes under pause (never while held).
+func realAt(p leaky.Pause, slot time.Time) time.Time {
+	if at, ok := p.Real(slot); ok {
+		return at
+	}
+	return never
+}
+
+// dispatchAt is what to tell people of a job's dispatch time: for a held
+// tenant, the time it would have if resumed now.
+func dispatchAt(p leaky.Pause, slot, now time.Time) time.Time {
+	if at, ok := p.Real(slot); ok {
+		return at
+	}
+	at, _ := p.Resume(now).Real(slot)
+	return at
 }
 
 type dueHeap []dueEntry
@@ -109,7 +137,42 @@ func (h *dueHeap) Pop() any {
 
 func (sc *schedule) add(e dueEntry) {
 	sc.waiting[e.id] = e
+	ids := sc.byTenant[e.tenant]
+	if ids == nil {
+		ids = map[string]struct{}{}
+		sc.byTenant[e.tenant] = ids
+	}
+	ids[e.id] = struct{}{}
 	heap.Push(&sc.heap, e)
+}
+
+// remove takes a job out of the schedule (its heap entry goes stale).
+func (sc *schedule) remove(id string) (dueEntry, bool) {
+	e, ok := sc.waiting[id]
+	if !ok {
+		return e, false
+	}
+	delete(sc.waiting, id)
+	if ids := sc.byTenant[e.tenant]; ids != nil {
+		delete(ids, id)
+		if len(ids) == 0 {
+			delete(sc.byTenant, e.tenant)
+		}
+	}
+	return e, true
+}
+
+// retime moves a tenant's waiting jobs to their real times under p: O(jobs
+// waiting in memory), nothing written.
+func (sc *schedule) retime(tenant string, p leaky.Pause) {
+	for id := range sc.byTenant[tenant] {
+		e := sc.waiting[id]
+		if at := realAt(p, e.slot); !at.Equal(e.at) {
+			e.at = at
+			sc.waiting[id] = e
+			heap.Push(&sc.heap, e)
+		}
+	}
 }
 
 // peek drops stale entries and returns the earliest waiting one.
@@ -131,6 +194,7 @@ type BoltStore struct {
 	db        *bolt.DB
 	clock     clock.Clock
 	policy    PolicyFunc
+	ceiling   CeilingFunc
 	retention time.Duration
 	log       *slog.Logger
 
@@ -139,6 +203,7 @@ type BoltStore struct {
 	idemWait map[string]chan struct{} // keys being admitted right now
 	sched    schedule
 	claims   map[string]Job // jobs handed to the dispatcher, as handed over
+	fair     map[string]*fairQueue // by downstream: due jobs sharing its ceiling
 
 	finishQ   chan finishReq
 	wake      chan struct{}
@@ -177,15 +242,20 @@ func OpenBolt(path string, opts BoltOptions) (*BoltStore, error) {
 		db:        db,
 		clock:     cmp.Or[clock.Clock](opts.Clock, clock.Real{}),
 		policy:    opts.Policy,
+		ceiling:   opts.Ceiling,
+		fair:      map[string]*fairQueue{},
 		retention: cmp.Or(opts.Retention, 72*time.Hour),
 		log:       cmp.Or(opts.Logger, slog.Default()),
 		tenants:   map[string]*tenantMem{},
 		idemWait:  map[string]chan struct{}{},
 		claims:    map[string]Job{},
-		sched:     schedule{waiting: map[string]dueEntry{}},
+		sched:     schedule{waiting: map[string]dueEntry{}, byTenant: map[string]map[string]struct{}{}},
 		wake:      make(chan struct{}, 1),
 		finishQ:   make(chan finishReq),
 		stop:      make(chan struct{}),
+	}
+	if s.ceiling == nil {
+		s.ceiling = noCeiling
 	}
 	s.promptLag.Store(int64(opts.InitialStartLag))
 	if err := s.recover(); err != nil {
@@ -197,6 +267,8 @@ func OpenBolt(path string, opts BoltOptions) (*BoltStore, error) {
 	go s.finisher()
 	return s, nil
 }
+
+func noCeiling(string) (string, *leaky.Policy) { return "", nil }
 
 func dueKey(at time.Time, id string) []byte {
 	k := make([]byte, 8, 8+len(id))
@@ -285,77 +357,87 @@ func (s *BoltStore) recover() error {
 	})
 }
 
-// respace counts waiting jobs per tenant and, for a tenant whose jobs' slots
+// respace counts waiting jobs per tenant and, for a tenant whose jobs' times
 // passed while the process was down, moves them: from the later of now and
 // the last moment a send may have happened, plus one interval, one interval
-// apart, in their original order. After an unclean stop, any job whose slot
-// passed may have been sent at its slot.
+// apart, in their original order. After an unclean stop, any job whose time
+// passed may have been sent at that time.
 func (s *BoltStore) respace(tx *bolt.Tx, now time.Time, clean bool) error {
-	type move struct {
-		old []byte
-		id  string
-		at  time.Time
+	type waiting struct {
+		key    []byte
+		slot   time.Time
+		id     string
+		moved  bool
+		tenant string
 	}
 	due := tx.Bucket(bucketDue)
-	// First pass: the latest slot that passed, per tenant.
-	lastPassed := map[string]time.Time{}
+	byTenant := map[string][]*waiting{} // in slot order, as the index is
+	var tenants []string
 	c := due.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
-		at, _ := parseDueKey(k)
-		if at.After(now) {
-			break
+		slot, id := parseDueKey(k)
+		name := string(v)
+		if _, ok := byTenant[name]; !ok {
+			tenants = append(tenants, name)
 		}
-		lastPassed[string(v)] = at
+		byTenant[name] = append(byTenant[name], &waiting{key: slices.Clone(k), slot: slot, id: id, tenant: name})
 	}
-	floors := map[string]time.Time{} // earliest slot the tenant's next job may have
-	var moves []move
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		at, id := parseDueKey(k)
-		tenant := string(v)
-		tm, err := s.loadTenantTx(tx, tenant)
+	moved := 0
+	for _, name := range tenants {
+		jobs := byTenant[name]
+		tm, err := s.loadTenantTx(tx, name)
 		if err != nil {
 			return err
 		}
-		tm.depth++
-		p := s.policy(tenant)
-		floor, seen := floors[tenant]
-		if !seen {
-			floor = now
-			if !tm.rec.LastAttemptAt.IsZero() {
-				floor = later(floor, tm.rec.LastAttemptAt.Add(p.Interval))
-			}
-			if _, ok := lastPassed[tenant]; ok && !clean {
-				// One of them may have been written at any moment before
-				// the crash (its slot, or later: a slow connection, a held
-				// gate): only "before now" is sure.
-				floor = later(floor, now.Add(p.Interval))
-			}
+		tm.depth += len(jobs)
+		pz := tm.rec.Pause
+		if !pz.Held.IsZero() {
+			continue // held: nothing goes until an operator resumes it
 		}
-		if at.Before(floor) {
-			moves = append(moves, move{old: slices.Clone(k), id: id, at: floor})
-			floors[tenant] = floor.Add(p.Interval)
-			if tm.rec.TAT.Before(floors[tenant]) {
-				tm.rec.TAT = floors[tenant]
-			}
-			continue
+		p := s.policy(name)
+		floor := now
+		if !tm.rec.LastAttemptAt.IsZero() {
+			floor = later(floor, tm.rec.LastAttemptAt.Add(p.Interval))
 		}
-		// On schedule: so are the later jobs of this tenant.
-		floors[tenant] = time.Time{}
+		if at, _ := pz.Real(jobs[0].slot); !at.After(now) && !clean {
+			// One of them may have been written at any moment before the
+			// crash (its time, or later: a slow connection, a held gate):
+			// only "before now" is sure.
+			floor = later(floor, now.Add(p.Interval))
+		}
+		for _, w := range jobs {
+			if at, _ := pz.Real(w.slot); !at.Before(floor) {
+				break // on schedule: so are the later ones
+			}
+			// Real(floor - Shift) is floor: floor is past the pause's end.
+			w.slot, w.moved = floor.Add(-pz.Shift), true
+			floor = floor.Add(p.Interval)
+			if next := w.slot.Add(p.Interval); tm.rec.TAT.Before(next) {
+				tm.rec.TAT = next
+			}
+			moved++
+		}
 	}
-	for _, m := range moves {
-		j, ok, err := getJob(tx, m.id, false)
-		if err != nil || !ok {
-			return fmt.Errorf("job %s in the due index but not stored (%v)", m.id, err)
-		}
-		j.DispatchAt = m.at
-		if err := putJob(tx, j); err != nil {
-			return err
-		}
-		if err := due.Delete(m.old); err != nil {
-			return err
-		}
-		if err := due.Put(dueKey(m.at, m.id), []byte(j.Tenant)); err != nil {
-			return err
+	for _, name := range tenants {
+		pz := s.tenants[name].rec.Pause
+		for _, w := range byTenant[name] {
+			if w.moved {
+				j, ok, err := getJob(tx, w.id, false)
+				if err != nil || !ok {
+					return fmt.Errorf("job %s in the due index but not stored (%v)", w.id, err)
+				}
+				j.Slot, j.DispatchAt = w.slot, dispatchAt(pz, w.slot, now)
+				if err := putJob(tx, j); err != nil {
+					return err
+				}
+				if err := due.Delete(w.key); err != nil {
+					return err
+				}
+				if err := due.Put(dueKey(w.slot, w.id), []byte(name)); err != nil {
+					return err
+				}
+			}
+			s.sched.add(dueEntry{at: realAt(pz, w.slot), slot: w.slot, id: w.id, tenant: name})
 		}
 	}
 	for name, tm := range s.tenants {
@@ -363,13 +445,8 @@ func (s *BoltStore) respace(tx *bolt.Tx, now time.Time, clean bool) error {
 			return err
 		}
 	}
-	if len(moves) > 0 {
-		s.log.Info("spaced out jobs whose slot passed while stopped", "jobs", len(moves), "clean_stop", clean)
-	}
-	c = due.Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		at, id := parseDueKey(k)
-		s.sched.add(dueEntry{at: at, id: id, tenant: string(v)})
+	if moved > 0 {
+		s.log.Info("spaced out jobs whose time passed while stopped", "jobs", moved, "clean_stop", clean)
 	}
 	return nil
 }
@@ -390,7 +467,8 @@ func (s *BoltStore) loadTenantTx(tx *bolt.Tx, name string) (*tenantMem, error) {
 	// after a restart or an eviction only this does.
 	if !tm.rec.LastAttemptAt.IsZero() {
 		p := s.policy(name)
-		if floor := tm.rec.LastAttemptAt.Add(p.Interval + p.Tolerance()); tm.rec.TAT.Before(floor) {
+		// In tenant time: its real time is LastAttemptAt + Interval.
+		if floor := tm.rec.LastAttemptAt.Add(p.Interval + p.Tolerance() - tm.rec.Pause.Shift); tm.rec.TAT.Before(floor) {
 			tm.rec.TAT = floor
 		}
 	}
@@ -444,11 +522,14 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		return nil, err
 	}
 	now := s.clock.Now()
+	pz := tm.rec.Pause
+	paused, _ := pz.Paused(now)
 	// Decide as if the job arrived when it can first be sent: a job sent at
 	// once is late by the time a send takes to start (the commit, the
 	// hand-over, the connection), and every job queued behind it inherits
-	// that lateness. Scheduling from there keeps the promises true.
-	arrival := now.Add(s.startLag())
+	// that lateness. Scheduling from there keeps the promises true. All in
+	// tenant time: a paused tenant's clock stands still.
+	arrival := pz.TenantTime(now).Add(s.startLag())
 	inCall := map[string]int{} // idempotency key -> index of its first use in this call
 	for i, nj := range newJobs {
 		if nj.IdempotencyKey != "" {
@@ -473,7 +554,7 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 				continue
 			}
 		}
-		d, st := leaky.Admit(leaky.State{TAT: tm.rec.TAT}, arrival, policy)
+		d, st := admit(tm.rec, tm.depth, arrival, now, policy)
 		if !d.Admitted {
 			tm.rec.Rejected++
 			tm.dirty = true
@@ -483,10 +564,11 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		tm.rec.TAT = st.TAT
 		tm.rec.Accepted++
 		tm.depth++
+		at := dispatchAt(pz, d.Slot, now)
 		j := Job{
 			ID: newID(now), Tenant: tenant, State: StateQueued, Payload: nj.Payload,
-			IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: now, DispatchAt: d.Slot,
-			AdmitDelay: d.Slot.Sub(now), AdmitDepth: tm.depth, Prompt: d.Delay == 0,
+			IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: now, DispatchAt: at, Slot: d.Slot,
+			AdmitDelay: max(at.Sub(now), s.ceilingDelay(tenant, tm.depth-1)), AdmitDepth: tm.depth, Prompt: d.Delay == 0 && !paused,
 		}
 		admitted = append(admitted, j)
 		out[i] = Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: tm.depth, Capacity: policy.Capacity}
@@ -513,7 +595,7 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 			if err := payloads.Put([]byte(j.ID), j.Payload); err != nil {
 				return err
 			}
-			if err := due.Put(dueKey(j.DispatchAt, j.ID), []byte(tenant)); err != nil {
+			if err := due.Put(dueKey(j.Slot, j.ID), []byte(tenant)); err != nil {
 				return err
 			}
 			if j.IdempotencyKey != "" {
@@ -534,9 +616,16 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		tm.rec.Accepted -= int64(len(admitted))
 		tm.dirty = true
 	}
+	var soonest time.Time
 	if err == nil {
+		// The tenant's pause may have changed since the decision: schedule
+		// by the current one.
 		for _, j := range admitted {
-			s.sched.add(dueEntry{at: j.DispatchAt, id: j.ID, tenant: j.Tenant})
+			e := dueEntry{at: realAt(tm.rec.Pause, j.Slot), slot: j.Slot, id: j.ID, tenant: j.Tenant}
+			s.sched.add(e)
+			if soonest.IsZero() || e.at.Before(soonest) {
+				soonest = e.at
+			}
 		}
 	}
 	s.releaseKeys(claimedKeys)
@@ -544,8 +633,25 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 	if err != nil {
 		return nil, unavailable(err)
 	}
-	s.pokeIfSooner(admitted[0].DispatchAt)
+	s.pokeIfSooner(soonest)
 	return out, nil
+}
+
+// admit is leaky.Admit in the tenant's time, with a refusal's Retry-After
+// in real time (it includes what is left of a pause). It also refuses a job
+// when depth jobs already wait and the bucket could not hold one more: the
+// schedule alone would admit past capacity when sends are slower than the
+// tenant's rate (a downstream's ceiling shared with others).
+func admit(rec tenantRecord, depth int, arrival, now time.Time, p leaky.Policy) (leaky.Decision, leaky.State) {
+	d, st := leaky.Admit(leaky.State{TAT: rec.TAT}, arrival, p)
+	if d.Admitted && depth >= p.Capacity+p.Burst {
+		return leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
+	}
+	if !d.Admitted {
+		tnow := rec.Pause.TenantTime(now)
+		d.RetryAfter = dispatchAt(rec.Pause, tnow.Add(d.RetryAfter), now).Sub(now)
+	}
+	return d, st
 }
 
 // waitKeysAndLoad waits (s.mu held, released while waiting) until none of
@@ -597,6 +703,17 @@ func (s *BoltStore) jobByKey(tenant, key string) (Job, bool, error) {
 	return j, found, unavailable(err)
 }
 
+// ceilingDelay is the least a tenant's next job waits for its downstream's
+// ceiling with ahead of its jobs before it: as if it had the ceiling to
+// itself (sharing it with others who are due makes it longer).
+func (s *BoltStore) ceilingDelay(tenant string, ahead int) time.Duration {
+	_, c := s.ceiling(tenant)
+	if c == nil || ahead <= 0 {
+		return 0
+	}
+	return time.Duration(max(0, ahead+1-c.Burst)) * c.Interval
+}
+
 // maxStartLag caps how far the measured start of a send moves schedules.
 const maxStartLag = 100 * time.Millisecond
 
@@ -633,11 +750,18 @@ func (s *BoltStore) Tenant(ctx context.Context, name string) (TenantStatus, erro
 }
 
 func (s *BoltStore) status(name string, tm *tenantMem, now time.Time) TenantStatus {
+	pz := tm.rec.Pause
+	tnow := pz.TenantTime(now)
+	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: tm.rec.TAT}, tnow, s.policy(name)))
+	paused, until := pz.Paused(now)
 	return TenantStatus{
 		Tenant:        name,
 		QueueDepth:    tm.depth,
 		InFlight:      tm.inFlight,
-		ExpectedDelay: leaky.ExpectedDelay(leaky.State{TAT: tm.rec.TAT}, now, s.policy(name)),
+		ExpectedDelay: max(dispatchAt(pz, slot, now).Sub(now), s.ceilingDelay(name, tm.depth)),
+		Paused:        paused,
+		PausedUntil:   until,
+		Held:          !pz.Held.IsZero(),
 		Accepted:      tm.rec.Accepted,
 		Rejected:      tm.rec.Rejected,
 		Delivered:     tm.rec.Delivered,
@@ -775,7 +899,8 @@ func (s *BoltStore) evictIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for name, tm := range s.tenants {
-		if tm.depth == 0 && tm.inFlight == 0 && tm.pending == 0 && !tm.dirty && leaky.Idle(leaky.State{TAT: tm.rec.TAT}, now) {
+		paused, _ := tm.rec.Pause.Paused(now)
+		if tm.depth == 0 && tm.inFlight == 0 && tm.pending == 0 && !tm.dirty && !paused && leaky.Idle(leaky.State{TAT: tm.rec.TAT}, tm.rec.Pause.TenantTime(now)) {
 			delete(s.tenants, name)
 		}
 	}

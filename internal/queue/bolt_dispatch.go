@@ -56,7 +56,11 @@ func (s *BoltStore) Job(ctx context.Context, id string) (Job, error) {
 	}
 	s.mu.Lock()
 	if c, ok := s.claims[id]; ok {
-		j.State, j.Attempts = StateDispatching, c.Attempts
+		j.State, j.Attempts, j.DispatchAt = StateDispatching, c.Attempts, c.DispatchAt
+	} else if e, ok := s.sched.waiting[id]; ok {
+		if tm, ok := s.tenants[e.tenant]; ok {
+			j.DispatchAt = dispatchAt(tm.rec.Pause, e.slot, s.clock.Now()) // pauses move it
+		}
 	}
 	s.mu.Unlock()
 	return j, nil
@@ -74,8 +78,7 @@ func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
 		s.mu.Unlock()
 		return Job{}, &StateError{ID: id, State: StateDispatching, Op: "cancel"}
 	}
-	entry, waiting := s.sched.waiting[id]
-	delete(s.sched.waiting, id)
+	entry, waiting := s.sched.remove(id)
 	s.mu.Unlock()
 
 	var j Job
@@ -92,7 +95,7 @@ func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
 		if !j.State.Waiting() {
 			return &StateError{ID: id, State: j.State, Op: "cancel"}
 		}
-		if err := tx.Bucket(bucketDue).Delete(dueKey(j.DispatchAt, j.ID)); err != nil {
+		if err := tx.Bucket(bucketDue).Delete(dueKey(j.slot(), j.ID)); err != nil {
 			return err
 		}
 		j.State = StateCancelled
@@ -112,8 +115,8 @@ func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
 			// cancelling does not leave the queue looking fuller than it is.
 			// (Only then: a place in the middle is already spaced around.)
 			p := s.policy(j.Tenant)
-			if p.Burst == 1 && j.DispatchAt.Add(p.Interval).Equal(tm.rec.TAT) {
-				tm.rec.TAT = j.DispatchAt
+			if p.Burst == 1 && j.slot().Add(p.Interval).Equal(tm.rec.TAT) {
+				tm.rec.TAT = j.slot()
 			}
 		}
 	} else if waiting {
@@ -152,13 +155,51 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, er
 			break
 		}
 		heap.Pop(&s.sched.heap)
-		delete(s.sched.waiting, e.id)
+		if ds, ceiling := s.ceiling(e.tenant); ceiling != nil {
+			// Still waiting: it takes its turn for the ceiling below.
+			q := s.fair[ds]
+			if q == nil {
+				q = newFairQueue(*ceiling)
+				s.fair[ds] = q
+			}
+			q.policy = *ceiling // config can change it
+			q.push(e)
+			continue
+		}
+		s.sched.remove(e.id)
 		s.claims[e.id] = Job{ID: e.id, Tenant: e.tenant} // held while read
 		chosen = append(chosen, e)
 	}
 	if len(chosen) == limit {
 		if e, ok := s.sched.peek(); ok {
 			next = e.at
+		}
+	}
+	now := s.clock.Now()
+	valid := func(e dueEntry) bool { w, ok := s.sched.waiting[e.id]; return ok && w.at.Equal(e.at) }
+	for ds, q := range s.fair {
+		for len(chosen) < limit {
+			e, ok := q.next(valid)
+			if !ok {
+				delete(s.fair, ds)
+				break
+			}
+			slot := q.slot(now)
+			if slot.After(horizon) {
+				if next.IsZero() || slot.Before(next) {
+					next = slot
+				}
+				break
+			}
+			q.take()
+			q.use(slot)
+			s.sched.remove(e.id)
+			if slot.After(e.at) {
+				e.at = slot
+				e.held = true
+			}
+			s.claims[e.id] = Job{ID: e.id, Tenant: e.tenant}
+			chosen = append(chosen, e)
 		}
 	}
 	s.mu.Unlock()
@@ -177,6 +218,10 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, er
 			}
 			j.State = StateDispatching
 			j.Attempts++
+			j.Slot, j.DispatchAt = e.slot, e.at
+			if e.held {
+				j.Prompt = false // it waited for the ceiling: its start says nothing of startLag
+			}
 			claimed = append(claimed, j)
 		}
 		return nil
@@ -215,16 +260,19 @@ type finishReq struct {
 
 // finish records the outcome of a claimed job, in a group with others.
 func (s *BoltStore) finish(j Job, o Outcome) error {
-	if o.Result == Released {
+	if o.Result == Released && o.PauseUntil.IsZero() {
 		// Nothing was sent and nothing was written: the job waits as it was.
 		s.mu.Lock()
 		delete(s.claims, j.ID)
-		s.sched.add(dueEntry{at: j.DispatchAt, id: j.ID, tenant: j.Tenant})
+		at := j.DispatchAt
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.inFlight--
 			tm.depth++
+			at = realAt(tm.rec.Pause, j.Slot) // the tenant may have paused meanwhile
 		}
+		s.sched.add(dueEntry{at: at, slot: j.Slot, id: j.ID, tenant: j.Tenant})
 		s.mu.Unlock()
+		s.pokeIfSooner(at)
 		return nil
 	}
 	r := finishReq{job: j, o: o, done: make(chan error, 1)}
@@ -269,7 +317,9 @@ func (s *BoltStore) finisher() {
 func (s *BoltStore) writeOutcomes(group []finishReq) error {
 	now := s.clock.Now()
 	results := make([]Job, len(group))
+	paused := map[string]bool{} // tenants whose pause changed
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		clear(paused)
 		touched := map[string]bool{}
 		for i, r := range group {
 			j, o := r.job, r.o
@@ -277,7 +327,7 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 			// the dispatcher holds.
 			cur := j
 			cur.Payload = nil
-			oldDue := dueKey(cur.DispatchAt, cur.ID)
+			oldDue := dueKey(cur.Slot, cur.ID)
 			cur.ResponseStatus = cmp.Or(o.Status, cur.ResponseStatus)
 			cur.LastError = cmp.Or(o.Error, cur.LastError)
 			if !o.SentAt.IsZero() {
@@ -300,15 +350,33 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 			case Failed:
 				cur.State = StateFailed
 				cur.FinishedAt = now
+			case Released: // with a pause: nothing was sent
+				cur.Attempts--
+				cur.State = StateQueued
+				if cur.Attempts > 0 {
+					cur.State = StateRetrying
+				}
 			default: // Retry
-				// A retry takes one interval of the schedule, like any job,
-				// and waits out its backoff too. Reserving at the end of the
-				// backoff instead would push the schedule seconds ahead and
-				// refuse new jobs as if the queue were full.
 				cur.State = StateRetrying
-				slot, st := leaky.Reserve(leaky.State{TAT: tm.rec.TAT}, now, s.policy(j.Tenant))
-				tm.rec.TAT = st.TAT
-				cur.DispatchAt = later(slot, o.NotBefore)
+				if o.PauseUntil.IsZero() {
+					// A failure. The retry takes one interval of the
+					// schedule, like any job, and waits out its backoff
+					// too. Reserving at the end of the backoff instead
+					// would push the schedule seconds ahead and refuse new
+					// jobs as if the queue were full.
+					cur.Failures++
+					pz := tm.rec.Pause
+					slot, st := leaky.Reserve(leaky.State{TAT: tm.rec.TAT}, pz.TenantTime(now), s.policy(j.Tenant))
+					tm.rec.TAT = st.TAT
+					cur.Slot = later(slot, pz.TenantTime(o.NotBefore))
+				} // pushback keeps its place: the pause moves it
+			}
+			if !o.PauseUntil.IsZero() && !cur.State.Finished() {
+				tm.rec.Pause = tm.rec.Pause.PauseUntil(now, o.PauseUntil, cur.Slot)
+				paused[j.Tenant] = true
+			}
+			if !cur.State.Finished() {
+				cur.DispatchAt = dispatchAt(tm.rec.Pause, cur.Slot, now)
 			}
 			s.mu.Unlock()
 			if err := putJob(tx, cur); err != nil {
@@ -327,7 +395,7 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 						return err
 					}
 				}
-			} else if err := due.Put(dueKey(cur.DispatchAt, cur.ID), []byte(cur.Tenant)); err != nil {
+			} else if err := due.Put(dueKey(cur.Slot, cur.ID), []byte(cur.Tenant)); err != nil {
 				return err
 			}
 			results[i] = cur
@@ -344,17 +412,27 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 		return unavailable(err)
 	}
 	s.mu.Lock()
+	for name := range paused {
+		if tm, ok := s.tenants[name]; ok {
+			s.sched.retime(name, tm.rec.Pause)
+		}
+	}
 	var soonest time.Time
 	for _, result := range results {
 		s.observeStart(result)
 		delete(s.claims, result.ID)
+		tm, ok := s.tenants[result.Tenant]
 		if !result.State.Finished() {
-			s.sched.add(dueEntry{at: result.DispatchAt, id: result.ID, tenant: result.Tenant})
-			if soonest.IsZero() || result.DispatchAt.Before(soonest) {
-				soonest = result.DispatchAt
+			at := result.DispatchAt
+			if ok {
+				at = realAt(tm.rec.Pause, result.Slot)
+			}
+			s.sched.add(dueEntry{at: at, slot: result.Slot, id: result.ID, tenant: result.Tenant})
+			if soonest.IsZero() || at.Before(soonest) {
+				soonest = at
 			}
 		}
-		if tm, ok := s.tenants[result.Tenant]; ok {
+		if ok {
 			tm.inFlight--
 			switch result.State {
 			case StateSucceeded:
@@ -503,7 +581,8 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 	}
 	policy := s.policy(j.Tenant)
 	now := s.clock.Now()
-	d, st := leaky.Admit(leaky.State{TAT: tm.rec.TAT}, now.Add(s.startLag()), policy)
+	pz := tm.rec.Pause
+	d, st := admit(tm.rec, tm.depth, pz.TenantTime(now).Add(s.startLag()), now, policy)
 	if !d.Admitted {
 		tm.rec.Rejected++
 		tm.dirty = true
@@ -515,8 +594,10 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 	tm.rec.TAT = st.TAT
 	tm.depth++
 	tm.pending++
-	j.State, j.Attempts, j.DispatchAt, j.FinishedAt = StateQueued, 0, d.Slot, time.Time{}
-	j.Prompt = d.Delay == 0
+	j.State, j.Attempts, j.Failures, j.FinishedAt = StateQueued, 0, 0, time.Time{}
+	j.Slot, j.DispatchAt = d.Slot, dispatchAt(pz, d.Slot, now)
+	paused, _ := pz.Paused(now)
+	j.Prompt = d.Delay == 0 && !paused
 	s.claims[id] = Job{ID: id, Tenant: j.Tenant} // held until durable: no second retry, no dispatch
 	s.mu.Unlock()
 
@@ -537,7 +618,7 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 		if err := tx.Bucket(bucketFailed).Delete(failedKey(failed)); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketDue).Put(dueKey(j.DispatchAt, id), []byte(j.Tenant)); err != nil {
+		if err := tx.Bucket(bucketDue).Put(dueKey(j.Slot, id), []byte(j.Tenant)); err != nil {
 			return err
 		}
 		return s.putTenant(tx, j.Tenant)
@@ -545,10 +626,11 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 	s.mu.Lock()
 	tm.pending--
 	delete(s.claims, id)
+	at := realAt(tm.rec.Pause, j.Slot)
 	if err != nil {
 		tm.depth--
 	} else {
-		s.sched.add(dueEntry{at: j.DispatchAt, id: id, tenant: j.Tenant})
+		s.sched.add(dueEntry{at: at, slot: j.Slot, id: id, tenant: j.Tenant})
 	}
 	depth := tm.depth
 	s.mu.Unlock()
@@ -558,7 +640,7 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 	if err != nil {
 		return Admission{}, unavailable(err)
 	}
-	s.pokeIfSooner(j.DispatchAt)
+	s.pokeIfSooner(at)
 	return Admission{Job: j, ExpectedDelay: j.DispatchAt.Sub(now), QueueDepth: depth, Capacity: policy.Capacity}, nil
 }
 
@@ -581,4 +663,57 @@ func (s *BoltStore) Failed(ctx context.Context, tenant string, limit int) ([]Job
 		return nil
 	})
 	return out, unavailable(err)
+}
+
+// Pause implements Store.
+func (s *BoltStore) Pause(ctx context.Context, tenant string) (TenantStatus, error) {
+	return s.hold(tenant, true)
+}
+
+// Resume implements Store.
+func (s *BoltStore) Resume(ctx context.Context, tenant string) (TenantStatus, error) {
+	return s.hold(tenant, false)
+}
+
+// hold starts or ends an operator hold, durably: a restart keeps it.
+func (s *BoltStore) hold(tenant string, hold bool) (TenantStatus, error) {
+	s.mu.Lock()
+	tm, err := s.loadTenant(tenant)
+	if err != nil {
+		s.mu.Unlock()
+		return TenantStatus{}, err
+	}
+	now := s.clock.Now()
+	before := tm.rec.Pause
+	if hold {
+		tm.rec.Pause = before.Hold(now)
+	} else {
+		tm.rec.Pause = before.Resume(now)
+	}
+	set := tm.rec.Pause
+	if set != before {
+		s.sched.retime(tenant, set)
+	}
+	tm.pending++
+	s.mu.Unlock()
+
+	if set != before {
+		err = s.db.Batch(func(tx *bolt.Tx) error { return s.putTenant(tx, tenant) })
+	}
+	s.mu.Lock()
+	tm.pending--
+	if err != nil && tm.rec.Pause == set {
+		// Not durable, so not done: the caller is told and may try again.
+		tm.rec.Pause = before
+		s.sched.retime(tenant, before)
+	}
+	st := s.status(tenant, tm, s.clock.Now())
+	s.mu.Unlock()
+	if err != nil {
+		return TenantStatus{}, unavailable(err)
+	}
+	if !hold {
+		s.poke()
+	}
+	return st, nil
 }

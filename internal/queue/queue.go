@@ -36,6 +36,15 @@ const (
 	StateCancelled   JobState = "cancelled"
 )
 
+// slot is the job's place in its tenant's schedule (jobs stored before
+// pauses existed have only DispatchAt, which was their slot).
+func (j Job) slot() time.Time {
+	if j.Slot.IsZero() {
+		return j.DispatchAt
+	}
+	return j.Slot
+}
+
 // Waiting reports whether a job in this state waits for a slot.
 func (s JobState) Waiting() bool { return s == StateQueued || s == StateRetrying }
 
@@ -54,8 +63,16 @@ type Job struct {
 	// Attempts counts attempts begun (a claim is an attempt).
 	Attempts   int       `json:"attempts"`
 	EnqueuedAt time.Time `json:"enqueued_at"`
-	// DispatchAt is the slot of the next attempt (or of the last one).
+	// DispatchAt is the real time of the next attempt (or of the last one):
+	// Slot plus the tenant's pauses so far.
 	DispatchAt time.Time `json:"dispatch_at"`
+	// Slot is that attempt's place in the tenant's schedule, in tenant time
+	// (see leaky.Pause): a pause moves DispatchAt, never Slot.
+	Slot time.Time `json:"slot,omitzero"`
+	// Failures counts failed attempts (5xx, timeouts, connection errors):
+	// max_attempts bounds these. Pushback (429, 503 with Retry-After) and
+	// jobs held back by an open circuit breaker do not count.
+	Failures int `json:"failures,omitempty"`
 	// SentAt is when the last attempt's request was written.
 	SentAt         time.Time `json:"sent_at,omitzero"`
 	FinishedAt     time.Time `json:"finished_at,omitzero"`
@@ -98,6 +115,12 @@ type TenantStatus struct {
 	Delivered     int64
 	Failed        int64
 	Cancelled     int64
+	// Paused: nothing of the tenant is sent now. PausedUntil is when that
+	// ends (zero for an operator hold, which ends on Resume); Held says an
+	// operator paused it.
+	Paused      bool
+	PausedUntil time.Time
+	Held        bool
 }
 
 // Result is how an attempt ended.
@@ -108,11 +131,14 @@ const (
 	Succeeded Result = iota + 1
 	// Failed: for good (a permanent error, or the last attempt).
 	Failed
-	// Retry: send again, no earlier than Outcome.NotBefore, paced like any
-	// attempt.
+	// Retry: send again. Without PauseUntil it is a failure: the job takes
+	// a new slot no earlier than Outcome.NotBefore, paced like any attempt,
+	// and the failure counts. With PauseUntil it is pushback: the job keeps
+	// its slot and the tenant pauses (see Outcome.PauseUntil).
 	Retry
-	// Released: nothing was sent (the service is stopping); the job goes
-	// back to waiting at its slot and the attempt is not counted.
+	// Released: nothing was sent (the service is stopping, the tenant was
+	// paused meanwhile, the circuit breaker is open); the job goes back to
+	// waiting at its slot and the attempt is not counted.
 	Released
 )
 
@@ -127,6 +153,10 @@ type Outcome struct {
 	Error string
 	// NotBefore is the earliest next attempt (Retry).
 	NotBefore time.Time
+	// PauseUntil pauses the tenant (Retry, Released): tenant time stands
+	// still from this job's slot until then, so this job goes first when the
+	// pause ends and the others follow at their spacing.
+	PauseUntil time.Time
 }
 
 // Handler sends one due job and says how it went. It is called a little
@@ -166,6 +196,11 @@ type Store interface {
 	// slot like a new job (so it can be refused: Admission.Rejected) and
 	// gets its attempts afresh. A job not failed gives a *StateError.
 	Retry(ctx context.Context, id string) (Admission, error)
+	// Pause holds a tenant (operator): nothing more of it is handed to the
+	// dispatcher until Resume; it keeps accepting while it has room.
+	Pause(ctx context.Context, tenant string) (TenantStatus, error)
+	// Resume ends an operator hold: the queue goes on at its spacing.
+	Resume(ctx context.Context, tenant string) (TenantStatus, error)
 	// Failed lists a tenant's failed jobs (kept for store.retention),
 	// newest first, at most limit.
 	Failed(ctx context.Context, tenant string, limit int) ([]Job, error)

@@ -47,6 +47,11 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	store, err := queue.OpenBolt(cfg.Store.Path, queue.BoltOptions{
 		Policy: policy, Retention: cfg.Store.Retention.Std(), Logger: log,
+		Ceiling: func(tenant string) (string, *leaky.Policy) {
+			c := live.Load()
+			ts, _ := c.Tenant(tenant)
+			return ts.Downstream, c.Downstreams[ts.Downstream].Ceiling()
+		},
 		// A first guess at how long a send takes to start, measured from
 		// then on: a commit, a hand-over and a connection.
 		InitialStartLag: 10 * time.Millisecond,
@@ -78,7 +83,7 @@ func Run(ctx context.Context, opts Options) error {
 			c := live.Load()
 			ts, _ := c.Tenant(tenant)
 			ds := c.Downstreams[ts.Downstream]
-			return dispatch.Route{Downstream: ts.Downstream, URL: ds.URL, Timeout: ds.Timeout.Std(), MaxAttempts: ds.MaxAttempts, Policy: ts.Policy()}
+			return dispatch.Route{Downstream: ts.Downstream, URL: ds.URL, Timeout: ds.Timeout.Std(), MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling()}
 		},
 	})
 

@@ -1,0 +1,76 @@
+package queue
+
+import (
+	"time"
+
+	"throttler/internal/leaky"
+)
+
+// CeilingFunc gives a tenant's downstream and that downstream's ceiling
+// (nil: none): its account-wide limit across all its tenants.
+type CeilingFunc func(tenant string) (downstream string, ceiling *leaky.Policy)
+
+// fairQueue shares one downstream's ceiling between its tenants. Jobs due
+// for it wait here and are handed over one per ceiling slot, tenants taking
+// turns (round robin): a tenant with a deep backlog cannot starve one that
+// sends a little, which waits at most one turn of the tenants due at the
+// same time. Jobs here are still waiting (in schedule.waiting): a cancel or
+// a pause makes their entry here stale, and stale entries are skipped.
+type fairQueue struct {
+	policy leaky.Policy
+	tat    time.Time // of the ceiling, in real time
+	ring   []string  // tenants with entries, in turn order
+	turn   int       // index in ring of the tenant served next
+	jobs   map[string][]dueEntry
+}
+
+func newFairQueue(p leaky.Policy) *fairQueue {
+	return &fairQueue{policy: p, jobs: map[string][]dueEntry{}}
+}
+
+func (q *fairQueue) push(e dueEntry) {
+	if _, ok := q.jobs[e.tenant]; !ok {
+		q.ring = append(q.ring, e.tenant)
+	}
+	q.jobs[e.tenant] = append(q.jobs[e.tenant], e)
+}
+
+// next returns the entry whose turn it is, skipping stale ones (valid says
+// which are not), without taking it.
+func (q *fairQueue) next(valid func(dueEntry) bool) (dueEntry, bool) {
+	for len(q.ring) > 0 {
+		q.turn %= len(q.ring)
+		tenant := q.ring[q.turn]
+		list := q.jobs[tenant]
+		for len(list) > 0 && !valid(list[0]) {
+			list = list[1:]
+		}
+		if len(list) > 0 {
+			q.jobs[tenant] = list
+			return list[0], true
+		}
+		delete(q.jobs, tenant)
+		q.ring = append(q.ring[:q.turn], q.ring[q.turn+1:]...)
+	}
+	return dueEntry{}, false
+}
+
+// take removes the entry next returned and passes the turn on.
+func (q *fairQueue) take() {
+	tenant := q.ring[q.turn]
+	q.jobs[tenant] = q.jobs[tenant][1:]
+	q.turn++
+}
+
+// slot is the earliest the ceiling lets the next send go at or after now.
+func (q *fairQueue) slot(now time.Time) time.Time {
+	return later(now, q.tat.Add(-q.policy.Tolerance()))
+}
+
+// use takes the ceiling's slot at.
+func (q *fairQueue) use(at time.Time) {
+	q.tat = later(q.tat, at).Add(q.policy.Interval)
+}
+
+// waitingTenants is how many tenants share the ceiling right now.
+func (q *fairQueue) waitingTenants() int { return len(q.ring) }
