@@ -217,3 +217,74 @@ func TestSigtermStopsCleanly(t *testing.T) {
 		downstreamtest.CheckWindows(t, ds.All(), 50*time.Millisecond, 1)
 	}
 }
+
+// kill -9 between the HTTP call and the recording of its result: the job
+// is sent again after the restart with the same Idempotency-Key, and a
+// downstream that dedupes on it carries out each job exactly once.
+func TestKill9DuringAnAttemptRepeatsWithTheSameKey(t *testing.T) {
+	ds := downstreamtest.New(t)
+	var mu sync.Mutex
+	done := map[string]int{} // Idempotency-Key -> times carried out
+	stalled := false
+	inAttempt := make(chan string, 1)
+	hold := make(chan struct{}) // the 3rd job's first answer never comes
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		first := strings.Contains(readBody(r), `"n":2}`) && !stalled
+		if first {
+			stalled = true
+			done[key]++ // carried out, but the answer is lost in the crash
+		}
+		mu.Unlock()
+		if first {
+			inAttempt <- key
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		mu.Lock()
+		if done[key] == 0 { // a repeat is answered without doing it again
+			done[key]++
+		}
+		mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	})
+	defer close(hold)
+	file := writeConfig(t, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
+	p := startProcess(t, file)
+	var ids []string
+	for i := 0; i < 6; i++ {
+		st, _, body := call(t, "POST", p.base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
+		if st != 202 {
+			t.Fatalf("job %d: %d %v", i, st, body)
+		}
+		ids = append(ids, body["id"].(string))
+	}
+	var crashed string
+	select {
+	case crashed = <-inAttempt:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the third job never reached the downstream")
+	}
+	p.kill9(t)
+
+	p = startProcess(t, file)
+	waitFor(t, 15*time.Second, "every job delivered", func() bool { return allSucceeded(t, p.base, ids) })
+	keys := ds.Keys()
+	if keys[crashed] != 2 {
+		t.Fatalf("the job in flight at the crash arrived %d times, want 2 (same Idempotency-Key)", keys[crashed])
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		if done[id] != 1 {
+			t.Fatalf("job %s carried out %d times by a downstream that dedupes, want once", id, done[id])
+		}
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, ds.All(), 100*time.Millisecond, 1)
+	}
+}

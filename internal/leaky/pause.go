@@ -57,7 +57,7 @@ func (p Pause) Paused(now time.Time) (bool, time.Time) {
 }
 
 // PauseUntil stops tenant time from now until the real time until, and also
-// winds it back to (just before) from if from is earlier: from is the slot
+// winds it back to from if from is earlier: from is the slot
 // of the job that was pushed back, so that it goes first when the pause ends
 // and the jobs after it keep their spacing. A pause that ends no later than an earlier
 // one only moves the clock back.
@@ -66,9 +66,7 @@ func (p Pause) PauseUntil(now, until, from time.Time) Pause {
 		return p
 	}
 	frozen := p.TenantTime(now)
-	// Just before from: the pushed-back job then waits like the rest, so a
-	// paused queue holds capacity jobs, not one more "about to go".
-	if from = from.Add(-time.Nanosecond); from.Before(frozen) && !from.IsZero() {
+	if from.Before(frozen) && !from.IsZero() {
 		frozen = from
 	}
 	p.Until = later(p.Until, until)

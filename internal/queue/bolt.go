@@ -202,7 +202,7 @@ type BoltStore struct {
 	tenants  map[string]*tenantMem
 	idemWait map[string]chan struct{} // keys being admitted right now
 	sched    schedule
-	claims   map[string]Job // jobs handed to the dispatcher, as handed over
+	claims   map[string]Job        // jobs handed to the dispatcher, as handed over
 	fair     map[string]*fairQueue // by downstream: due jobs sharing its ceiling
 
 	finishQ   chan finishReq
@@ -639,13 +639,19 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 
 // admit is leaky.Admit in the tenant's time, with a refusal's Retry-After
 // in real time (it includes what is left of a pause). It also refuses a job
-// when depth jobs already wait and the bucket could not hold one more: the
-// schedule alone would admit past capacity when sends are slower than the
-// tenant's rate (a downstream's ceiling shared with others).
+// when depth jobs already wait and the bucket could not hold one more. The
+// schedule alone would admit one too many while the tenant is paused (the
+// job at the frozen "now" looks as if it goes at once, but it waits), and
+// past capacity when sends are slower than the tenant's rate (a
+// downstream's ceiling shared with others).
 func admit(rec tenantRecord, depth int, arrival, now time.Time, p leaky.Policy) (leaky.Decision, leaky.State) {
 	d, st := leaky.Admit(leaky.State{TAT: rec.TAT}, arrival, p)
-	if d.Admitted && depth >= p.Capacity+p.Burst {
-		return leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
+	room := p.Capacity + p.Burst // waiting, and going at once
+	if paused, _ := rec.Pause.Paused(now); paused {
+		room = p.Capacity // nothing goes at once: all of them wait
+	}
+	if d.Admitted && depth >= room {
+		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
 	}
 	if !d.Admitted {
 		tnow := rec.Pause.TenantTime(now)

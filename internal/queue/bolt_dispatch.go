@@ -181,23 +181,27 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, er
 		for len(chosen) < limit {
 			e, ok := q.next(valid)
 			if !ok {
-				delete(s.fair, ds)
+				if !q.tat.After(now) {
+					delete(s.fair, ds) // empty and idle: it would decide the same afresh
+				}
 				break
 			}
 			slot := q.slot(now)
-			if slot.After(horizon) {
-				if next.IsZero() || slot.Before(next) {
-					next = slot
+			look := q.lookahead(horizon.Sub(now))
+			if slot.After(now.Add(look)) {
+				// Consume wakes a lead before next: make that look before slot.
+				if wake := slot.Add(horizon.Sub(now) - look); next.IsZero() || wake.Before(next) {
+					next = wake
 				}
 				break
 			}
 			q.take()
-			q.use(slot)
 			s.sched.remove(e.id)
 			if slot.After(e.at) {
 				e.at = slot
 				e.held = true
 			}
+			q.use(e.at)
 			s.claims[e.id] = Job{ID: e.id, Tenant: e.tenant}
 			chosen = append(chosen, e)
 		}

@@ -278,3 +278,59 @@ func TestBoltRestartSpacesFromTheLastSend(t *testing.T) {
 		t.Fatalf("new job due %v after the last send, want at least a minute: %+v", a.Job.DispatchAt.Sub(lateSend), a)
 	}
 }
+
+// Under a downstream's ceiling, due jobs are handed over one per ceiling
+// slot and tenants take turns: a tenant with one job waits behind at most
+// one of a deep backlog's jobs, and every handed-over time keeps the
+// ceiling's spacing.
+func TestBoltCeilingTakesTurns(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	const ceilingT = 100 * time.Millisecond
+	ceiling := leaky.Policy{Interval: ceilingT, Burst: 1}
+	s, err := OpenBolt(filepath.Join(t.TempDir(), "t.db"), BoltOptions{
+		Clock:   clk,
+		Policy:  func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} },
+		Ceiling: func(string) (string, *leaky.Policy) { return "sms", &ceiling },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	for i := 0; i < 20; i++ {
+		enqueueOne(t, s, "deep", payload(i))
+	}
+	got := make(chan handed, 100)
+	stop := consume(t, s, 20*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+		got <- handed{j, clk.Now()}
+		return Outcome{Result: Succeeded, Status: 200, SentAt: j.DispatchAt}
+	})
+	defer stop()
+	var prev time.Time
+	var small time.Time
+	var smallID string
+	for i := 0; i < 12; i++ {
+		h := waitHanded(t, clk, got, 5*time.Millisecond)
+		if !prev.IsZero() && h.job.DispatchAt.Sub(prev) < ceilingT {
+			t.Fatalf("handed %d due %v after the one before, under a ceiling of one per %v", i, h.job.DispatchAt.Sub(prev), ceilingT)
+		}
+		prev = h.job.DispatchAt
+		if h.job.Tenant == "small" {
+			if wait := h.job.DispatchAt.Sub(small); wait > 2*ceilingT {
+				t.Fatalf("the small tenant's job goes %v after it was due, behind the deep backlog", wait)
+			}
+			smallID = h.job.ID
+		}
+		if i == 5 {
+			a := enqueueOne(t, s, "small", payload(100))
+			small = a.Job.DispatchAt
+		}
+	}
+	if smallID == "" {
+		t.Fatal("the small tenant's job was not handed over within 6 ceiling slots of being due")
+	}
+	st, _ := s.Tenant(context.Background(), "deep")
+	if st.ExpectedDelay < time.Duration(st.QueueDepth)*ceilingT {
+		t.Fatalf("deep tenant's expected delay %v with %d waiting under a ceiling of one per %v", st.ExpectedDelay, st.QueueDepth, ceilingT)
+	}
+}

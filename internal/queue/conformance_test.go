@@ -533,7 +533,7 @@ func runConformance(t *testing.T, open opener) {
 		t.Parallel()
 		clk := clock.NewFake(t0)
 		reopen := open(t)
-		s := reopen(t, clk, leaky20(2))
+		s := reopen(t, clk, leaky20(3))
 		ctx := context.Background()
 		var ids []string
 		for i := 0; i < 2; i++ {
@@ -543,13 +543,14 @@ func runConformance(t *testing.T, open opener) {
 		if err != nil || !st.Paused || !st.Held || !st.PausedUntil.IsZero() {
 			t.Fatalf("pause: %+v %v", st, err)
 		}
-		// Held: accepted while there is room, and kept across a restart.
+		// Held: accepted while there is room (all of them wait: capacity 3
+		// holds 3), and kept across a restart.
 		ids = append(ids, enqueueOne(t, s, "acme", payload(2)).Job.ID)
 		if a := enqueueOne(t, s, "acme", payload(3)); a.Rejected == nil {
 			t.Fatal("a held tenant admitted past its capacity")
 		}
 		s.Close()
-		s = reopen(t, clk, leaky20(2))
+		s = reopen(t, clk, leaky20(3))
 		if st, _ := s.Tenant(ctx, "acme"); !st.Held || st.QueueDepth != 3 {
 			t.Fatalf("after a restart: %+v", st)
 		}

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"slices"
 	"time"
 
 	"throttler/internal/leaky"
@@ -28,11 +29,24 @@ func newFairQueue(p leaky.Policy) *fairQueue {
 	return &fairQueue{policy: p, jobs: map[string][]dueEntry{}}
 }
 
+// push adds a due job. A tenant with nothing here yet goes next: it has
+// not had a turn lately, and so a tenant that sends a little waits at most
+// one slot of the ceiling beyond those already handed over.
 func (q *fairQueue) push(e dueEntry) {
 	if _, ok := q.jobs[e.tenant]; !ok {
-		q.ring = append(q.ring, e.tenant)
+		if len(q.ring) > 0 {
+			q.turn %= len(q.ring)
+		}
+		q.ring = slices.Insert(q.ring, q.turn, e.tenant)
 	}
 	q.jobs[e.tenant] = append(q.jobs[e.tenant], e)
+}
+
+// lookahead is how far ahead of its slot a job is handed over for the
+// ceiling: every slot handed over is one a newly due tenant must wait
+// behind, so less than the store's lead, yet enough to be ready.
+func (q *fairQueue) lookahead(lead time.Duration) time.Duration {
+	return min(lead, max(2*claimEvery, q.policy.Interval/2))
 }
 
 // next returns the entry whose turn it is, skipping stale ones (valid says

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"throttler/internal/downstreamtest"
+)
+
+// enqueueN enqueues n jobs {"n": i} for tenant and returns their ids.
+func enqueueN(t *testing.T, base, tenant string, n int) []string {
+	t.Helper()
+	var ids []string
+	for i := 0; i < n; i++ {
+		st, _, body := call(t, "POST", base+"/v1/tenants/"+tenant+"/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
+		if st != 202 {
+			t.Fatalf("%s job %d: %d %v", tenant, i, st, body)
+		}
+		ids = append(ids, body["id"].(string))
+	}
+	return ids
+}
+
+func jobState(t *testing.T, base, id string) map[string]any {
+	t.Helper()
+	_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
+	return j
+}
+
+func allSucceeded(t *testing.T, base string, ids []string) bool {
+	for _, id := range ids {
+		if jobState(t, base, id)["state"] != "succeeded" {
+			return false
+		}
+	}
+	return true
+}
+
+// A 429 with Retry-After: 2 to one attempt pauses that tenant for 2 s (and
+// only that tenant); then its queue goes on one interval apart, in the
+// original order, with the pushed-back job first.
+func TestRetryAfterPausesTheTenant(t *testing.T) {
+	ds := downstreamtest.New(t)
+	var mu sync.Mutex
+	var pushedAt time.Time
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Header.Get("X-Throttler-Tenant") == "acme" && strings.Contains(readBody(r), `"n":3`) && pushedAt.IsZero() {
+			pushedAt = downstreamtest.ArrivalTime(r)
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds))
+	const T = 100 * time.Millisecond
+	ids := enqueueN(t, base, "acme", 10)
+	other := enqueueN(t, base, "other", 20) // same downstream, no ceiling: not paused
+
+	var ten map[string]any
+	waitFor(t, 3*time.Second, "acme paused by the 429", func() bool {
+		_, _, ten = call(t, "GET", base+"/v1/tenants/acme", "")
+		return ten["paused"] == true
+	})
+	if ten["paused_until"] == nil || ten["held"] != false {
+		t.Fatalf("tenant during the pause: %v", ten)
+	}
+	if ms := ten["expected_delay_ms"].(float64); ms < 1500 {
+		t.Fatalf("expected delay %vms during a 2s pause", ms)
+	}
+	waitFor(t, 10*time.Second, "every job delivered", func() bool {
+		return allSucceeded(t, base, ids) && allSucceeded(t, base, other)
+	})
+
+	acme := ds.Of("acme")
+	if len(acme) != 11 {
+		t.Fatalf("%d attempts for acme, want 11 (10 jobs, one of them twice)", len(acme))
+	}
+	// In order: n = 0, 1, 2, 3 (the 429), then 3 again, 4, ..., 9.
+	wantOrder := []int{0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9}
+	for i, a := range acme {
+		if !strings.Contains(a.Body, fmt.Sprintf(`"n":%d}`, wantOrder[i])) {
+			t.Fatalf("attempt %d carried %s, want n=%d (original order)", i, a.Body, wantOrder[i])
+		}
+	}
+	if j := jobState(t, base, ids[3]); j["attempts"] != 2.0 {
+		t.Fatalf("the pushed-back job: %v", j)
+	}
+	if gap := acme[4].At.Sub(acme[3].At); gap < 2*time.Second {
+		t.Fatalf("acme's next attempt came %v after the 429, want no sooner than its Retry-After of 2s", gap)
+	}
+	// The other tenant kept going through acme's pause.
+	during := 0
+	for _, a := range ds.Of("other") {
+		if a.At.After(acme[3].At) && a.At.Before(acme[4].At) {
+			during++
+		}
+	}
+	if during < 10 {
+		t.Fatalf("only %d of the other tenant's jobs went during acme's pause", during)
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, acme, T, 1)
+		downstreamtest.CheckWindows(t, ds.Of("other"), T, 1)
+	}
+}
+
+// The downstream refuses connections for 5 s while 30 jobs wait at 10/s:
+// the circuit breaker keeps the attempts during the outage to a handful,
+// no job is failed by the outage alone (max_attempts = 5), and all 30 are
+// delivered, paced, once it is back.
+func TestOutageOpensTheBreaker(t *testing.T) {
+	ds := downstreamtest.New(t)
+	addr := ds.Listener.Addr().String()
+	base := startServer(t, writeConfig(t, "max_attempts = 5\n[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds))
+	ds.Close() // down: connection refused
+	down := time.Now()
+	ids := enqueueN(t, base, "acme", 30)
+
+	time.Sleep(5*time.Second - time.Since(down))
+	back, err := downstreamtest.Start(addr)
+	if err != nil {
+		t.Fatalf("restart the downstream on %s: %v", addr, err)
+	}
+	t.Cleanup(back.Close)
+	waitFor(t, 30*time.Second, "all 30 delivered", func() bool { return allSucceeded(t, base, ids) })
+
+	failedAttempts := 0
+	for _, id := range ids {
+		j := jobState(t, base, id)
+		failedAttempts += int(j["attempts"].(float64)) - 1
+	}
+	t.Logf("%d attempts failed during the 5s outage", failedAttempts)
+	if failedAttempts > 8 {
+		t.Fatalf("%d attempts during the outage: the breaker should have stopped them", failedAttempts)
+	}
+	got := back.Of("acme")
+	if len(got) != 30 {
+		t.Fatalf("%d arrivals after the outage, want 30", len(got))
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, got, 100*time.Millisecond, 1)
+	}
+}
+
+// A ceiling of 10/s on the downstream, shared by A (500 jobs queued) and B
+// (one job a second): B waits about two intervals of the ceiling at most,
+// neither tenant passes its own rate, and the ceiling holds in every window.
+func TestCeilingIsSharedFairly(t *testing.T) {
+	ds := downstreamtest.New(t)
+	base := startServer(t, writeConfig(t, `rate = "10/s"
+[tenant_defaults]
+rate = "20/s"
+capacity = 1000
+[tenants.b]
+rate = "5/s"
+`, ds))
+	const ceiling = 100 * time.Millisecond
+	var batch strings.Builder
+	batch.WriteString(`{"jobs":[`)
+	for i := 0; i < 500; i++ {
+		if i > 0 {
+			batch.WriteString(",")
+		}
+		fmt.Fprintf(&batch, `{"payload":{"n":%d}}`, i)
+	}
+	batch.WriteString("]}")
+	if st, _, body := call(t, "POST", base+"/v1/tenants/a/jobs:batch", batch.String()); st != 200 {
+		t.Fatalf("batch: %d %v", st, body)
+	}
+	sent := map[string]time.Time{}
+	for i := 0; i < 6; i++ {
+		time.Sleep(time.Second)
+		st, _, body := call(t, "POST", base+"/v1/tenants/b/jobs", fmt.Sprintf(`{"payload":{"b":%d}}`, i))
+		if st != 202 {
+			t.Fatalf("b: %d %v", st, body)
+		}
+		sent[body["id"].(string)] = time.Now()
+	}
+	waitFor(t, 5*time.Second, "B's jobs delivered", func() bool { return len(ds.Of("b")) == 6 })
+	var worst time.Duration
+	for _, a := range ds.Of("b") {
+		worst = max(worst, a.At.Sub(sent[a.Key]))
+	}
+	all := ds.All()
+	t.Logf("B waited at most %v; %d sends in %v", worst, len(all), all[len(all)-1].At.Sub(all[0].At))
+	if raceEnabled {
+		return
+	}
+	if worst > 2*ceiling+50*time.Millisecond {
+		t.Fatalf("B waited %v behind A's backlog, want about two intervals of the ceiling (%v)", worst, 2*ceiling)
+	}
+	downstreamtest.CheckWindows(t, all, ceiling, 1)
+	downstreamtest.CheckWindows(t, ds.Of("a"), 50*time.Millisecond, 1)
+	downstreamtest.CheckWindows(t, ds.Of("b"), 200*time.Millisecond, 1)
+	// A had the ceiling's rest: it was not starved either.
+	if n := len(ds.Of("a")); n < 50 {
+		t.Fatalf("A sent %d in ~6s under a 10/s ceiling", n)
+	}
+}
+
+// An operator hold: nothing of the tenant goes until it is resumed, it keeps
+// accepting while it has room, and only an admin token may do it.
+func TestOperatorPauseAndResume(t *testing.T) {
+	ds := downstreamtest.New(t)
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 5\n", ds))
+	st, _, ten := call(t, "POST", base+"/v1/tenants/acme/pause", "")
+	if st != 200 || ten["paused"] != true || ten["held"] != true || ten["paused_until"] != nil {
+		t.Fatalf("pause: %d %v", st, ten)
+	}
+	ids := enqueueN(t, base, "acme", 5)
+	if st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":1}`); st != 429 || body["error"] != "queue_full" {
+		t.Fatalf("past capacity while held: %d %v", st, body)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := len(ds.All()); n != 0 {
+		t.Fatalf("%d jobs sent while held", n)
+	}
+	resumed := time.Now()
+	if st, _, ten := call(t, "POST", base+"/v1/tenants/acme/resume", ""); st != 200 || ten["paused"] != false {
+		t.Fatalf("resume: %d %v", st, ten)
+	}
+	waitFor(t, 5*time.Second, "delivered after resume", func() bool { return allSucceeded(t, base, ids) })
+	got := ds.All()
+	if len(got) != 5 || got[0].At.Before(resumed) {
+		t.Fatalf("%d deliveries, first %v after resume", len(got), got[0].At.Sub(resumed))
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, got, 50*time.Millisecond, 1)
+	}
+	if st, _, _ := call(t, "GET", base+"/v1/tenants/acme/pause", ""); st != 405 {
+		t.Fatalf("GET on pause: %d", st)
+	}
+}
+
+func readBody(r *http.Request) string {
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := r.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			return b.String()
+		}
+	}
+}
