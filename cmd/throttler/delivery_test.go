@@ -205,22 +205,41 @@ rate = "5/s"
 	}
 }
 
-// An operator hold: nothing of the tenant goes until it is resumed, it keeps
-// accepting while it has room, and only an admin token may do it.
+// An operator hold: nothing of the tenant goes from the moment the pause is
+// answered (not even the jobs already handed to the dispatcher) until it is
+// resumed, it keeps accepting while it has room, and it goes on in order.
 func TestOperatorPauseAndResume(t *testing.T) {
 	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 5\n", ds))
+	ids := enqueueN(t, base, "acme", 4) // one goes at once, the next ones 50 ms apart
 	st, _, ten := call(t, "POST", base+"/v1/tenants/acme/pause", "")
+	paused := time.Now()
 	if st != 200 || ten["paused"] != true || ten["held"] != true || ten["paused_until"] != nil {
 		t.Fatalf("pause: %d %v", st, ten)
 	}
-	ids := enqueueN(t, base, "acme", 5)
-	if st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":1}`); st != 429 || body["error"] != "queue_full" {
-		t.Fatalf("past capacity while held: %d %v", st, body)
+	for i := 0; ; i++ {
+		st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, 100+i))
+		if st == 429 {
+			if body["error"] != "queue_full" {
+				t.Fatalf("refusal while held: %v", body)
+			}
+			break
+		}
+		if st != 202 || i > 5 {
+			t.Fatalf("while held: %d %v", st, body)
+		}
+		ids = append(ids, body["id"].(string))
 	}
 	time.Sleep(300 * time.Millisecond)
-	if n := len(ds.All()); n != 0 {
-		t.Fatalf("%d jobs sent while held", n)
+	sentBefore := len(ds.All())
+	for _, a := range ds.All() {
+		if a.At.After(paused.Add(5 * time.Millisecond)) {
+			t.Fatalf("a job reached the downstream %v after the pause was answered", a.At.Sub(paused))
+		}
+	}
+	_, _, ten = call(t, "GET", base+"/v1/tenants/acme", "")
+	if ten["queue_depth"] != 5.0 {
+		t.Fatalf("held tenant holds %v jobs, want its capacity of 5: %v", ten["queue_depth"], ten)
 	}
 	resumed := time.Now()
 	if st, _, ten := call(t, "POST", base+"/v1/tenants/acme/resume", ""); st != 200 || ten["paused"] != false {
@@ -228,8 +247,8 @@ func TestOperatorPauseAndResume(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "delivered after resume", func() bool { return allSucceeded(t, base, ids) })
 	got := ds.All()
-	if len(got) != 5 || got[0].At.Before(resumed) {
-		t.Fatalf("%d deliveries, first %v after resume", len(got), got[0].At.Sub(resumed))
+	if len(got) != len(ids) || got[sentBefore].At.Before(resumed) {
+		t.Fatalf("%d deliveries of %d jobs; first after the hold at %v", len(got), len(ids), got[sentBefore].At.Sub(resumed))
 	}
 	if !raceEnabled {
 		downstreamtest.CheckWindows(t, got, 50*time.Millisecond, 1)

@@ -142,6 +142,21 @@ func (d *Dispatcher) breaker(downstream string) *breaker {
 	return b
 }
 
+// indefinitely is the end of an operator hold on the gate: none.
+var indefinitely = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// HoldTenant stops a tenant's sends that wait for their slot at the gate
+// (an operator hold: the store has stopped handing its jobs over; these
+// were handed over just before). They go back in line, unsent.
+func (d *Dispatcher) HoldTenant(tenant string) {
+	d.gate.Hold(Route{}.lanes(tenant)[0].Key, indefinitely)
+}
+
+// ResumeTenant ends HoldTenant.
+func (d *Dispatcher) ResumeTenant(tenant string) {
+	d.gate.Unhold(Route{}.lanes(tenant)[0].Key)
+}
+
 // BreakerOpen reports whether the circuit breaker of a downstream stops its
 // sends now.
 func (d *Dispatcher) BreakerOpen(downstream string) bool {
@@ -263,6 +278,9 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// Paused while it waited for its slot: nothing was sent. It goes
 		// back in line behind the job that was pushed back.
 		br.report(now, probe, unsent)
+		if !held.Until.Before(indefinitely) {
+			return queue.Outcome{Result: queue.Released}, "" // the store holds the tenant
+		}
 		return queue.Outcome{Result: queue.Released, PauseUntil: held.Until}, ""
 	}
 	if err != nil {

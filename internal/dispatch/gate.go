@@ -178,6 +178,15 @@ func (g *Gate) Hold(key string, until time.Time) {
 	}
 }
 
+// Unhold ends a hold on key at once (an operator's resume).
+func (g *Gate) Unhold(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if k := g.keys[key]; k != nil {
+		k.heldUntil = time.Time{}
+	}
+}
+
 // Wrote records that the request was written at wrote: each lane's next
 // send is spaced from then.
 func (t *Ticket) Wrote(wrote time.Time) {

@@ -95,7 +95,7 @@ func Run(ctx context.Context, opts Options) error {
 	var stopping, dispatcherDown atomic.Bool
 	srv := &http.Server{
 		Handler: api.New(api.Options{
-			Store:   store,
+			Store:   holdsReachTheDispatcher{store, d},
 			Config:  live.Load,
 			Logger:  log,
 			Metrics: m,
@@ -199,4 +199,25 @@ func reload(log *slog.Logger, live *atomic.Pointer[config.Config], next *config.
 	}
 	live.Store(&merged)
 	log.Info("config reloaded", "config", next.File, "tenants", len(next.Tenants), "downstreams", len(next.Downstreams))
+}
+
+// holdsReachTheDispatcher makes an operator hold stop at once: the store
+// stops handing the tenant's jobs over, and the dispatcher stops those it
+// was handed just before (they wait at the gate for their slot).
+type holdsReachTheDispatcher struct {
+	queue.Store
+	d *dispatch.Dispatcher
+}
+
+func (h holdsReachTheDispatcher) Pause(ctx context.Context, tenant string) (queue.TenantStatus, error) {
+	st, err := h.Store.Pause(ctx, tenant)
+	if err == nil {
+		h.d.HoldTenant(tenant)
+	}
+	return st, err
+}
+
+func (h holdsReachTheDispatcher) Resume(ctx context.Context, tenant string) (queue.TenantStatus, error) {
+	h.d.ResumeTenant(tenant)
+	return h.Store.Resume(ctx, tenant)
 }
