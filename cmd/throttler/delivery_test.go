@@ -123,6 +123,10 @@ func TestOutageOpensTheBreaker(t *testing.T) {
 	down := time.Now()
 	ids := enqueueN(t, base, "acme", 30)
 
+	waitFor(t, 4*time.Second, "the breaker open", func() bool {
+		m := scrape(t, base)
+		return value(m, `throttler_breaker_open{downstream="test"}`) == 1 && value(m, `throttler_tenants_paused{downstream="test",tenant="_other"}`) == 1
+	})
 	time.Sleep(5*time.Second - time.Since(down))
 	back, err := downstreamtest.Start(addr)
 	if err != nil {
@@ -139,6 +143,9 @@ func TestOutageOpensTheBreaker(t *testing.T) {
 	t.Logf("%d attempts failed during the 5s outage", failedAttempts)
 	if failedAttempts > 8 {
 		t.Fatalf("%d attempts during the outage: the breaker should have stopped them", failedAttempts)
+	}
+	if v := value(scrape(t, base), `throttler_breaker_open{downstream="test"}`); v != 0 {
+		t.Fatalf("breaker still open after delivery: %v", v)
 	}
 	got := back.Of("acme")
 	if len(got) != 30 {

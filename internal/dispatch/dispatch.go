@@ -157,10 +157,20 @@ func (d *Dispatcher) ResumeTenant(tenant string) {
 	d.gate.Unhold(Route{}.lanes(tenant)[0].Key)
 }
 
-// BreakerOpen reports whether the circuit breaker of a downstream stops its
+// Breakers reports, by downstream, whether its circuit breaker stops its
 // sends now.
-func (d *Dispatcher) BreakerOpen(downstream string) bool {
-	return d.breaker(downstream).isOpen()
+func (d *Dispatcher) Breakers() map[string]bool {
+	d.breakersMu.Lock()
+	all := make(map[string]*breaker, len(d.breakers))
+	for name, b := range d.breakers {
+		all[name] = b
+	}
+	d.breakersMu.Unlock()
+	out := make(map[string]bool, len(all))
+	for name, b := range all {
+		out[name] = b.isOpen()
+	}
+	return out
 }
 
 // attempt makes one attempt and classifies the answer.

@@ -6,6 +6,7 @@ package metrics
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,7 @@ type Metrics struct {
 	attempts                                       *prometheus.CounterVec
 	dispatchError, queueWait, latency              *prometheus.HistogramVec
 	labels                                         Labels
+	breakers                                       atomic.Pointer[func() map[string]bool]
 }
 
 // New registers every metric on a new registry. store, labels and named
@@ -60,9 +62,33 @@ func New(store queue.Store, labels Labels, named func() []string) *Metrics {
 		latency:       hist("downstream_latency_seconds", "From writing a request to its answer (or error)."),
 	}
 	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.attempts, m.dispatchError, m.queueWait, m.latency,
-		&queueCollector{store: store, labels: labels, named: named})
+		&queueCollector{store: store, labels: labels, named: named}, breakerCollector{m})
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
+}
+
+// WatchBreakers reads the circuit breakers' state (open or not, by
+// downstream) at scrape time.
+func (m *Metrics) WatchBreakers(open func() map[string]bool) { m.breakers.Store(&open) }
+
+var breakerDesc = prometheus.NewDesc("throttler_breaker_open", "1 while a downstream's circuit breaker stops its sends.", []string{"downstream"}, nil)
+
+type breakerCollector struct{ m *Metrics }
+
+func (c breakerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- breakerDesc }
+
+func (c breakerCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.m.breakers.Load()
+	if f == nil {
+		return
+	}
+	for ds, open := range (*f)() {
+		v := 0.0
+		if open {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, v, ds)
+	}
 }
 
 // Admitted counts the answers of one enqueue call.
@@ -105,6 +131,7 @@ var (
 	depthDesc = prometheus.NewDesc("throttler_queue_depth", "Jobs admitted and not yet handed to the downstream.", []string{"downstream", "tenant"}, nil)
 	delayDesc = prometheus.NewDesc("throttler_expected_delay_seconds", "How long a job admitted now would wait (for _other: the longest).", []string{"downstream", "tenant"}, nil)
 	inFlDesc  = prometheus.NewDesc("throttler_in_flight", "Jobs being sent.", []string{"downstream", "tenant"}, nil)
+	pauseDesc = prometheus.NewDesc("throttler_tenants_paused", "Tenants paused now (by the downstream's Retry-After, the circuit breaker, or an operator).", []string{"downstream", "tenant"}, nil)
 )
 
 // queueCollector reads depth and delay from the store at scrape time
@@ -119,6 +146,7 @@ func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- depthDesc
 	ch <- delayDesc
 	ch <- inFlDesc
+	ch <- pauseDesc
 }
 
 func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
@@ -131,8 +159,8 @@ func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	type key struct{ ds, tenant string }
 	type agg struct {
-		depth, inFlight int
-		delay           time.Duration
+		depth, inFlight, paused int
+		delay                   time.Duration
 	}
 	sums := map[key]*agg{}
 	// Named tenants are always shown, busy or not; the list below has only
@@ -162,11 +190,15 @@ func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		a.depth += t.QueueDepth
 		a.inFlight += t.InFlight
+		if t.Paused {
+			a.paused++
+		}
 		a.delay = max(a.delay, t.ExpectedDelay)
 	}
 	for k, a := range sums {
 		ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(a.depth), k.ds, k.tenant)
 		ch <- prometheus.MustNewConstMetric(inFlDesc, prometheus.GaugeValue, float64(a.inFlight), k.ds, k.tenant)
 		ch <- prometheus.MustNewConstMetric(delayDesc, prometheus.GaugeValue, a.delay.Seconds(), k.ds, k.tenant)
+		ch <- prometheus.MustNewConstMetric(pauseDesc, prometheus.GaugeValue, float64(a.paused), k.ds, k.tenant)
 	}
 }

@@ -86,6 +86,7 @@ func Run(ctx context.Context, opts Options) error {
 			return dispatch.Route{Downstream: ts.Downstream, URL: ds.URL, Timeout: ds.Timeout.Std(), MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling()}
 		},
 	})
+	m.WatchBreakers(d.Breakers)
 
 	ln, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
