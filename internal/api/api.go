@@ -3,6 +3,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"throttler/internal/clock"
 	"throttler/internal/config"
 	"throttler/internal/metrics"
 	"throttler/internal/queue"
@@ -33,6 +35,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Metrics, if set, counts admissions and serves /metrics.
 	Metrics *metrics.Metrics
+	// Clock turns expires_in into a deadline; the store's clock. Default
+	// clock.Real.
+	Clock clock.Clock
 }
 
 type server struct {
@@ -42,6 +47,7 @@ type server struct {
 	log     *slog.Logger
 	slots   chan struct{} // requests being handled
 	metrics *metrics.Metrics
+	clock   clock.Clock
 }
 
 // MaxBatchJobs is the most jobs one jobs:batch request may carry.
@@ -53,7 +59,8 @@ const envelopeBytes = 64 << 10
 // New returns the API's handler.
 func New(opts Options) http.Handler {
 	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger,
-		slots: make(chan struct{}, opts.Config().Server.MaxConcurrentRequests), metrics: opts.Metrics}
+		slots: make(chan struct{}, opts.Config().Server.MaxConcurrentRequests), metrics: opts.Metrics,
+		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{})}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -133,6 +140,7 @@ func writeError(w http.ResponseWriter, status int, code, message string, fields 
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var ae *apiError
 	var rej *queue.RejectedError
+	var imp *queue.ImpossibleError
 	var se *queue.StateError
 	switch {
 	case errors.As(err, &ae):
@@ -140,6 +148,8 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &rej):
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(rej.RetryAfter), 10))
 		writeError(w, http.StatusTooManyRequests, rej.Reason, rejectionMessage(rej), rejectionFields(rej))
+	case errors.As(err, &imp):
+		writeError(w, http.StatusUnprocessableEntity, imp.Reason, imp.Error(), impossibleFields(imp))
 	case errors.As(err, &se):
 		writeError(w, http.StatusConflict, "not_cancellable", se.Error()+": only queued or retrying jobs can be cancelled", map[string]any{"id": se.ID, "state": se.State})
 	case errors.Is(err, queue.ErrNotFound):
@@ -161,6 +171,14 @@ func rejectionMessage(r *queue.RejectedError) string {
 		return fmt.Sprintf("tenant %s has no token left; retry after %v", r.Tenant, r.RetryAfter.Round(time.Millisecond))
 	}
 	return fmt.Sprintf("tenant %s has %d jobs waiting, its capacity; retry after %v", r.Tenant, r.Capacity, r.RetryAfter.Round(time.Millisecond))
+}
+
+// impossibleFields say what a 422 would have needed.
+func impossibleFields(e *queue.ImpossibleError) map[string]any {
+	if e.Reason == queue.ReasonCostTooLarge {
+		return map[string]any{"cost": e.Cost, "max_cost": e.MaxCost}
+	}
+	return map[string]any{"expected_delay_ms": ceilMillis(e.ExpectedDelay), "deadline": e.Deadline.UTC()}
 }
 
 func rejectionFields(r *queue.RejectedError) map[string]any {
@@ -210,11 +228,14 @@ func truncate(s string, n int) string {
 type jobRequest struct {
 	Payload        json.RawMessage `json:"payload"`
 	IdempotencyKey string          `json:"idempotency_key"`
+	Cost           *int            `json:"cost"`
+	Deadline       string          `json:"deadline"`
+	ExpiresIn      string          `json:"expires_in"`
 }
 
 // notYet are request fields of DESIGN.md this version refuses rather than
-// ignores: a deadline silently ignored would deliver a stale passcode.
-var notYet = []string{"deadline", "expires_in", "cost"}
+// ignores.
+var notYet = []string{}
 
 // decode reads exactly one JSON value from body into v, refusing unknown
 // fields and trailing data.
@@ -255,7 +276,7 @@ func decodeError(err error) error {
 				return errorf(http.StatusBadRequest, "unsupported_field", "field %q is not supported by this version of throttler yet; send the job without it", field)
 			}
 		}
-		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\"", field)
+		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\" or \"expires_in\"", field)
 	}
 	return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid: %v", err)
 }
@@ -279,7 +300,30 @@ func (s *server) validate(j jobRequest, headerKey string, maxPayload int64, wher
 	if !validKey(key) {
 		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_idempotency_key", "%sidempotency key must be 1 to 256 printable ASCII characters", where)
 	}
-	return queue.NewJob{Payload: j.Payload, IdempotencyKey: key}, nil
+	nj := queue.NewJob{Payload: j.Payload, IdempotencyKey: key}
+	if j.Cost != nil {
+		if *j.Cost < 1 || *j.Cost > 1_000_000 {
+			return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_cost", "%s\"cost\" must be a whole number from 1 to 1000000, got %d", where, *j.Cost)
+		}
+		nj.Cost = *j.Cost
+	}
+	switch {
+	case j.Deadline != "" && j.ExpiresIn != "":
+		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_deadline", "%ssend \"deadline\" or \"expires_in\", not both", where)
+	case j.Deadline != "":
+		at, err := time.Parse(time.RFC3339Nano, j.Deadline)
+		if err != nil {
+			return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_deadline", "%s\"deadline\" must be an RFC 3339 time such as \"2026-03-01T12:00:00Z\": %q", where, truncate(j.Deadline, 64))
+		}
+		nj.Deadline = at
+	case j.ExpiresIn != "":
+		d, err := time.ParseDuration(j.ExpiresIn)
+		if err != nil || d <= 0 || d > 366*24*time.Hour {
+			return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_deadline", "%s\"expires_in\" must be a positive duration such as \"30s\" or \"5m\": %q", where, truncate(j.ExpiresIn, 64))
+		}
+		nj.Deadline = s.clock.Now().Add(d)
+	}
+	return nj, nil
 }
 
 func validKey(k string) bool {
@@ -320,6 +364,10 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 	a := out[0]
 	if a.Rejected != nil {
 		s.fail(w, r, a.Rejected)
+		return
+	}
+	if a.Impossible != nil {
+		s.fail(w, r, a.Impossible)
 		return
 	}
 	status := http.StatusAccepted
@@ -396,6 +444,12 @@ func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
 			m["error"] = a.Rejected.Reason
 			m["message"] = rejectionMessage(a.Rejected)
 			results[i] = m
+		case a.Impossible != nil:
+			m := impossibleFields(a.Impossible)
+			m["status"] = http.StatusUnprocessableEntity
+			m["error"] = a.Impossible.Reason
+			m["message"] = a.Impossible.Error()
+			results[i] = m
 		default:
 			m := admissionJSON(a)
 			m["status"] = http.StatusAccepted
@@ -432,6 +486,7 @@ func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map
 		"delivered_total":   st.Delivered,
 		"failed_total":      st.Failed,
 		"cancelled_total":   st.Cancelled,
+		"expired_total":     st.Expired,
 	}
 }
 
@@ -496,7 +551,10 @@ func intParam(r *http.Request, name string, def, lo, hi int) (int, error) {
 }
 
 func jobJSON(j queue.Job) map[string]any {
-	var finished, sent, lastErr, status any
+	var finished, sent, lastErr, status, deadline any
+	if !j.Deadline.IsZero() {
+		deadline = j.Deadline.UTC()
+	}
 	if !j.SentAt.IsZero() {
 		sent = j.SentAt.UTC()
 	}
@@ -520,6 +578,8 @@ func jobJSON(j queue.Job) map[string]any {
 		"finished_at":     finished,
 		"last_error":      lastErr,
 		"response_status": status,
+		"cost":            max(j.Cost, 1),
+		"deadline":        deadline,
 	}
 }
 
@@ -567,6 +627,9 @@ func (s *server) retry(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil && a.Rejected != nil {
 		err = a.Rejected
+	}
+	if err == nil && a.Impossible != nil {
+		err = a.Impossible
 	}
 	var se *queue.StateError
 	if errors.As(err, &se) {

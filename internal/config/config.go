@@ -146,8 +146,11 @@ type TenantSettings struct {
 	Capacity *int `toml:"capacity"`
 	// Burst is how many may go at once after a quiet spell. Default 1.
 	Burst *int `toml:"burst"`
-	// Windows are extra limits such as "1000/d" (not supported yet).
+	// Windows are limits beside the rate such as "100/h" or "1000/d":
+	// never more than N sends in any window of that length. Jobs wait for
+	// room; they are not refused for it.
 	Windows []string `toml:"windows"`
+	windows []leaky.Window // parsed by checkTenant
 	// MaxAttempts overrides the downstream's max_attempts for this tenant.
 	MaxAttempts *int `toml:"max_attempts"`
 	// AllowUnknownTenants (tenant_defaults only): false refuses tenants not
@@ -572,8 +575,16 @@ func (c *Config) checkTenant(key string, t *TenantSettings) error {
 	if t.MaxAttempts != nil && (*t.MaxAttempts < 1 || *t.MaxAttempts > 100) {
 		return bad("max_attempts", "must be from 1 to 100, got %d", *t.MaxAttempts)
 	}
-	if len(t.Windows) > 0 {
-		return bad("windows", "window limits are not supported by this version yet; remove the key")
+	t.windows = nil
+	for i, text := range t.Windows {
+		w, err := leaky.ParseWindow(text)
+		if err != nil {
+			return bad(fmt.Sprintf("windows[%d]", i), "%v", err)
+		}
+		if w.Length <= t.Rate.Interval() {
+			return bad(fmt.Sprintf("windows[%d]", i), "window %q is no longer than one interval of the rate %s: it limits nothing the rate does not", text, t.Rate)
+		}
+		t.windows = append(t.windows, w)
 	}
 	return nil
 }
@@ -672,7 +683,7 @@ func (c *Config) Attempts(t TenantSettings) int {
 }
 
 func (t TenantSettings) Policy() leaky.Policy {
-	p := leaky.Policy{Interval: t.Rate.Interval(), Burst: *t.Burst, Capacity: *t.Capacity}
+	p := leaky.Policy{Interval: t.Rate.Interval(), Burst: *t.Burst, Capacity: *t.Capacity, Windows: t.windows}
 	if t.Mode == ModeToken {
 		p.Capacity = 0
 	}

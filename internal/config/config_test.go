@@ -65,7 +65,7 @@ rate = "2/s"
 		t.Fatal(err)
 	}
 	x, ok := cfg.Tenant("x")
-	if !ok || x.Mode != ModeToken || x.Policy() != (x.Policy()) || x.Policy().Burst != 7 || x.Policy().Capacity != 0 || x.Policy().Interval != 500*time.Millisecond {
+	if !ok || x.Mode != ModeToken || x.Policy().Burst != 7 || x.Policy().Capacity != 0 || x.Policy().Interval != 500*time.Millisecond {
 		t.Fatalf("x: %+v %+v", x, x.Policy())
 	}
 	if _, ok := cfg.Tenant("y"); ok {
@@ -110,7 +110,9 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"[downstreams.a]\nurl = \"http://x\"\n[downstreams.b]\nurl = \"http://y\"\n", "tenant_defaults.downstream", "one of a, b"},
 		{"[server]\nshutdown_timeout = \"soon\"\n", "server.shutdown_timeout", "not a duration"},
 		{"[store]\nbackend = \"mongo\"\n", "store.backend", "embedded"},
-		{"[tenants.a]\nwindows = [\"1000/d\"]\n", "tenants.a.windows", "not supported"},
+		{"[tenants.a]\nwindows = [\"1000/d\", \"1.5/h\"]\n", "tenants.a.windows[1]", "whole number"},
+		{"[tenants.a]\nrate = \"1/m\"\nwindows = [\"5/s\"]\n", "tenants.a.windows[0]", "no longer than one interval"},
+		{"[downstreams.d]\nurl = \"http://x\"\nburst = 3\n", "downstreams.d.burst", "goes with rate"},
 		{"[[auth.tokens]]\nname = \"x\"\n", "auth.tokens.x.sha256", "exactly one of"},
 		{"[[auth.tokens]]\nname = \"x\"\nsha256 = \"abc\"\nrole = \"admin\"\ntenants = [\"*\"]\n", "auth.tokens.x.sha256", "64 hex digits"},
 		{"[[auth.tokens]]\nname = \"x\"\ntoken_env = \"THROTTLER_TEST_UNSET_TOKEN\"\nrole = \"admin\"\ntenants = [\"*\"]\n", "auth.tokens.x.token_env", "not set"},

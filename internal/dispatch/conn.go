@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"crypto/tls"
 	"net"
 	"sync"
@@ -28,15 +29,21 @@ type pacedWrite struct {
 	gate      *Gate
 	lanes     []Lane
 	notBefore time.Time
+	deadline  time.Time // zero: none; past it nothing is written
 	// refused is set if the gate did not let the write go because a lane
 	// is held.
 	refused atomic.Pointer[HeldError]
+	// expired is set if the gate let the write go only after the deadline.
+	expired atomic.Bool
 	wrote   func(time.Time) // told when the first bytes were written
 	// done is closed once the write was made (and wrote told) or refused.
 	// An answer can be read before the writing goroutine gets to tell
 	// wrote; whoever reads the answer waits for this first.
 	done chan struct{}
 }
+
+// errExpired is a write refused because the job's deadline passed first.
+var errExpired = errors.New("deadline passed before the request could be written")
 
 func (c *pacedConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
@@ -48,6 +55,11 @@ func (c *pacedConn) Write(p []byte) (int, error) {
 	}
 	defer close(pw.done)
 	t, err := pw.gate.WaitLanes(pw.ctx, pw.notBefore, pw.lanes...)
+	if err == nil && !pw.deadline.IsZero() && t.At.After(pw.deadline) {
+		t.Done()
+		pw.expired.Store(true)
+		return 0, errExpired
+	}
 	if err != nil {
 		if h, ok := err.(*HeldError); ok {
 			pw.refused.Store(h)

@@ -37,13 +37,14 @@ type Route struct {
 }
 
 // lanes are the gate's rules for a send of tenant on r: the tenant's rate,
-// and the downstream's ceiling (or, without one, its holds alone).
-func (r Route) lanes(tenant string) []Lane {
-	ds := Lane{Key: "downstream:" + r.Downstream}
+// and the downstream's ceiling (or, without one, its holds alone), for a
+// job of cost.
+func (r Route) lanes(tenant string, cost int) []Lane {
+	ds := Lane{Key: "downstream:" + r.Downstream, Cost: cost}
 	if r.Ceiling != nil {
 		ds.Policy = *r.Ceiling
 	}
-	return []Lane{{Key: "tenant:" + tenant, Policy: r.Policy}, ds}
+	return []Lane{{Key: "tenant:" + tenant, Policy: r.Policy, Cost: cost}, ds}
 }
 
 // Options configure a Dispatcher.
@@ -149,12 +150,12 @@ var indefinitely = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
 // (an operator hold: the store has stopped handing its jobs over; these
 // were handed over just before). They go back in line, unsent.
 func (d *Dispatcher) HoldTenant(tenant string) {
-	d.gate.Hold(Route{}.lanes(tenant)[0].Key, indefinitely)
+	d.gate.Hold(Route{}.lanes(tenant, 1)[0].Key, indefinitely)
 }
 
 // ResumeTenant ends HoldTenant.
 func (d *Dispatcher) ResumeTenant(tenant string) {
-	d.gate.Unhold(Route{}.lanes(tenant)[0].Key)
+	d.gate.Unhold(Route{}.lanes(tenant, 1)[0].Key)
 }
 
 // Breakers reports, by downstream, whether its circuit breaker stops its
@@ -176,6 +177,9 @@ func (d *Dispatcher) Breakers() map[string]bool {
 // attempt makes one attempt and classifies the answer.
 func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome, string) {
 	r := d.routes(job.Tenant)
+	if !job.Deadline.IsZero() && d.clock.Now().After(job.Deadline) {
+		return queue.Outcome{Result: queue.Expired}, ""
+	}
 	br := d.breaker(r.Downstream)
 	probe, until, ok := br.allow(d.clock.Now())
 	if !ok {
@@ -183,7 +187,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// first in its tenant's queue, and uses up none of its attempts.
 		return queue.Outcome{Result: queue.Released, PauseUntil: until}, ""
 	}
-	lanes := r.lanes(job.Tenant)
+	lanes := r.lanes(job.Tenant, job.Cost)
 	// Once begun, an attempt is not cut short by a stop: a request cut off
 	// mid-write would leave the downstream guessing, and the job was handed
 	// over only a moment before its slot.
@@ -200,6 +204,9 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		fallback *Ticket // pacing without a pacedConn
 		armed    *pacedWrite
 		held     *HeldError // the gate refused the send: a lane is held
+		// lateForDeadline: the gate let it go only after its deadline, so
+		// it was not sent
+		lateForDeadline bool
 		over     bool       // the attempt's outcome is decided: a late report changes nothing
 	)
 	wrote := func(at time.Time) {
@@ -225,7 +232,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// written (again after a dead idle connection: nothing was written
 		// on that one). The gate itself is passed at the write.
 		GotConn: func(info httptrace.GotConnInfo) {
-			pw := &pacedWrite{ctx: ctx, gate: d.gate, lanes: lanes, notBefore: job.DispatchAt, wrote: wrote, done: make(chan struct{})}
+			pw := &pacedWrite{ctx: ctx, gate: d.gate, lanes: lanes, notBefore: job.DispatchAt, deadline: job.Deadline, wrote: wrote, done: make(chan struct{})}
 			if pace(info.Conn, pw) {
 				mu.Lock()
 				armed = pw
@@ -240,7 +247,16 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 			}
 			mu.Unlock()
 			t, err := d.gate.WaitLanes(ctx, job.DispatchAt, lanes...)
+			if err == nil && !job.Deadline.IsZero() && t.At.After(job.Deadline) {
+				t.Done()
+				err = errExpired
+			}
 			if err != nil {
+				if errors.Is(err, errExpired) {
+					mu.Lock()
+					lateForDeadline = true
+					mu.Unlock()
+				}
 				var h *HeldError
 				if errors.As(err, &h) {
 					mu.Lock()
@@ -282,8 +298,15 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 	if pw != nil && held == nil {
 		held = pw.refused.Load()
 	}
+	if pw != nil && pw.expired.Load() {
+		lateForDeadline = true
+	}
 	mu.Unlock()
 	now := d.clock.Now()
+	if err != nil && lateForDeadline && out.SentAt.IsZero() {
+		br.report(now, probe, unsent)
+		return queue.Outcome{Result: queue.Expired}, ""
+	}
 	if err != nil && held != nil && out.SentAt.IsZero() {
 		// Paused while it waited for its slot: nothing was sent. It goes
 		// back in line behind the job that was pushed back.
@@ -348,7 +371,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 // the gate give up and go back in line; the job keeps its place, first when
 // the pause ends, and its attempts are not used up.
 func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until time.Time, msg string) queue.Outcome {
-	lanes := r.lanes(job.Tenant)
+	lanes := r.lanes(job.Tenant, 1)
 	d.gate.Hold(lanes[0].Key, until)
 	if r.Ceiling != nil {
 		d.gate.Hold(lanes[1].Key, until)
@@ -364,7 +387,7 @@ func (d *Dispatcher) failure(job queue.Job, r Route, br *breaker, probe bool, ou
 	opened, probeAt := br.report(now, probe, failing)
 	if opened {
 		// Sends of other jobs waiting for their slot give up now.
-		d.gate.Hold(r.lanes(job.Tenant)[1].Key, probeAt)
+		d.gate.Hold(r.lanes(job.Tenant, 1)[1].Key, probeAt)
 	}
 	if probe {
 		out.Result, out.NotBefore, out.PauseUntil = queue.Retry, probeAt, probeAt

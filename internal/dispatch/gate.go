@@ -34,10 +34,18 @@ type Gate struct {
 }
 
 // Lane is one rule a send must pass: Key's own GCRA under Policy, and
-// Key's holds. A lane with a zero Policy.Interval only has holds.
+// Key's holds. A lane with a zero Policy.Interval only has holds. A send of
+// Cost (a job that takes several slots) spaces the next one Cost intervals
+// later.
 type Lane struct {
 	Key    string
 	Policy leaky.Policy
+	Cost   int // 0 or 1: one slot
+}
+
+// step is how far one send of the lane moves its schedule.
+func (l Lane) step() time.Duration {
+	return time.Duration(max(l.Cost, 1)) * l.Policy.Interval
 }
 
 type gateKey struct {
@@ -124,7 +132,7 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			for _, l := range lanes {
 				if l.Policy.Interval > 0 {
 					k := g.keys[l.Key]
-					k.tat = later(k.tat, now).Add(l.Policy.Interval)
+					k.tat = later(k.tat, now).Add(l.step())
 					k.outstanding = t.done
 				}
 			}
@@ -190,8 +198,8 @@ func (g *Gate) Unhold(key string) {
 // Wrote records that the request was written at wrote: each lane's next
 // send is spaced from then.
 func (t *Ticket) Wrote(wrote time.Time) {
-	t.resolve(func(k *gateKey, p leaky.Policy) {
-		if next := wrote.Add(p.Interval); k.tat.Before(next) {
+	t.resolve(func(k *gateKey, l Lane) {
+		if next := wrote.Add(l.step()); k.tat.Before(next) {
 			k.tat = next
 		}
 	})
@@ -201,13 +209,13 @@ func (t *Ticket) Wrote(wrote time.Time) {
 // written (the slot stays used: a gap is safe).
 func (t *Ticket) Done() { t.resolve(nil) }
 
-func (t *Ticket) resolve(f func(*gateKey, leaky.Policy)) {
+func (t *Ticket) resolve(f func(*gateKey, Lane)) {
 	t.once.Do(func() {
 		t.g.mu.Lock()
 		for _, l := range t.lanes {
 			if k := t.g.keys[l.Key]; k != nil {
 				if f != nil {
-					f(k, l.Policy)
+					f(k, l)
 				}
 				if k.outstanding == t.done {
 					k.outstanding = nil

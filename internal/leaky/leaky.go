@@ -30,6 +30,9 @@ type Policy struct {
 	Burst int
 	// Capacity is how many jobs may wait (>= 0). Token mode has 0.
 	Capacity int
+	// Windows are limits beside the rate: never more than N sends in any
+	// window of a length (see Window). Optional.
+	Windows []Window
 }
 
 // Validate says what is wrong with p, if anything.
@@ -55,6 +58,17 @@ func (p Policy) MaxDelay() time.Duration {
 	return time.Duration(p.Capacity) * p.Interval
 }
 
+// MaxCost is the largest cost a job can have and ever be admitted: what the
+// bucket holds when it is quiet (Burst at once and Capacity waiting), and
+// what every window allows.
+func (p Policy) MaxCost() int {
+	n := p.Capacity + p.Burst
+	for _, w := range p.Windows {
+		n = min(n, w.N)
+	}
+	return n
+}
+
 // State is one bucket. The zero value is a bucket that has been quiet forever.
 type State struct {
 	// TAT is the theoretical arrival time of the next conforming job.
@@ -76,19 +90,44 @@ type Decision struct {
 // Admit decides one job arriving at now and returns the bucket's new state.
 // A rejected job leaves the state unchanged.
 func Admit(s State, now time.Time, p Policy) (Decision, State) {
+	return AdmitCost(s, now, p, 1)
+}
+
+// AdmitCost decides a job that takes cost slots of the schedule (cost >= 1;
+// say, the segments of an SMS): it is sent at its slot and the next job
+// comes cost intervals later. It is admitted iff its last slot would wait
+// at most Capacity intervals, the weighted GCRA: with cost 1 this is Admit.
+// A cost above p.MaxCost() is never admitted.
+func AdmitCost(s State, now time.Time, p Policy, cost int) (Decision, State) {
+	cost = max(cost, 1)
 	slot := earliestSlot(s, now, p)
-	delay := slot.Sub(now)
-	if delay > p.MaxDelay() {
-		return Decision{RetryAfter: delay - p.MaxDelay()}, s
+	// How far the job's last slot is past now, beyond what goes at once.
+	excess := later(s.TAT, now).Add(time.Duration(cost-1) * p.Interval).Sub(now) - p.Tolerance()
+	if excess > p.MaxDelay() {
+		return Decision{RetryAfter: excess - p.MaxDelay()}, s
 	}
-	return Decision{Admitted: true, Slot: slot, Delay: delay}, advance(s, now, p)
+	return Decision{Admitted: true, Slot: slot, Delay: slot.Sub(now)}, advanceCost(s, now, p, cost)
 }
 
 // Reserve takes the next slot at or after notBefore whatever the capacity:
 // for a job already accepted that must be sent again (a retry), so that every
 // attempt is paced like the first.
 func Reserve(s State, notBefore time.Time, p Policy) (time.Time, State) {
-	return earliestSlot(s, notBefore, p), advance(s, notBefore, p)
+	return ReserveCost(s, notBefore, p, 1)
+}
+
+// ReserveCost is Reserve for a job of cost slots.
+func ReserveCost(s State, notBefore time.Time, p Policy, cost int) (time.Time, State) {
+	return earliestSlot(s, notBefore, p), advanceCost(s, notBefore, p, max(cost, 1))
+}
+
+// Push moves a job's slot to at (later than the bucket would have it, for
+// a window): the schedule after it follows from there.
+func Push(s State, at time.Time, p Policy, cost int) State {
+	if next := at.Add(time.Duration(max(cost, 1)) * p.Interval); next.After(s.TAT) {
+		s.TAT = next
+	}
+	return s
 }
 
 // ExpectedDelay is how long a job admitted at now would wait before its slot.
@@ -125,10 +164,6 @@ func earliestSlot(s State, now time.Time, p Policy) time.Time {
 	return slot
 }
 
-func advance(s State, now time.Time, p Policy) State {
-	tat := s.TAT
-	if tat.Before(now) {
-		tat = now
-	}
-	return State{TAT: tat.Add(p.Interval)}
+func advanceCost(s State, now time.Time, p Policy, cost int) State {
+	return State{TAT: later(s.TAT, now).Add(time.Duration(cost) * p.Interval)}
 }

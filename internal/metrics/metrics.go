@@ -51,7 +51,7 @@ func New(store queue.Store, labels Labels, named func() []string) *Metrics {
 		Registry:  reg,
 		labels:    labels,
 		accepted:  counter("jobs_accepted_total", "Jobs admitted (202)."),
-		rejected:  counter("jobs_rejected_total", "Jobs refused with 429, by reason (queue_full, rate_limited).", "reason"),
+		rejected:  counter("jobs_rejected_total", "Jobs refused, by reason: 429 queue_full, rate_limited; 422 would_expire, cost_too_large.", "reason"),
 		delivered: counter("jobs_delivered_total", "Jobs the downstream took (2xx)."),
 		failed:    counter("jobs_failed_total", "Jobs that ended failed (permanent error or last attempt)."),
 		retried:   counter("jobs_retried_total", "Attempts that will be tried again."),
@@ -98,6 +98,8 @@ func (m *Metrics) Admitted(tenant string, out []queue.Admission) {
 		switch {
 		case a.Rejected != nil:
 			m.rejected.WithLabelValues(ds, tl, a.Rejected.Reason).Inc()
+		case a.Impossible != nil:
+			m.rejected.WithLabelValues(ds, tl, a.Impossible.Reason).Inc()
 		case !a.Duplicate:
 			m.accepted.WithLabelValues(ds, tl).Inc()
 		}

@@ -66,6 +66,41 @@ type tenantRecord struct {
 	Delivered     int64       `json:"delivered"`
 	Failed        int64       `json:"failed"`
 	Cancelled     int64       `json:"cancelled"`
+	Expired       int64       `json:"expired,omitempty"`
+	// Recent is each window's bookkeeping (by the window as written): the
+	// slots, in tenant time (unix ns), of its last N sends.
+	Recent map[string][]int64 `json:"recent,omitempty"`
+}
+
+// recent is the bookkeeping of p's windows (empty for a window new to it).
+func (r tenantRecord) recent(p leaky.Policy) []leaky.Recent {
+	if len(p.Windows) == 0 {
+		return nil
+	}
+	out := make([]leaky.Recent, len(p.Windows))
+	for i, w := range p.Windows {
+		for _, ns := range r.Recent[w.String()] {
+			out[i] = append(out[i], time.Unix(0, ns))
+		}
+	}
+	return out
+}
+
+// setRecent stores the bookkeeping of p's windows (and drops windows no
+// longer configured).
+func (r *tenantRecord) setRecent(p leaky.Policy, recent []leaky.Recent) {
+	if len(p.Windows) == 0 {
+		r.Recent = nil
+		return
+	}
+	r.Recent = make(map[string][]int64, len(p.Windows))
+	for i, w := range p.Windows {
+		ns := make([]int64, len(recent[i]))
+		for k, t := range recent[i] {
+			ns[k] = t.UnixNano()
+		}
+		r.Recent[w.String()] = ns
+	}
 }
 
 type tenantMem struct {
@@ -86,14 +121,21 @@ type schedule struct {
 	heap     dueHeap
 	waiting  map[string]dueEntry            // id -> entry of each waiting job not held by the dispatcher
 	byTenant map[string]map[string]struct{} // tenant -> ids in waiting: to retime a tenant's jobs when it pauses
+	expiry   dueHeap                        // waiting jobs with a deadline, by deadline (at = deadline)
 }
 
 type dueEntry struct {
-	at     time.Time // real time: slot plus the tenant's pauses
-	slot   time.Time // tenant time
-	id     string
-	tenant string
-	held   bool // handed over later than its time, for a downstream's ceiling
+	at       time.Time // real time: slot plus the tenant's pauses
+	slot     time.Time // tenant time
+	id       string
+	tenant   string
+	deadline time.Time // zero: none
+	held     bool      // handed over later than its time, for a downstream's ceiling
+}
+
+// entryOf is a waiting job's schedule entry at real time at.
+func entryOf(j Job, at time.Time) dueEntry {
+	return dueEntry{at: at, slot: j.slot(), id: j.ID, tenant: j.Tenant, deadline: j.Deadline}
 }
 
 // never is the heap time of a held tenant's jobs: not due until resumed.
@@ -144,6 +186,34 @@ func (sc *schedule) add(e dueEntry) {
 	}
 	ids[e.id] = struct{}{}
 	heap.Push(&sc.heap, e)
+	if !e.deadline.IsZero() {
+		heap.Push(&sc.expiry, dueEntry{at: e.deadline, id: e.id})
+	}
+}
+
+// expiring takes out the waiting jobs whose deadline is at or before now
+// and whose time is after it: they can no longer be sent in time.
+func (sc *schedule) expiring(now time.Time) []dueEntry {
+	var out []dueEntry
+	for sc.expiry.Len() > 0 && !sc.expiry[0].at.After(now) {
+		x := heap.Pop(&sc.expiry).(dueEntry)
+		if e, ok := sc.waiting[x.id]; ok && e.at.After(e.deadline) {
+			sc.remove(e.id)
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// nextExpiry is the earliest deadline of a waiting job (zero if none).
+func (sc *schedule) nextExpiry() time.Time {
+	for sc.expiry.Len() > 0 {
+		if _, ok := sc.waiting[sc.expiry[0].id]; ok {
+			return sc.expiry[0].at
+		}
+		heap.Pop(&sc.expiry)
+	}
+	return time.Time{}
 }
 
 // remove takes a job out of the schedule (its heap entry goes stale).
@@ -369,6 +439,7 @@ func (s *BoltStore) respace(tx *bolt.Tx, now time.Time, clean bool) error {
 		id     string
 		moved  bool
 		tenant string
+		job    Job
 	}
 	due := tx.Bucket(bucketDue)
 	byTenant := map[string][]*waiting{} // in slot order, as the index is
@@ -380,7 +451,11 @@ func (s *BoltStore) respace(tx *bolt.Tx, now time.Time, clean bool) error {
 		if _, ok := byTenant[name]; !ok {
 			tenants = append(tenants, name)
 		}
-		byTenant[name] = append(byTenant[name], &waiting{key: slices.Clone(k), slot: slot, id: id, tenant: name})
+		j, ok, err := getJob(tx, id, false)
+		if err != nil || !ok {
+			return fmt.Errorf("job %s in the due index but not stored (%v)", id, err)
+		}
+		byTenant[name] = append(byTenant[name], &waiting{key: slices.Clone(k), slot: slot, id: id, tenant: name, job: j})
 	}
 	moved := 0
 	for _, name := range tenants {
@@ -405,27 +480,32 @@ func (s *BoltStore) respace(tx *bolt.Tx, now time.Time, clean bool) error {
 			// only "before now" is sure.
 			floor = later(floor, now.Add(p.Interval))
 		}
+		recent := tm.rec.recent(p)
 		for _, w := range jobs {
 			if at, _ := pz.Real(w.slot); !at.Before(floor) {
 				break // on schedule: so are the later ones
 			}
 			// Real(floor - Shift) is floor: floor is past the pause's end.
-			w.slot, w.moved = floor.Add(-pz.Shift), true
-			floor = floor.Add(p.Interval)
-			if next := w.slot.Add(p.Interval); tm.rec.TAT.Before(next) {
+			// The old slot stays in the windows' bookkeeping: it may have
+			// been sent.
+			cost := w.job.cost()
+			w.slot, w.moved = leaky.WindowSlot(recent, p, floor.Add(-pz.Shift), cost), true
+			for i, win := range p.Windows {
+				recent[i] = recent[i].Add(win, w.slot, cost)
+			}
+			floor = w.slot.Add(pz.Shift).Add(time.Duration(cost) * p.Interval)
+			if next := w.slot.Add(time.Duration(cost) * p.Interval); tm.rec.TAT.Before(next) {
 				tm.rec.TAT = next
 			}
 			moved++
 		}
+		tm.rec.setRecent(p, recent)
 	}
 	for _, name := range tenants {
 		pz := s.tenants[name].rec.Pause
 		for _, w := range byTenant[name] {
+			j := w.job
 			if w.moved {
-				j, ok, err := getJob(tx, w.id, false)
-				if err != nil || !ok {
-					return fmt.Errorf("job %s in the due index but not stored (%v)", w.id, err)
-				}
 				j.Slot, j.DispatchAt = w.slot, dispatchAt(pz, w.slot, now)
 				if err := putJob(tx, j); err != nil {
 					return err
@@ -437,7 +517,7 @@ func (s *BoltStore) respace(tx *bolt.Tx, now time.Time, clean bool) error {
 					return err
 				}
 			}
-			s.sched.add(dueEntry{at: realAt(pz, w.slot), slot: w.slot, id: w.id, tenant: name})
+			s.sched.add(entryOf(j, realAt(pz, w.slot)))
 		}
 	}
 	for name, tm := range s.tenants {
@@ -535,7 +615,7 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		if nj.IdempotencyKey != "" {
 			if first, ok := inCall[nj.IdempotencyKey]; ok {
 				out[i] = out[first]
-				out[i].Duplicate = out[first].Rejected == nil
+				out[i].Duplicate = out[first].Admitted()
 				continue
 			}
 			inCall[nj.IdempotencyKey] = i
@@ -554,21 +634,37 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 				continue
 			}
 		}
-		d, st := admit(tm.rec, tm.depth, arrival, now, policy)
+		cost := max(nj.Cost, 1)
+		if most := policy.MaxCost(); cost > most {
+			out[i] = Admission{Impossible: &ImpossibleError{Tenant: tenant, Reason: ReasonCostTooLarge, Cost: cost, MaxCost: most}, QueueDepth: tm.depth, Capacity: policy.Capacity}
+			continue
+		}
+		d, st, recent := admit(tm.rec, tm.depth, arrival, now, policy, cost)
 		if !d.Admitted {
 			tm.rec.Rejected++
 			tm.dirty = true
 			out[i] = Admission{Rejected: rejection(tenant, policy, d, tm.depth), QueueDepth: tm.depth, Capacity: policy.Capacity}
 			continue
 		}
+		at := dispatchAt(pz, d.Slot, now)
+		delay := max(at.Sub(now), s.ceilingDelay(tenant, tm.depth))
+		if !nj.Deadline.IsZero() && now.Add(delay).After(nj.Deadline) {
+			// Worthless by the time it would go: say so now, take nothing.
+			out[i] = Admission{Impossible: &ImpossibleError{Tenant: tenant, Reason: ReasonWouldExpire, ExpectedDelay: delay, Deadline: nj.Deadline}, QueueDepth: tm.depth, Capacity: policy.Capacity}
+			continue
+		}
 		tm.rec.TAT = st.TAT
+		tm.rec.setRecent(policy, recent)
 		tm.rec.Accepted++
 		tm.depth++
-		at := dispatchAt(pz, d.Slot, now)
 		j := Job{
 			ID: newID(now), Tenant: tenant, State: StateQueued, Payload: nj.Payload,
 			IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: now, DispatchAt: at, Slot: d.Slot,
-			AdmitDelay: max(at.Sub(now), s.ceilingDelay(tenant, tm.depth-1)), AdmitDepth: tm.depth, Prompt: d.Delay == 0 && !paused,
+			AdmitDelay: delay, AdmitDepth: tm.depth, Prompt: d.Delay == 0 && !paused,
+			Deadline: nj.Deadline,
+		}
+		if cost > 1 {
+			j.Cost = cost
 		}
 		admitted = append(admitted, j)
 		out[i] = Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: tm.depth, Capacity: policy.Capacity}
@@ -621,7 +717,7 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 		// The tenant's pause may have changed since the decision: schedule
 		// by the current one.
 		for _, j := range admitted {
-			e := dueEntry{at: realAt(tm.rec.Pause, j.Slot), slot: j.Slot, id: j.ID, tenant: j.Tenant}
+			e := entryOf(j, realAt(tm.rec.Pause, j.Slot))
 			s.sched.add(e)
 			if soonest.IsZero() || e.at.Before(soonest) {
 				soonest = e.at
@@ -637,15 +733,16 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 	return out, nil
 }
 
-// admit is leaky.Admit in the tenant's time, with a refusal's Retry-After
-// in real time (it includes what is left of a pause). It also refuses a job
-// when depth jobs already wait and the bucket could not hold one more. The
-// schedule alone would admit one too many while the tenant is paused (the
-// job at the frozen "now" looks as if it goes at once, but it waits), and
-// past capacity when sends are slower than the tenant's rate (a
-// downstream's ceiling shared with others).
-func admit(rec tenantRecord, depth int, arrival, now time.Time, p leaky.Policy) (leaky.Decision, leaky.State) {
-	d, st := leaky.Admit(leaky.State{TAT: rec.TAT}, arrival, p)
+// admit decides one job of cost in the tenant's time (leaky.Decide: the
+// rate and every window), with a refusal's Retry-After in real time (it
+// includes what is left of a pause). It also refuses a job when depth jobs
+// already wait and the bucket could not hold one more. The schedule alone
+// would admit one too many while the tenant is paused (the job at the
+// frozen "now" looks as if it goes at once, but it waits), and past
+// capacity when sends are slower than the tenant's rate (a downstream's
+// ceiling shared with others).
+func admit(rec tenantRecord, depth int, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
+	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.recent(p), arrival, p, cost, depth)
 	room := p.Capacity + p.Burst // waiting, and going at once
 	if paused, _ := rec.Pause.Paused(now); paused {
 		room = p.Capacity // nothing goes at once: all of them wait
@@ -657,7 +754,28 @@ func admit(rec tenantRecord, depth int, arrival, now time.Time, p leaky.Policy) 
 		tnow := rec.Pause.TenantTime(now)
 		d.RetryAfter = dispatchAt(rec.Pause, tnow.Add(d.RetryAfter), now).Sub(now)
 	}
-	return d, st
+	return d, st, recent
+}
+
+// reserve takes a slot for another attempt of a job of cost, at or after
+// tenant time from and no earlier than notBefore (a backoff), paced like any
+// job and within every window; it does not refuse (the job was admitted).
+func (s *BoltStore) reserve(tm *tenantMem, p leaky.Policy, from, notBefore time.Time, cost int) time.Time {
+	slot, st := leaky.ReserveCost(leaky.State{TAT: tm.rec.TAT}, from, p, cost)
+	at := later(slot, notBefore)
+	if len(p.Windows) > 0 {
+		recent := tm.rec.recent(p)
+		at = leaky.WindowSlot(recent, p, at, cost)
+		for i, w := range p.Windows {
+			recent[i] = recent[i].Add(w, at, cost)
+		}
+		tm.rec.setRecent(p, recent)
+		if !notBefore.After(slot) {
+			st = leaky.Push(st, at, p, cost) // a window moved it: the rest follow
+		}
+	}
+	tm.rec.TAT = st.TAT
+	return at
 }
 
 // waitKeysAndLoad waits (s.mu held, released while waiting) until none of
@@ -758,13 +876,16 @@ func (s *BoltStore) Tenant(ctx context.Context, name string) (TenantStatus, erro
 func (s *BoltStore) status(name string, tm *tenantMem, now time.Time) TenantStatus {
 	pz := tm.rec.Pause
 	tnow := pz.TenantTime(now)
-	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: tm.rec.TAT}, tnow, s.policy(name)))
+	p := s.policy(name)
+	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: tm.rec.TAT}, tnow, p))
+	slot = leaky.WindowSlot(tm.rec.recent(p), p, slot, 1)
 	paused, until := pz.Paused(now)
 	return TenantStatus{
 		Tenant:        name,
 		QueueDepth:    tm.depth,
 		InFlight:      tm.inFlight,
 		ExpectedDelay: max(dispatchAt(pz, slot, now).Sub(now), s.ceilingDelay(name, tm.depth)),
+		Expired:       tm.rec.Expired,
 		Paused:        paused,
 		PausedUntil:   until,
 		Held:          !pz.Held.IsZero(),

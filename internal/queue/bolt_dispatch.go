@@ -13,7 +13,6 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"throttler/internal/leaky"
 )
 
 // claimEvery is the longest a due job waits to be claimed once within the
@@ -115,7 +114,7 @@ func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
 			// cancelling does not leave the queue looking fuller than it is.
 			// (Only then: a place in the middle is already spaced around.)
 			p := s.policy(j.Tenant)
-			if p.Burst == 1 && j.slot().Add(p.Interval).Equal(tm.rec.TAT) {
+			if p.Burst == 1 && len(p.Windows) == 0 && j.slot().Add(time.Duration(j.cost())*p.Interval).Equal(tm.rec.TAT) {
 				tm.rec.TAT = j.slot()
 			}
 		}
@@ -136,22 +135,28 @@ func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
 // claimDue hands over up to limit waiting jobs due at or before horizon,
 // earliest first: they leave the schedule and are held in memory (nothing is
 // written), with their attempt counted in the job handed over. It also
-// returns the slot of the next waiting job (zero if none).
+// returns the jobs whose deadline passed before they could go (out of the
+// schedule, to be expired), and the time of the next waiting job or
+// deadline (zero if none).
 //
 // Lock order: s.mu is never taken inside a read transaction. A commit that
 // grows the file waits for every reader to finish, and code that holds s.mu
 // opens read transactions: a reader waiting for s.mu would deadlock both.
-func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, error) {
+func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, time.Time, error) {
 	var chosen []dueEntry
 	var next time.Time
 	s.mu.Lock()
+	expired := s.sched.expiring(s.clock.Now())
+	if d := s.sched.nextExpiry(); !d.IsZero() {
+		next = d.Add(horizon.Sub(s.clock.Now())) // Consume wakes a lead before next
+	}
 	for len(chosen) < limit {
 		e, ok := s.sched.peek()
 		if !ok {
 			break
 		}
 		if e.at.After(horizon) {
-			next = e.at
+			next = earlier(next, e.at)
 			break
 		}
 		heap.Pop(&s.sched.heap)
@@ -172,7 +177,7 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, er
 	}
 	if len(chosen) == limit {
 		if e, ok := s.sched.peek(); ok {
-			next = e.at
+			next = earlier(next, e.at)
 		}
 	}
 	now := s.clock.Now()
@@ -190,9 +195,7 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, er
 			look := q.lookahead(horizon.Sub(now))
 			if slot.After(now.Add(look)) {
 				// Consume wakes a lead before next: make that look before slot.
-				if wake := slot.Add(horizon.Sub(now) - look); next.IsZero() || wake.Before(next) {
-					next = wake
-				}
+				next = earlier(next, slot.Add(horizon.Sub(now)-look))
 				break
 			}
 			q.take()
@@ -208,7 +211,7 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, er
 	}
 	s.mu.Unlock()
 	if len(chosen) == 0 {
-		return nil, next, nil
+		return nil, expired, next, nil
 	}
 	claimed := make([]Job, 0, len(chosen))
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -238,7 +241,7 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, er
 			delete(s.claims, e.id)
 			s.sched.add(e)
 		}
-		return nil, time.Time{}, unavailable(err)
+		return nil, expired, time.Time{}, unavailable(err)
 	}
 	for _, j := range claimed {
 		s.claims[j.ID] = j
@@ -247,7 +250,67 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, time.Time, er
 			tm.inFlight++
 		}
 	}
-	return claimed, next, nil
+	return claimed, expired, next, nil
+}
+
+// earlier is the earlier of a and b, where zero means none.
+func earlier(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
+
+// expire ends waiting jobs whose deadline passed before they could go: they
+// are never sent. On a write failure they go back to the schedule (and come
+// out again on the next pass).
+func (s *BoltStore) expire(entries []dueEntry) {
+	if len(entries) == 0 {
+		return
+	}
+	now := s.clock.Now()
+	var done []Job
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		done = done[:0]
+		for _, e := range entries {
+			j, ok, err := getJob(tx, e.id, false)
+			if err != nil {
+				return err
+			}
+			if !ok || !j.State.Waiting() {
+				continue
+			}
+			if err := tx.Bucket(bucketDue).Delete(dueKey(j.slot(), j.ID)); err != nil {
+				return err
+			}
+			j.State, j.FinishedAt = StateExpired, now
+			j.LastError = cmp.Or(j.LastError, "expired: its deadline passed before it could be sent")
+			if err := putJob(tx, j); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketDone).Put(dueKey(now, j.ID), nil); err != nil {
+				return err
+			}
+			done = append(done, j)
+		}
+		return nil
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.log.Error("cannot record expired jobs; trying again", "err", err)
+		for _, e := range entries {
+			s.sched.add(e)
+		}
+		return
+	}
+	for _, j := range done {
+		if tm, ok := s.tenants[j.Tenant]; ok {
+			tm.depth--
+			tm.rec.Expired++
+			tm.dirty = true
+		}
+	}
 }
 
 // finishWindow is how long the outcome of an attempt waits for others to
@@ -274,7 +337,7 @@ func (s *BoltStore) finish(j Job, o Outcome) error {
 			tm.depth++
 			at = realAt(tm.rec.Pause, j.Slot) // the tenant may have paused meanwhile
 		}
-		s.sched.add(dueEntry{at: at, slot: j.Slot, id: j.ID, tenant: j.Tenant})
+		s.sched.add(entryOf(j, at))
 		s.mu.Unlock()
 		s.pokeIfSooner(at)
 		return nil
@@ -360,6 +423,11 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 				if cur.Attempts > 0 {
 					cur.State = StateRetrying
 				}
+			case Expired: // nothing was sent: too late
+				cur.Attempts--
+				cur.State = StateExpired
+				cur.FinishedAt = now
+				cur.LastError = "expired: its deadline passed before it could be sent"
 			default: // Retry
 				cur.State = StateRetrying
 				if o.PauseUntil.IsZero() {
@@ -370,9 +438,7 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 					// jobs as if the queue were full.
 					cur.Failures++
 					pz := tm.rec.Pause
-					slot, st := leaky.Reserve(leaky.State{TAT: tm.rec.TAT}, pz.TenantTime(now), s.policy(j.Tenant))
-					tm.rec.TAT = st.TAT
-					cur.Slot = later(slot, pz.TenantTime(o.NotBefore))
+					cur.Slot = s.reserve(tm, s.policy(j.Tenant), pz.TenantTime(now), pz.TenantTime(o.NotBefore), cur.cost())
 				} // pushback keeps its place: the pause moves it
 			}
 			if !o.PauseUntil.IsZero() && !cur.State.Finished() {
@@ -381,6 +447,11 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 			}
 			if !cur.State.Finished() {
 				cur.DispatchAt = dispatchAt(tm.rec.Pause, cur.Slot, now)
+				if !cur.Deadline.IsZero() && cur.DispatchAt.After(cur.Deadline) {
+					// Its next attempt would come too late: it ends here.
+					cur.State, cur.FinishedAt = StateExpired, now
+					cur.LastError = "expired: its deadline passes before its next attempt; last attempt: " + cur.LastError
+				}
 			}
 			s.mu.Unlock()
 			if err := putJob(tx, cur); err != nil {
@@ -431,7 +502,7 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 			if ok {
 				at = realAt(tm.rec.Pause, result.Slot)
 			}
-			s.sched.add(dueEntry{at: at, slot: result.Slot, id: result.ID, tenant: result.Tenant})
+			s.sched.add(entryOf(result, at))
 			if soonest.IsZero() || at.Before(soonest) {
 				soonest = at
 			}
@@ -443,6 +514,8 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 				tm.rec.Delivered++
 			case StateFailed:
 				tm.rec.Failed++
+			case StateExpired:
+				tm.rec.Expired++
 			default:
 				tm.depth++
 			}
@@ -473,11 +546,12 @@ func (s *BoltStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions)
 		now := s.clock.Now()
 		var next time.Time
 		if free := cap(sem) - len(sem); free > 0 {
-			jobs, n, err := s.claimDue(now.Add(lead), free)
+			jobs, expired, n, err := s.claimDue(now.Add(lead), free)
 			if err != nil {
 				s.log.Error("dispatcher cannot read due jobs; trying again", "err", err)
 				n = now.Add(time.Second)
 			}
+			s.expire(expired)
 			next = n
 			for _, j := range jobs {
 				sem <- struct{}{}
@@ -586,7 +660,12 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 	policy := s.policy(j.Tenant)
 	now := s.clock.Now()
 	pz := tm.rec.Pause
-	d, st := admit(tm.rec, tm.depth, pz.TenantTime(now).Add(s.startLag()), now, policy)
+	d, st, recent := admit(tm.rec, tm.depth, pz.TenantTime(now).Add(s.startLag()), now, policy, j.cost())
+	if d.Admitted && !j.Deadline.IsZero() && dispatchAt(pz, d.Slot, now).After(j.Deadline) {
+		s.mu.Unlock()
+		delay := dispatchAt(pz, d.Slot, now).Sub(now)
+		return Admission{Impossible: &ImpossibleError{Tenant: j.Tenant, Reason: ReasonWouldExpire, ExpectedDelay: delay, Deadline: j.Deadline}, QueueDepth: tm.depth, Capacity: policy.Capacity}, nil
+	}
 	if !d.Admitted {
 		tm.rec.Rejected++
 		tm.dirty = true
@@ -596,6 +675,7 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 	}
 	failed := j
 	tm.rec.TAT = st.TAT
+	tm.rec.setRecent(policy, recent)
 	tm.depth++
 	tm.pending++
 	j.State, j.Attempts, j.Failures, j.FinishedAt = StateQueued, 0, 0, time.Time{}
@@ -634,7 +714,7 @@ func (s *BoltStore) Retry(ctx context.Context, id string) (Admission, error) {
 	if err != nil {
 		tm.depth--
 	} else {
-		s.sched.add(dueEntry{at: at, slot: j.Slot, id: id, tenant: j.Tenant})
+		s.sched.add(entryOf(j, at))
 	}
 	depth := tm.depth
 	s.mu.Unlock()

@@ -34,6 +34,7 @@ const (
 	StateSucceeded   JobState = "succeeded"
 	StateFailed      JobState = "failed"
 	StateCancelled   JobState = "cancelled"
+	StateExpired     JobState = "expired" // its deadline came before it could be sent
 )
 
 // slot is the job's place in its tenant's schedule (jobs stored before
@@ -50,7 +51,7 @@ func (s JobState) Waiting() bool { return s == StateQueued || s == StateRetrying
 
 // Finished reports whether a job in this state is done for good.
 func (s JobState) Finished() bool {
-	return s == StateSucceeded || s == StateFailed || s == StateCancelled
+	return s == StateSucceeded || s == StateFailed || s == StateCancelled || s == StateExpired
 }
 
 // Job is one unit of work for a tenant's downstream.
@@ -73,6 +74,11 @@ type Job struct {
 	// max_attempts bounds these. Pushback (429, 503 with Retry-After) and
 	// jobs held back by an open circuit breaker do not count.
 	Failures int `json:"failures,omitempty"`
+	// Cost is how many slots of the schedule the job takes (1 if zero).
+	Cost int `json:"cost,omitempty"`
+	// Deadline: after it, the job is worthless and is never sent (zero:
+	// none).
+	Deadline time.Time `json:"deadline,omitzero"`
 	// SentAt is when the last attempt's request was written.
 	SentAt         time.Time `json:"sent_at,omitzero"`
 	FinishedAt     time.Time `json:"finished_at,omitzero"`
@@ -86,15 +92,24 @@ type Job struct {
 	Prompt bool `json:"prompt,omitempty"`
 }
 
+// cost is the job's cost, 1 by default.
+func (j Job) cost() int { return max(j.Cost, 1) }
+
 // NewJob is a job as a producer sends it.
 type NewJob struct {
 	Payload        json.RawMessage
 	IdempotencyKey string
+	// Cost: slots of the schedule it takes (0 or 1: one).
+	Cost int
+	// Deadline: refuse the job if it cannot be sent by then; expire it if a
+	// pause pushes it past (zero: none).
+	Deadline time.Time
 }
 
-// Admission is the answer to one NewJob: admitted (Job set, Rejected nil), a
-// repeat of an earlier idempotency key (Duplicate, the first job and the
-// first answer), or refused (Rejected set).
+// Admission is the answer to one NewJob: admitted (Job set, Rejected and
+// Impossible nil), a repeat of an earlier idempotency key (Duplicate, the
+// first job and the first answer), refused for now (Rejected: the queue is
+// full), or refused for good (Impossible: it asks what the queue cannot do).
 type Admission struct {
 	Job           Job
 	Duplicate     bool
@@ -102,7 +117,12 @@ type Admission struct {
 	QueueDepth    int
 	Capacity      int
 	Rejected      *RejectedError
+	Impossible    *ImpossibleError
 }
+
+// Admitted reports whether the job was taken (now, or by an earlier call
+// with its idempotency key).
+func (a Admission) Admitted() bool { return a.Rejected == nil && a.Impossible == nil }
 
 // TenantStatus is what a store knows of one tenant.
 type TenantStatus struct {
@@ -115,6 +135,7 @@ type TenantStatus struct {
 	Delivered     int64
 	Failed        int64
 	Cancelled     int64
+	Expired       int64
 	// Paused: nothing of the tenant is sent now. PausedUntil is when that
 	// ends (zero for an operator hold, which ends on Resume); Held says an
 	// operator paused it.
@@ -140,6 +161,8 @@ const (
 	// paused meanwhile, the circuit breaker is open); the job goes back to
 	// waiting at its slot and the attempt is not counted.
 	Released
+	// Expired: nothing was sent, the job's deadline came first.
+	Expired
 )
 
 // Outcome is what a Handler reports for one job.
@@ -228,6 +251,31 @@ const (
 	ReasonQueueFull   = "queue_full"   // leaky: the queue holds capacity jobs
 	ReasonRateLimited = "rate_limited" // token: no token left
 )
+
+// Reasons a job is impossible (422).
+const (
+	ReasonWouldExpire  = "would_expire"   // it would be sent after its deadline
+	ReasonCostTooLarge = "cost_too_large" // more slots than the bucket ever holds
+)
+
+// ImpossibleError is a job refused because it asks what the queue cannot
+// do: waiting and retrying would not help.
+type ImpossibleError struct {
+	Tenant string
+	Reason string // ReasonWouldExpire or ReasonCostTooLarge
+	// would_expire: the wait it would have had, and its deadline.
+	ExpectedDelay time.Duration
+	Deadline      time.Time
+	// cost_too_large: its cost and the most the tenant's bucket allows.
+	Cost, MaxCost int
+}
+
+func (e *ImpossibleError) Error() string {
+	if e.Reason == ReasonCostTooLarge {
+		return fmt.Sprintf("tenant %s: a job of cost %d can never be admitted: at most %d (capacity + burst, and every window)", e.Tenant, e.Cost, e.MaxCost)
+	}
+	return fmt.Sprintf("tenant %s: the job would wait %v and be sent after its deadline %s", e.Tenant, e.ExpectedDelay.Round(time.Millisecond), e.Deadline.UTC().Format(time.RFC3339Nano))
+}
 
 // RejectedError is a job refused because the tenant has no room.
 type RejectedError struct {
