@@ -149,7 +149,7 @@ type TenantSettings struct {
 	// Windows are limits beside the rate such as "100/h" or "1000/d":
 	// never more than N sends in any window of that length. Jobs wait for
 	// room; they are not refused for it.
-	Windows []string `toml:"windows"`
+	Windows []string       `toml:"windows"`
 	windows []leaky.Window // parsed by checkTenant
 	// MaxAttempts overrides the downstream's max_attempts for this tenant.
 	MaxAttempts *int `toml:"max_attempts"`

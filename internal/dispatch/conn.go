@@ -2,8 +2,8 @@ package dispatch
 
 import (
 	"context"
-	"errors"
 	"crypto/tls"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"

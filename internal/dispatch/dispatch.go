@@ -207,7 +207,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// lateForDeadline: the gate let it go only after its deadline, so
 		// it was not sent
 		lateForDeadline bool
-		over     bool       // the attempt's outcome is decided: a late report changes nothing
+		over            bool // the attempt's outcome is decided: a late report changes nothing
 	)
 	wrote := func(at time.Time) {
 		mu.Lock()

@@ -102,7 +102,7 @@ func AdmitCost(s State, now time.Time, p Policy, cost int) (Decision, State) {
 	cost = max(cost, 1)
 	slot := earliestSlot(s, now, p)
 	// How far the job's last slot is past now, beyond what goes at once.
-	excess := later(s.TAT, now).Add(time.Duration(cost-1) * p.Interval).Sub(now) - p.Tolerance()
+	excess := later(s.TAT, now).Add(time.Duration(cost-1)*p.Interval).Sub(now) - p.Tolerance()
 	if excess > p.MaxDelay() {
 		return Decision{RetryAfter: excess - p.MaxDelay()}, s
 	}
