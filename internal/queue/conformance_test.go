@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -580,6 +581,131 @@ func runConformance(t *testing.T, open opener) {
 			}
 		}
 		stop()
+	})
+
+	t.Run("WindowBesideTheRate", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		w, _ := leaky.ParseWindow("20/m")
+		const rateT = 200 * time.Millisecond // 5/s
+		s := open(t)(t, clk, func(string) leaky.Policy {
+			return leaky.Policy{Interval: rateT, Burst: 1, Capacity: 100, Windows: []leaky.Window{w}}
+		})
+		promised := map[string]time.Time{}
+		for i := 0; i < 60; i++ {
+			a := enqueueOne(t, s, "acme", payload(i))
+			if a.Rejected != nil {
+				t.Fatalf("job %d refused: %+v", i, a.Rejected)
+			}
+			want := t0.Add(time.Duration(i/20)*time.Minute + time.Duration(i%20)*rateT)
+			if !a.Job.DispatchAt.Equal(want) || a.ExpectedDelay != want.Sub(t0) {
+				t.Fatalf("job %d promised %v (delay %v), want %v", i, a.Job.DispatchAt.Sub(t0), a.ExpectedDelay, want.Sub(t0))
+			}
+			promised[a.Job.ID] = a.Job.DispatchAt
+		}
+		if st, _ := s.Tenant(context.Background(), "acme"); st.ExpectedDelay != 3*time.Minute {
+			t.Fatalf("expected delay for a 61st job %v, want 3m (the window)", st.ExpectedDelay)
+		}
+		got := make(chan handed, 100)
+		stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+			got <- handed{j, clk.Now()}
+			return Outcome{Result: Succeeded, Status: 200, SentAt: j.DispatchAt}
+		})
+		defer stop()
+		var sent []time.Time
+		for len(sent) < 60 {
+			h := waitHanded(t, clk, got, 100*time.Millisecond)
+			if !h.job.DispatchAt.Equal(promised[h.job.ID]) || h.at.After(h.job.DispatchAt) {
+				t.Fatalf("job due %v handed at %v, promised %v", h.job.DispatchAt.Sub(t0), h.at.Sub(t0), promised[h.job.ID].Sub(t0))
+			}
+			sent = append(sent, h.job.DispatchAt)
+		}
+		slices.SortFunc(sent, func(a, b time.Time) int { return a.Compare(b) })
+		for i := range sent {
+			for j := i; j < len(sent); j++ {
+				span := sent[j].Sub(sent[i])
+				if n := j - i + 1; (span < time.Second && n > 5+1) || (span < time.Minute && n > 20) {
+					t.Fatalf("%d sends within %v", n, span)
+				}
+			}
+		}
+	})
+
+	t.Run("CostTakesSlots", func(t *testing.T) {
+		t.Parallel()
+		s := open(t)(t, clock.NewFake(t0), func(string) leaky.Policy { return leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 3} })
+		out, err := s.Enqueue(context.Background(), "acme", []NewJob{
+			{Payload: json.RawMessage(`1`), Cost: 3}, {Payload: json.RawMessage(`2`)}, {Payload: json.RawMessage(`3`)}, {Payload: json.RawMessage(`4`), Cost: 5},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Rejected != nil || out[0].ExpectedDelay != 0 || out[1].Rejected != nil || out[1].ExpectedDelay != 300*time.Millisecond {
+			t.Fatalf("cost 3 then cost 1: %+v / %+v", out[0], out[1])
+		}
+		if r := out[2].Rejected; r == nil || r.RetryAfter != 100*time.Millisecond {
+			t.Fatalf("third job: %+v, want refused for one interval", out[2])
+		}
+		if imp := out[3].Impossible; imp == nil || imp.Reason != ReasonCostTooLarge || imp.MaxCost != 4 {
+			t.Fatalf("cost 5 with capacity 3: %+v", out[3])
+		}
+		if j, _ := s.Job(context.Background(), out[0].Job.ID); j.Cost != 3 {
+			t.Fatalf("stored cost %d", j.Cost)
+		}
+	})
+
+	t.Run("Deadlines", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		s := open(t)(t, clk, leaky20(10))
+		ctx := context.Background()
+		var ids []string
+		for i := 0; i < 5; i++ { // slots 0, T, ..., 4T
+			ids = append(ids, enqueueOne(t, s, "acme", payload(i)).Job.ID)
+		}
+		// Would wait 5T: refused at once, nothing taken.
+		a := enqueueOne(t, s, "acme", NewJob{Payload: json.RawMessage(`9`), Deadline: t0.Add(4 * T)})
+		if a.Impossible == nil || a.Impossible.Reason != ReasonWouldExpire || a.Impossible.ExpectedDelay != 5*T {
+			t.Fatalf("would expire: %+v", a)
+		}
+		if st, _ := s.Tenant(ctx, "acme"); st.QueueDepth != 5 || st.ExpectedDelay != 5*T {
+			t.Fatalf("after a would_expire: %+v", st)
+		}
+		// Fits now (slot 5T, deadline 8T); a pause pushes it past.
+		late := enqueueOne(t, s, "acme", NewJob{Payload: json.RawMessage(`10`), Deadline: t0.Add(8 * T)}).Job.ID
+		after := enqueueOne(t, s, "acme", payload(11)).Job.ID
+		got := make(chan handed, 20)
+		var mu sync.Mutex
+		pushed := false
+		stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+			got <- handed{j, clk.Now()}
+			mu.Lock()
+			defer mu.Unlock()
+			if !pushed { // the first job: come back in a second
+				pushed = true
+				return Outcome{Result: Retry, Status: 429, SentAt: clk.Now(), PauseUntil: clk.Now().Add(time.Second)}
+			}
+			return Outcome{Result: Succeeded, Status: 200, SentAt: clk.Now()}
+		})
+		defer stop()
+		var handedIDs []string
+		for len(handedIDs) < 7 { // 6 jobs, the first twice
+			handedIDs = append(handedIDs, waitHanded(t, clk, got, 5*time.Millisecond).job.ID)
+		}
+		for _, id := range handedIDs {
+			if id == late {
+				t.Fatal("a job past its deadline was handed over")
+			}
+		}
+		waitFor(t, func() bool { j, _ := s.Job(ctx, late); return j.State == StateExpired })
+		waitFor(t, func() bool { j, _ := s.Job(ctx, after); return j.State == StateSucceeded })
+		st, _ := s.Tenant(ctx, "acme")
+		if st.Expired != 1 || st.Delivered != 6 || st.QueueDepth != 0 {
+			t.Fatalf("status %+v", st)
+		}
+		if _, err := s.Cancel(ctx, late); err == nil {
+			t.Fatal("cancelled an expired job")
+		}
 	})
 
 	t.Run("TenantsDeepestFirst", func(t *testing.T) {
