@@ -633,7 +633,9 @@ func runConformance(t *testing.T, open opener) {
 
 	t.Run("CostTakesSlots", func(t *testing.T) {
 		t.Parallel()
-		s := open(t)(t, clock.NewFake(t0), func(string) leaky.Policy { return leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 3} })
+		s := open(t)(t, clock.NewFake(t0), func(string) leaky.Policy {
+			return leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 3}
+		})
 		out, err := s.Enqueue(context.Background(), "acme", []NewJob{
 			{Payload: json.RawMessage(`1`), Cost: 3}, {Payload: json.RawMessage(`2`)}, {Payload: json.RawMessage(`3`)}, {Payload: json.RawMessage(`4`), Cost: 5},
 		})
