@@ -16,8 +16,8 @@ import (
 func newSimulateCommand(env []string) *cobra.Command {
 	var (
 		trace, scenario, rate, configFile, tenant, svgFile string
-		capacity, burst                                   int
-		asJSON                                            bool
+		capacity, burst                                    int
+		asJSON                                             bool
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate (--trace arrivals.csv | --scenario NAME) [--rate 1/s --capacity 10 --burst 10 | --config FILE --tenant T] [--svg FILE] [--json]",

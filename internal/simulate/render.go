@@ -101,7 +101,9 @@ func SVG(w io.Writer, l Limit, results []Result) error {
 	}
 	end = max(end+time.Second, l.Window())
 	seconds := int(end/time.Second) + 1
-	x := func(t time.Duration) float64 { return left + (width-left-20)*float64(t)/float64(time.Duration(seconds)*time.Second) }
+	x := func(t time.Duration) float64 {
+		return left + (width-left-20)*float64(t)/float64(time.Duration(seconds)*time.Second)
+	}
 	perSecond := float64(time.Second) / float64(l.Interval)
 	// Bars are scaled so the highest count (or the limit) fills 60 px.
 	scale := perSecond
