@@ -109,6 +109,9 @@ type Downstream struct {
 	Rate *leaky.Rate `toml:"rate"`
 	// Burst goes with Rate. Default 1.
 	Burst *int `toml:"burst"`
+	// Windows are the ceiling's limits beside its rate, such as "10000/d".
+	Windows []string `toml:"windows"`
+	windows []leaky.Window // parsed when loaded
 	// MaxAttempts is how many failed attempts (5xx, timeouts, connection
 	// errors) end a job as failed. Default 5. Pushback (429, 503 with
 	// Retry-After) and waits behind an open circuit breaker do not count.
@@ -117,14 +120,17 @@ type Downstream struct {
 
 // Ceiling is the downstream's limit across its tenants (nil: none).
 func (d Downstream) Ceiling() *leaky.Policy {
-	if d.Rate == nil {
+	if d.Rate == nil && len(d.windows) == 0 {
 		return nil
 	}
-	burst := 1
-	if d.Burst != nil {
-		burst = *d.Burst
+	p := &leaky.Policy{Interval: time.Microsecond, Burst: 1, Windows: d.windows} // windows alone: no rate
+	if d.Rate != nil {
+		p.Interval = d.Rate.Interval()
 	}
-	return &leaky.Policy{Interval: d.Rate.Interval(), Burst: burst}
+	if d.Burst != nil {
+		p.Burst = *d.Burst
+	}
+	return p
 }
 
 // Modes of a tenant's bucket.
@@ -514,6 +520,14 @@ func (c *Config) Validate() error {
 		}
 		if d.Burst != nil && (*d.Burst < 1 || *d.Burst > 1_000_000) {
 			return bad(key+".burst", "must be from 1 to 1000000")
+		}
+		d.windows = nil
+		for i, text := range d.Windows {
+			w, err := leaky.ParseWindow(text)
+			if err != nil {
+				return bad(fmt.Sprintf("%s.windows[%d]", key, i), "%v", err)
+			}
+			d.windows = append(d.windows, w)
 		}
 		c.Downstreams[name] = d
 	}

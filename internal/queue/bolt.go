@@ -130,12 +130,13 @@ type dueEntry struct {
 	id       string
 	tenant   string
 	deadline time.Time // zero: none
-	held     bool      // handed over later than its time, for a downstream's ceiling
+	cost     int
+	held     bool // handed over later than its time, for a downstream's ceiling
 }
 
 // entryOf is a waiting job's schedule entry at real time at.
 func entryOf(j Job, at time.Time) dueEntry {
-	return dueEntry{at: at, slot: j.slot(), id: j.ID, tenant: j.Tenant, deadline: j.Deadline}
+	return dueEntry{at: at, slot: j.slot(), id: j.ID, tenant: j.Tenant, deadline: j.Deadline, cost: j.cost()}
 }
 
 // never is the heap time of a held tenant's jobs: not due until resumed.
@@ -635,7 +636,13 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 			}
 		}
 		cost := max(nj.Cost, 1)
-		if most := policy.MaxCost(); cost > most {
+		most := policy.MaxCost()
+		if _, c := s.ceiling(tenant); c != nil {
+			for _, w := range c.Windows { // the ceiling spaces, it never refuses: only its windows bound a cost
+				most = min(most, w.N)
+			}
+		}
+		if cost > most {
 			out[i] = Admission{Impossible: &ImpossibleError{Tenant: tenant, Reason: ReasonCostTooLarge, Cost: cost, MaxCost: most}, QueueDepth: tm.depth, Capacity: policy.Capacity}
 			continue
 		}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"throttler/internal/leaky"
 )
 
 // claimEvery is the longest a due job waits to be claimed once within the
@@ -164,6 +166,7 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 			q := s.fair[ds]
 			if q == nil {
 				q = newFairQueue(*ceiling)
+				q.recent = s.loadCeilingWindows(ds, *ceiling)
 				s.fair[ds] = q
 			}
 			q.policy = *ceiling // config can change it
@@ -185,12 +188,12 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 		for len(chosen) < limit {
 			e, ok := q.next(valid)
 			if !ok {
-				if !q.tat.After(now) {
-					delete(s.fair, ds) // empty and idle: it would decide the same afresh
+				if q.idle(now) {
+					delete(s.fair, ds)
 				}
 				break
 			}
-			slot := q.slot(now)
+			slot := q.slot(now, e)
 			look := q.lookahead(horizon.Sub(now))
 			if slot.After(now.Add(look)) {
 				// Consume wakes a lead before next: make that look before slot.
@@ -203,7 +206,7 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 				e.at = slot
 				e.held = true
 			}
-			q.use(e.at)
+			q.use(e.at, e.cost)
 			s.claims[e.id] = Job{ID: e.id, Tenant: e.tenant}
 			chosen = append(chosen, e)
 		}
@@ -480,7 +483,7 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 				return err
 			}
 		}
-		return nil
+		return s.saveCeilingWindows(tx)
 	})
 	if err != nil {
 		return unavailable(err)
@@ -799,4 +802,50 @@ func (s *BoltStore) hold(tenant string, hold bool) (TenantStatus, error) {
 		s.poke()
 	}
 	return st, nil
+}
+
+// ceilingKey is where a downstream ceiling's window bookkeeping is kept.
+func ceilingKey(ds string) []byte { return []byte("ceiling-windows:" + ds) }
+
+// loadCeilingWindows reads a ceiling's window bookkeeping (s.mu held): a
+// vendor's daily cap must survive a restart.
+func (s *BoltStore) loadCeilingWindows(ds string, p leaky.Policy) []leaky.Recent {
+	if len(p.Windows) == 0 {
+		return nil
+	}
+	var rec tenantRecord // the same encoding as a tenant's windows
+	err := s.db.View(func(tx *bolt.Tx) error {
+		_, err := getJSON(tx.Bucket(bucketMeta), ceilingKey(ds), &rec.Recent)
+		return err
+	})
+	if err != nil {
+		s.log.Error("cannot read a ceiling's window bookkeeping; starting it empty", "downstream", ds, "err", err)
+	}
+	return rec.recent(p)
+}
+
+// saveCeilingWindows writes the window bookkeeping of ceilings that changed
+// (with the outcomes of the sends that changed it).
+func (s *BoltStore) saveCeilingWindows(tx *bolt.Tx) error {
+	s.mu.Lock()
+	type save struct {
+		key []byte
+		rec tenantRecord
+	}
+	var saves []save
+	for ds, q := range s.fair {
+		if len(q.policy.Windows) > 0 && !q.saved && len(q.recent) == len(q.policy.Windows) {
+			var rec tenantRecord
+			rec.setRecent(q.policy, q.recent)
+			saves = append(saves, save{ceilingKey(ds), rec})
+			q.saved = true
+		}
+	}
+	s.mu.Unlock()
+	for _, sv := range saves {
+		if err := putJSON(tx.Bucket(bucketMeta), sv.key, sv.rec.Recent); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -334,3 +334,54 @@ func TestBoltCeilingTakesTurns(t *testing.T) {
 		t.Fatalf("deep tenant's expected delay %v with %d waiting under a ceiling of one per %v", st.ExpectedDelay, st.QueueDepth, ceilingT)
 	}
 }
+
+// A downstream ceiling's window ("3 per 10 s") holds across its tenants,
+// and across a restart: its bookkeeping is on disk.
+func TestBoltCeilingWindowSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	w, _ := leaky.ParseWindow("3/10s")
+	ceiling := leaky.Policy{Interval: time.Millisecond, Burst: 1, Windows: []leaky.Window{w}}
+	path := filepath.Join(t.TempDir(), "t.db")
+	open := func() *BoltStore {
+		s, err := OpenBolt(path, BoltOptions{
+			Clock:   clk,
+			Policy:  func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} },
+			Ceiling: func(string) (string, *leaky.Policy) { return "sms", &ceiling },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := open()
+	for i := 0; i < 2; i++ {
+		enqueueOne(t, s, "a", payload(i))
+		enqueueOne(t, s, "b", payload(i))
+	}
+	if a := enqueueOne(t, s, "a", NewJob{Payload: []byte(`9`), Cost: 4}); a.Impossible == nil || a.Impossible.MaxCost != 3 {
+		t.Fatalf("cost 4 under a window of 3: %+v", a)
+	}
+	got := make(chan handed, 10)
+	h := func(ctx context.Context, j Job) Outcome {
+		got <- handed{j, clk.Now()}
+		return Outcome{Result: Succeeded, Status: 200, SentAt: j.DispatchAt}
+	}
+	stop := consume(t, s, 10*time.Millisecond, h)
+	var times []time.Time
+	for range 3 {
+		times = append(times, waitHanded(t, clk, got, 5*time.Millisecond).job.DispatchAt)
+	}
+	waitFor(t, func() bool { st, _ := s.Tenant(context.Background(), "a"); sb, _ := s.Tenant(context.Background(), "b"); return st.Delivered+sb.Delivered == 3 })
+	stop()
+	s.Close()
+
+	s = open()
+	defer s.Close()
+	stop = consume(t, s, 10*time.Millisecond, h)
+	defer stop()
+	fourth := waitHanded(t, clk, got, 100*time.Millisecond).job.DispatchAt
+	if fourth.Sub(times[0]) < 10*time.Second {
+		t.Fatalf("4th send %v after the 1st, under a window of 3 per 10s (sends at %v)", fourth.Sub(times[0]), times)
+	}
+}

@@ -19,7 +19,9 @@ type CeilingFunc func(tenant string) (downstream string, ceiling *leaky.Policy)
 // a pause makes their entry here stale, and stale entries are skipped.
 type fairQueue struct {
 	policy leaky.Policy
-	tat    time.Time // of the ceiling, in real time
+	tat    time.Time      // of the ceiling, in real time
+	recent []leaky.Recent // of the ceiling's windows, in real time
+	saved  bool           // recent is on disk as it is
 	ring   []string  // tenants with entries, in turn order
 	turn   int       // index in ring of the tenant served next
 	jobs   map[string][]dueEntry
@@ -76,14 +78,31 @@ func (q *fairQueue) take() {
 	q.turn++
 }
 
-// slot is the earliest the ceiling lets the next send go at or after now.
-func (q *fairQueue) slot(now time.Time) time.Time {
-	return later(now, q.tat.Add(-q.policy.Tolerance()))
+// slot is the earliest the ceiling (its rate and its windows) lets e go,
+// at or after now and e's own time.
+func (q *fairQueue) slot(now time.Time, e dueEntry) time.Time {
+	at := later(e.at, later(now, q.tat.Add(-q.policy.Tolerance())))
+	return leaky.WindowSlot(q.recent, q.policy, at, e.cost)
 }
 
-// use takes the ceiling's slot at.
-func (q *fairQueue) use(at time.Time) {
-	q.tat = later(q.tat, at).Add(q.policy.Interval)
+// use takes the ceiling's slot at for a send of cost.
+func (q *fairQueue) use(at time.Time, cost int) {
+	q.tat = later(q.tat, at).Add(time.Duration(max(cost, 1)) * q.policy.Interval)
+	if len(q.policy.Windows) > 0 {
+		if len(q.recent) != len(q.policy.Windows) {
+			q.recent = make([]leaky.Recent, len(q.policy.Windows)) // the config changed
+		}
+		for i, w := range q.policy.Windows {
+			q.recent[i] = q.recent[i].Add(w, at, cost)
+		}
+		q.saved = false
+	}
+}
+
+// idle reports whether the queue can be forgotten: nothing waits and it
+// would decide the same afresh (windows need their history kept).
+func (q *fairQueue) idle(now time.Time) bool {
+	return len(q.ring) == 0 && !q.tat.After(now) && len(q.policy.Windows) == 0
 }
 
 // waitingTenants is how many tenants share the ceiling right now.
