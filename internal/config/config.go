@@ -110,7 +110,7 @@ type Downstream struct {
 	// Burst goes with Rate. Default 1.
 	Burst *int `toml:"burst"`
 	// Windows are the ceiling's limits beside its rate, such as "10000/d".
-	Windows []string `toml:"windows"`
+	Windows []string       `toml:"windows"`
 	windows []leaky.Window // parsed when loaded
 	// MaxAttempts is how many failed attempts (5xx, timeouts, connection
 	// errors) end a job as failed. Default 5. Pushback (429, 503 with

@@ -372,7 +372,11 @@ func TestBoltCeilingWindowSurvivesRestart(t *testing.T) {
 	for range 3 {
 		times = append(times, waitHanded(t, clk, got, 5*time.Millisecond).job.DispatchAt)
 	}
-	waitFor(t, func() bool { st, _ := s.Tenant(context.Background(), "a"); sb, _ := s.Tenant(context.Background(), "b"); return st.Delivered+sb.Delivered == 3 })
+	waitFor(t, func() bool {
+		st, _ := s.Tenant(context.Background(), "a")
+		sb, _ := s.Tenant(context.Background(), "b")
+		return st.Delivered+sb.Delivered == 3
+	})
 	stop()
 	s.Close()
 

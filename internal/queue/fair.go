@@ -22,8 +22,8 @@ type fairQueue struct {
 	tat    time.Time      // of the ceiling, in real time
 	recent []leaky.Recent // of the ceiling's windows, in real time
 	saved  bool           // recent is on disk as it is
-	ring   []string  // tenants with entries, in turn order
-	turn   int       // index in ring of the tenant served next
+	ring   []string       // tenants with entries, in turn order
+	turn   int            // index in ring of the tenant served next
 	jobs   map[string][]dueEntry
 }
 
