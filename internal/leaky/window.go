@@ -53,7 +53,12 @@ func (r Recent) Earliest(w Window, at time.Time, cost int) time.Time {
 	if out <= 0 {
 		return at
 	}
-	out = min(out, len(r)) // cost > N never fits; Policy.MaxCost refuses it first
+	if out > len(r) { // cost > N never fits; Policy.MaxCost refuses it first
+		out = len(r)
+	}
+	if out == 0 {
+		return at
+	}
 	return later(at, r[out-1].Add(w.Length))
 }
 

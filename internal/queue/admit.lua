@@ -1,0 +1,127 @@
+-- One admission decision for one tenant, atomically: the same rules as the
+-- embedded store's admit (internal/queue/bolt.go) and internal/leaky's
+-- Decide, checked against them on random sequences (admit_lua_test.go).
+--
+-- Times are whole microseconds: Lua numbers are doubles, exact to 2^53, so
+-- microseconds since 1970 are exact and nanoseconds would not be. Slots and
+-- TAT are in tenant time (real time minus the pauses so far, see
+-- internal/leaky/pause.go).
+--
+-- KEYS[1]    the tenant's hash: tat, shift, until, held, depth
+-- KEYS[2..]  one list per window: the slots of its last N sends, oldest first
+-- ARGV       now (0: the server's TIME, one clock for every process), lag
+--            (how long a send takes to start), interval, burst, capacity,
+--            cost, waiting (-1: the hash's depth), commit (1: keep the
+--            decision; 0: only tell it), then n and length of each window
+--
+-- Returns {admitted, slot, dispatch_at, retry_after, depth}: admitted 1 or
+-- 0; the slot in tenant time and the real dispatch time (admitted); the
+-- real Retry-After (refused); the depth before this job.
+
+local function at_least(a, b) if a > b then return a end return b end
+local function at_most(a, b) if a < b then return a end return b end
+
+local now = tonumber(ARGV[1])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local lag, T = tonumber(ARGV[2]), tonumber(ARGV[3])
+local burst, capacity = tonumber(ARGV[4]), tonumber(ARGV[5])
+local cost = at_least(tonumber(ARGV[6]), 1)
+local waiting, commit = tonumber(ARGV[7]), ARGV[8] == '1'
+
+local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth')
+local tat = tonumber(h[1]) or 0
+local shift, untl, held = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
+local depth = tonumber(h[5]) or 0
+if waiting < 0 then waiting = depth end
+
+-- Tenant time (leaky.Pause.TenantTime).
+local function tenant_time(t)
+  if held > 0 and held < t then t = held end
+  if t < untl then t = untl end
+  return t - shift
+end
+-- Real time of a slot; for a held tenant, as if resumed now (dispatchAt).
+local function real(slot)
+  if held == 0 then return at_least(untl, slot + shift) end
+  local frozen = tenant_time(now)
+  local u = at_least(untl, now)
+  return at_least(u, slot + (u - frozen))
+end
+
+local tnow = tenant_time(now)
+local arrival = tnow + lag
+local tau = (burst - 1) * T
+
+-- The windows' bookkeeping.
+local windows = {}
+for i = 2, #KEYS do
+  local k = 9 + (i - 2) * 2
+  windows[#windows + 1] = {key = KEYS[i], n = tonumber(ARGV[k]), len = tonumber(ARGV[k + 1])}
+end
+local function window_slot(at)
+  for _, w in ipairs(windows) do
+    local size = redis.call('LLEN', w.key)
+    local out = size + cost - w.n
+    if out > 0 then
+      out = at_most(out, size)
+      at = at_least(at, tonumber(redis.call('LINDEX', w.key, out - 1)) + w.len)
+    end
+  end
+  return at
+end
+
+-- leaky.Decide.
+local admitted, slot, retry, newtat = false, 0, 0, tat
+local earliest = at_least(arrival, tat - tau)
+if #windows == 0 or capacity == 0 then
+  local excess = at_least(tat, arrival) + (cost - 1) * T - arrival - tau
+  if excess > capacity * T then
+    retry = excess - capacity * T
+  else
+    admitted, slot, newtat = true, earliest, at_least(tat, arrival) + cost * T
+    if #windows > 0 then -- token mode: a window's hold means no
+      local ws = window_slot(slot)
+      if ws > slot then admitted, retry, newtat = false, ws - arrival, tat end
+    end
+  end
+elseif waiting >= capacity + burst then
+  retry = T
+else
+  slot = window_slot(earliest)
+  newtat = at_least(at_least(tat, arrival) + cost * T, slot + cost * T)
+  admitted = true
+end
+
+-- The store's own bound: a paused tenant sends nothing at once.
+local room = capacity + burst
+if held > 0 or now < untl then room = capacity end
+if admitted and waiting >= room then
+  admitted, retry, newtat = false, T, tat
+end
+
+if not admitted then
+  return {0, 0, 0, real(tnow + retry) - now, depth}
+end
+if commit then
+  redis.call('HSET', KEYS[1], 'tat', newtat, 'depth', depth + 1)
+  for _, w in ipairs(windows) do
+    local last = tonumber(redis.call('LINDEX', w.key, -1))
+    if last == nil or last <= slot then
+      for _ = 1, cost do redis.call('RPUSH', w.key, slot) end
+    else -- out of order (rare): insert in place
+      local all = redis.call('LRANGE', w.key, 0, -1)
+      local pos = #all + 1
+      for i, v in ipairs(all) do
+        if tonumber(v) > slot then pos = i break end
+      end
+      for _ = 1, cost do table.insert(all, pos, slot) end
+      redis.call('DEL', w.key)
+      redis.call('RPUSH', w.key, unpack(all))
+    end
+    redis.call('LTRIM', w.key, -w.n, -1)
+  end
+end
+return {1, slot, real(slot), 0, depth}

@@ -1,0 +1,125 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"throttler/internal/leaky"
+	"throttler/internal/redistest"
+)
+
+// The Lua admission and the Go one agree on every decision, slot, dispatch
+// time and Retry-After, on thousands of random sequences: random policies
+// (leaky, token, burst, capacity, windows), random arrivals, random costs,
+// and pauses and holds coming and going.
+func TestLuaAdmitAgreesWithGo(t *testing.T) {
+	srv := redistest.Start(t, false)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	us := func(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
+	rng := rand.New(rand.NewPCG(42, 1))
+	decisions := 0
+	for seq := 0; seq < 300; seq++ {
+		p := leaky.Policy{Interval: us(1000 + rng.Int64N(200_000)), Burst: 1 + rng.IntN(4), Capacity: rng.IntN(8)}
+		if rng.IntN(3) == 0 {
+			p.Capacity = 0 // token mode
+		}
+		if rng.IntN(2) == 0 {
+			for range 1 + rng.IntN(2) {
+				n := 1 + rng.IntN(6)
+				p.Windows = append(p.Windows, leaky.Window{N: n, Length: time.Duration(n+rng.IntN(10)) * p.Interval})
+			}
+		}
+		tenant := fmt.Sprintf("{t%d}", seq)
+		keys := []string{tenant + ":b"}
+		for i := range p.Windows {
+			keys = append(keys, fmt.Sprintf("%s:w%d", tenant, i))
+		}
+		var rec tenantRecord
+		var sent []time.Time // slots (tenant time) of admitted jobs: the waiting ones are after now
+		now := base
+		for step := 0; step < 40; step++ {
+			now = now.Add(us(rng.Int64N(int64(3 * p.Interval / time.Microsecond))))
+			switch rng.IntN(12) { // pauses come and go
+			case 0:
+				rec.Pause = rec.Pause.PauseUntil(now, now.Add(us(rng.Int64N(2_000_000))), now.Add(-us(rng.Int64N(100_000))))
+			case 1:
+				rec.Pause = rec.Pause.Hold(now)
+			case 2:
+				rec.Pause = rec.Pause.Resume(now)
+			}
+			pz := rec.Pause
+			if err := rdb.HSet(ctx, keys[0], "shift", pz.Shift.Microseconds(), "until", microsOrZero(pz.Until), "held", microsOrZero(pz.Held)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			tnow := pz.TenantTime(now)
+			waiting := 0
+			for _, s := range sent {
+				if s.After(tnow) {
+					waiting++
+				}
+			}
+			cost := min(1+rng.IntN(3), p.MaxCost()) // the store refuses more first
+			lag := us(rng.Int64N(5000))
+			arrival := tnow.Add(lag)
+			d, st, recent := admit(rec, waiting, arrival, now, p, cost)
+			args := []any{micros(now), lag.Microseconds(), p.Interval.Microseconds(), p.Burst, p.Capacity, cost, waiting, 1}
+			for _, w := range p.Windows {
+				args = append(args, w.N, w.Length.Microseconds())
+			}
+			got, err := admitScript.Run(ctx, rdb, keys, args...).Int64Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			where := fmt.Sprintf("sequence %d step %d (policy %+v, cost %d, waiting %d, pause %+v)", seq, step, p, cost, waiting, pz)
+			if (got[0] == 1) != d.Admitted {
+				t.Fatalf("%s: Lua admitted=%v, Go %+v", where, got[0] == 1, d)
+			}
+			decisions++
+			if !d.Admitted {
+				if us(got[3]) != d.RetryAfter {
+					t.Fatalf("%s: Retry-After Lua %v, Go %v", where, us(got[3]), d.RetryAfter)
+				}
+				continue
+			}
+			if got[1] != micros(d.Slot) || got[2] != micros(dispatchAt(pz, d.Slot, now)) {
+				t.Fatalf("%s: slot Lua %d dispatch %d, Go %d dispatch %d", where, got[1], got[2], micros(d.Slot), micros(dispatchAt(pz, d.Slot, now)))
+			}
+			rec.TAT = st.TAT
+			rec.setRecent(p, recent)
+			sent = append(sent, d.Slot)
+			if tat, _ := rdb.HGet(ctx, keys[0], "tat").Int64(); tat != micros(st.TAT) {
+				t.Fatalf("%s: TAT Lua %d, Go %d", where, tat, micros(st.TAT))
+			}
+			for i := range p.Windows {
+				list, _ := rdb.LRange(ctx, keys[i+1], 0, -1).Result()
+				if fmt.Sprint(list) != fmt.Sprint(microsList(recent[i])) {
+					t.Fatalf("%s: window %d Lua %v, Go %v", where, i, list, microsList(recent[i]))
+				}
+			}
+		}
+	}
+	t.Logf("%d decisions agree", decisions)
+}
+
+func microsOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return micros(t)
+}
+
+func microsList(r leaky.Recent) []int64 {
+	out := make([]int64, len(r))
+	for i, t := range r {
+		out[i] = micros(t)
+	}
+	return out
+}
