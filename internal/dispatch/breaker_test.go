@@ -91,3 +91,51 @@ func TestGateHoldReleasesWaiters(t *testing.T) {
 	}
 	tk.Done()
 }
+
+// A hold that ends before a send's own time only delays it to then; the
+// job must not be sent back in line for nothing.
+func TestGateHoldEndingBeforeTheSlotDelaysNothing(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	g := NewGate(clk)
+	p := leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1}
+	g.Hold("tenant:a", t0.Add(50*time.Millisecond))
+	ch := make(chan *Ticket, 1)
+	go func() {
+		tk, err := g.WaitLanes(context.Background(), t0.Add(50*time.Millisecond), Lane{Key: "tenant:a", Policy: p})
+		if err != nil {
+			t.Error(err)
+		}
+		ch <- tk
+	}()
+	waitWaiters(t, clk, 1)
+	clk.Advance(50 * time.Millisecond)
+	expectAt(t, ch, 50*time.Millisecond).Done()
+}
+
+// A lane's windows count real writes: with "2 per second", a third send
+// waits a second after the first was written, whatever its slot said.
+func TestGateWindowsCountWrites(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	g := NewGate(clk)
+	w, _ := leaky.ParseWindow("2/s")
+	p := leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1, Windows: []leaky.Window{w}}
+	lane := Lane{Key: "tenant:a", Policy: p}
+	for i := 0; i < 2; i++ {
+		tk, err := g.WaitLanes(context.Background(), clk.Now(), lane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.Wrote(clk.Now())
+		clk.Advance(20 * time.Millisecond)
+	}
+	third := make(chan *Ticket, 1)
+	go func() {
+		tk, _ := g.WaitLanes(context.Background(), clk.Now(), lane)
+		third <- tk
+	}()
+	waitWaiters(t, clk, 1)
+	clk.Advance(time.Second - 40*time.Millisecond)
+	expectAt(t, third, time.Second).Done()
+}

@@ -153,9 +153,12 @@ func (d *Dispatcher) HoldTenant(tenant string) {
 	d.gate.Hold(Route{}.lanes(tenant, 1)[0].Key, indefinitely)
 }
 
-// ResumeTenant ends HoldTenant.
+// ResumeTenant ends HoldTenant: the queue goes on one interval apart, not
+// in a burst.
 func (d *Dispatcher) ResumeTenant(tenant string) {
-	d.gate.Unhold(Route{}.lanes(tenant, 1)[0].Key)
+	key := Route{}.lanes(tenant, 1)[0].Key
+	d.gate.Unhold(key)
+	d.gate.Space(key, d.clock.Now().Add(d.routes(tenant).Policy.Tolerance()))
 }
 
 // Breakers reports, by downstream, whether its circuit breaker stops its
@@ -181,7 +184,9 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		return queue.Outcome{Result: queue.Expired}, ""
 	}
 	br := d.breaker(r.Downstream)
-	probe, until, ok := br.allow(d.clock.Now())
+	// Asked as of the job's own time: a job handed over just before the
+	// next probe is the probe.
+	probe, until, ok := br.allow(later(d.clock.Now(), job.DispatchAt))
 	if !ok {
 		// The downstream is failing: this job waits for the next probe,
 		// first in its tenant's queue, and uses up none of its attempts.
@@ -371,10 +376,15 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 // the gate give up and go back in line; the job keeps its place, first when
 // the pause ends, and its attempts are not used up.
 func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until time.Time, msg string) queue.Outcome {
+	// At least one interval: "Retry-After: 0" must not mean "again at once,
+	// and again".
+	until = later(until, d.clock.Now().Add(r.Policy.Interval))
 	lanes := r.lanes(job.Tenant, 1)
 	d.gate.Hold(lanes[0].Key, until)
+	d.gate.Space(lanes[0].Key, until.Add(r.Policy.Tolerance()))
 	if r.Ceiling != nil {
 		d.gate.Hold(lanes[1].Key, until)
+		d.gate.Space(lanes[1].Key, until.Add(r.Ceiling.Tolerance()))
 	}
 	out.Result, out.Error, out.NotBefore, out.PauseUntil = queue.Retry, msg, until, until
 	return out

@@ -52,7 +52,9 @@ type gateKey struct {
 	tat         time.Time     // theoretical time of the next send
 	outstanding chan struct{} // closed when the last release is resolved; nil if none
 	heldUntil   time.Time
-	held        chan struct{} // closed (and replaced) when a hold begins
+	held        chan struct{}  // closed (and replaced) when a hold begins
+	recent      []leaky.Recent // the lane's windows: when its last sends were written
+	keepUntil   time.Time      // until then, recent still limits a send
 }
 
 // Ticket is one send the gate let go.
@@ -111,11 +113,14 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 		allowed := notBefore
 		for _, l := range lanes {
 			k := g.key(l.Key)
-			if k.heldUntil.After(now) {
+			// Held past the moment this send would go: give up, and go
+			// back in line. A hold that ends before then only delays it.
+			if k.heldUntil.After(later(now, notBefore)) {
 				until := k.heldUntil
 				g.mu.Unlock()
 				return nil, &HeldError{Key: l.Key, Until: until}
 			}
+			allowed = later(allowed, k.heldUntil)
 			heldWake = append(heldWake, k.held)
 			if l.Policy.Interval == 0 {
 				continue // a lane for holds only: no rate
@@ -125,6 +130,13 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			}
 			if a := k.tat.Add(-l.Policy.Tolerance() - slack(l.Policy)); a.After(allowed) {
 				allowed = a
+			}
+		}
+		// Windows count real writes: a send delayed past its slot (a
+		// ceiling, a slow connection) must not crowd a window.
+		for _, l := range lanes {
+			if len(l.Policy.Windows) > 0 {
+				allowed = leaky.WindowSlot(g.keys[l.Key].recent, l.Policy, allowed, max(l.Cost, 1))
 			}
 		}
 		if busy == nil && !now.Before(allowed) {
@@ -186,6 +198,16 @@ func (g *Gate) Hold(key string, until time.Time) {
 	}
 }
 
+// Space makes key's next send go no earlier than tat minus its tolerance:
+// after a pause, one send at its end and the rest one interval apart, not
+// the burst the tolerance would allow.
+func (g *Gate) Space(key string, tat time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := g.key(key)
+	k.tat = later(k.tat, tat)
+}
+
 // Unhold ends a hold on key at once (an operator's resume).
 func (g *Gate) Unhold(key string) {
 	g.mu.Lock()
@@ -201,6 +223,15 @@ func (t *Ticket) Wrote(wrote time.Time) {
 	t.resolve(func(k *gateKey, l Lane) {
 		if next := wrote.Add(l.step()); k.tat.Before(next) {
 			k.tat = next
+		}
+		if n := len(l.Policy.Windows); n > 0 {
+			if len(k.recent) != n {
+				k.recent = make([]leaky.Recent, n) // the config changed
+			}
+			for i, w := range l.Policy.Windows {
+				k.recent[i] = k.recent[i].Add(w, wrote, max(l.Cost, 1))
+				k.keepUntil = later(k.keepUntil, wrote.Add(w.Length))
+			}
 		}
 	})
 }
@@ -235,7 +266,7 @@ func (g *Gate) sweep(now time.Time) {
 		return
 	}
 	for key, k := range g.keys {
-		if k.outstanding == nil && k.tat.Before(now) && !k.heldUntil.After(now) {
+		if k.outstanding == nil && k.tat.Before(now) && !k.heldUntil.After(now) && !k.keepUntil.After(now) {
 			delete(g.keys, key)
 		}
 	}

@@ -190,6 +190,38 @@ func (sc *schedule) add(e dueEntry) {
 	if !e.deadline.IsZero() {
 		heap.Push(&sc.expiry, dueEntry{at: e.deadline, id: e.id})
 	}
+	sc.maybeCompact()
+}
+
+func (sc *schedule) maybeCompact() {
+	if len(sc.heap)+len(sc.expiry) > 4*len(sc.waiting)+1024 {
+		sc.compact()
+	}
+}
+
+// compact rebuilds the heaps from the waiting jobs: stale entries (a hold
+// retimes a tenant's jobs to never; finished jobs leave their deadline)
+// would otherwise stay until they reach the top. Entries a fair queue holds
+// may come out twice; the second is stale by then and skipped.
+func (sc *schedule) compact() {
+	sc.heap, sc.expiry = sc.heap[:0], sc.expiry[:0]
+	for _, e := range sc.waiting {
+		sc.heap = append(sc.heap, e)
+		if !e.deadline.IsZero() {
+			sc.expiry = append(sc.expiry, dueEntry{at: e.deadline, id: e.id})
+		}
+	}
+	heap.Init(&sc.heap)
+	heap.Init(&sc.expiry)
+}
+
+// readd puts a job back in the schedule at its time under the tenant's
+// current pause (which may have changed while it was out).
+func (s *BoltStore) readd(e dueEntry) {
+	if tm, ok := s.tenants[e.tenant]; ok {
+		e.at = realAt(tm.rec.Pause, e.slot)
+	}
+	s.sched.add(e)
 }
 
 // expiring takes out the waiting jobs whose deadline is at or before now
@@ -244,6 +276,7 @@ func (sc *schedule) retime(tenant string, p leaky.Pause) {
 			heap.Push(&sc.heap, e)
 		}
 	}
+	sc.maybeCompact()
 }
 
 // peek drops stale entries and returns the earliest waiting one.
@@ -275,6 +308,10 @@ type BoltStore struct {
 	sched    schedule
 	claims   map[string]Job        // jobs handed to the dispatcher, as handed over
 	fair     map[string]*fairQueue // by downstream: due jobs sharing its ceiling
+	// cleanStart: the last stop was clean. After a crash a ceiling starts
+	// one interval late: a send just before the crash may have used it.
+	cleanStart  bool
+	fairStarted map[string]bool
 
 	finishQ   chan finishReq
 	wake      chan struct{}
@@ -310,20 +347,22 @@ func OpenBolt(path string, opts BoltOptions) (*BoltStore, error) {
 	}
 	db.MaxBatchDelay = cmp.Or(opts.MaxBatchDelay, time.Millisecond)
 	s := &BoltStore{
-		db:        db,
-		clock:     cmp.Or[clock.Clock](opts.Clock, clock.Real{}),
-		policy:    opts.Policy,
-		ceiling:   opts.Ceiling,
-		fair:      map[string]*fairQueue{},
-		retention: cmp.Or(opts.Retention, 72*time.Hour),
-		log:       cmp.Or(opts.Logger, slog.Default()),
-		tenants:   map[string]*tenantMem{},
-		idemWait:  map[string]chan struct{}{},
-		claims:    map[string]Job{},
-		sched:     schedule{waiting: map[string]dueEntry{}, byTenant: map[string]map[string]struct{}{}},
-		wake:      make(chan struct{}, 1),
-		finishQ:   make(chan finishReq),
-		stop:      make(chan struct{}),
+		db:      db,
+		clock:   cmp.Or[clock.Clock](opts.Clock, clock.Real{}),
+		policy:  opts.Policy,
+		ceiling: opts.Ceiling,
+		fair:    map[string]*fairQueue{},
+
+		fairStarted: map[string]bool{},
+		retention:   cmp.Or(opts.Retention, 72*time.Hour),
+		log:         cmp.Or(opts.Logger, slog.Default()),
+		tenants:     map[string]*tenantMem{},
+		idemWait:    map[string]chan struct{}{},
+		claims:      map[string]Job{},
+		sched:       schedule{waiting: map[string]dueEntry{}, byTenant: map[string]map[string]struct{}{}},
+		wake:        make(chan struct{}, 1),
+		finishQ:     make(chan finishReq),
+		stop:        make(chan struct{}),
 	}
 	if s.ceiling == nil {
 		s.ceiling = noCeiling
@@ -421,6 +460,7 @@ func (s *BoltStore) recover() error {
 		}
 		meta := tx.Bucket(bucketMeta)
 		clean := bytes.Equal(meta.Get(keyClean), []byte("1"))
+		s.cleanStart = clean
 		if err := meta.Delete(keyClean); err != nil {
 			return err
 		}

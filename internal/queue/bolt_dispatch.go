@@ -120,7 +120,7 @@ func (s *BoltStore) Cancel(ctx context.Context, id string) (Job, error) {
 			}
 		}
 	} else if waiting {
-		s.sched.add(entry) // not cancelled after all: it waits as before
+		s.readd(entry) // not cancelled after all: it waits as before
 	}
 	s.mu.Unlock()
 	var se *StateError
@@ -167,6 +167,11 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 			if q == nil {
 				q = newFairQueue(*ceiling)
 				q.recent = s.loadCeilingWindows(ds, *ceiling)
+				if !s.fairStarted[ds] && !s.cleanStart {
+					// A send may have used the ceiling just before a crash.
+					q.tat = s.clock.Now().Add(ceiling.Interval)
+				}
+				s.fairStarted[ds] = true
 				s.fair[ds] = q
 			}
 			q.policy = *ceiling // config can change it
@@ -216,7 +221,9 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 		return nil, expired, next, nil
 	}
 	claimed := make([]Job, 0, len(chosen))
+	var gone []string
 	err := s.db.View(func(tx *bolt.Tx) error {
+		claimed, gone = claimed[:0], gone[:0]
 		for _, e := range chosen {
 			j, ok, err := getJob(tx, e.id, true)
 			if err != nil {
@@ -224,6 +231,10 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 			}
 			if !ok {
 				return fmt.Errorf("job %s is scheduled but not stored", e.id)
+			}
+			if !j.State.Waiting() {
+				gone = append(gone, j.ID)
+				continue
 			}
 			j.State = StateDispatching
 			j.Attempts++
@@ -241,9 +252,12 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 		// Back in the schedule: nothing was handed over.
 		for _, e := range chosen {
 			delete(s.claims, e.id)
-			s.sched.add(e)
+			s.readd(e)
 		}
 		return nil, expired, time.Time{}, unavailable(err)
+	}
+	for _, id := range gone {
+		delete(s.claims, id) // finished meanwhile (a failed write put it back): nothing to send
 	}
 	for _, j := range claimed {
 		s.claims[j.ID] = j
@@ -302,7 +316,7 @@ func (s *BoltStore) expire(entries []dueEntry) {
 	if err != nil {
 		s.log.Error("cannot record expired jobs; trying again", "err", err)
 		for _, e := range entries {
-			s.sched.add(e)
+			s.readd(e)
 		}
 		return
 	}
@@ -333,6 +347,7 @@ func (s *BoltStore) finish(j Job, o Outcome) error {
 		// Nothing was sent and nothing was written: the job waits as it was.
 		s.mu.Lock()
 		delete(s.claims, j.ID)
+		s.giveBackCeiling(j)
 		at := j.DispatchAt
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.inFlight--
@@ -420,19 +435,26 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 				cur.State = StateFailed
 				cur.FinishedAt = now
 			case Released: // with a pause: nothing was sent
+				s.giveBackCeiling(j)
 				cur.Attempts--
 				cur.State = StateQueued
 				if cur.Attempts > 0 {
 					cur.State = StateRetrying
 				}
 			case Expired: // nothing was sent: too late
+				s.giveBackCeiling(j)
 				cur.Attempts--
 				cur.State = StateExpired
 				cur.FinishedAt = now
 				cur.LastError = "expired: its deadline passed before it could be sent"
 			default: // Retry
 				cur.State = StateRetrying
-				if o.PauseUntil.IsZero() {
+				if !o.PauseUntil.IsZero() && !o.PauseUntil.After(now) {
+					// A pushback already over: not a failure, but the job
+					// needs a new slot (its own has passed).
+					pz := tm.rec.Pause
+					cur.Slot = s.reserve(tm, s.policy(j.Tenant), pz.TenantTime(now), pz.TenantTime(now), cur.cost())
+				} else if o.PauseUntil.IsZero() {
 					// A failure. The retry takes one interval of the
 					// schedule, like any job, and waits out its backoff
 					// too. Reserving at the end of the backoff instead
@@ -443,8 +465,12 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 					cur.Slot = s.reserve(tm, s.policy(j.Tenant), pz.TenantTime(now), pz.TenantTime(o.NotBefore), cur.cost())
 				} // pushback keeps its place: the pause moves it
 			}
-			if !o.PauseUntil.IsZero() && !cur.State.Finished() {
+			if o.PauseUntil.After(now) && !cur.State.Finished() {
 				tm.rec.Pause = tm.rec.Pause.PauseUntil(now, o.PauseUntil, cur.Slot)
+				// Jobs admitted during the pause go one interval apart
+				// after it, not as a burst.
+				p := s.policy(j.Tenant)
+				tm.rec.TAT = later(tm.rec.TAT, tm.rec.Pause.TenantTime(now).Add(p.Tolerance()))
 				paused[j.Tenant] = true
 			}
 			if !cur.State.Finished() {
@@ -773,6 +799,8 @@ func (s *BoltStore) hold(tenant string, hold bool) (TenantStatus, error) {
 	before := tm.rec.Pause
 	if hold {
 		tm.rec.Pause = before.Hold(now)
+		// Jobs admitted while held go one interval apart after it.
+		tm.rec.TAT = later(tm.rec.TAT, tm.rec.Pause.TenantTime(now).Add(s.policy(tenant).Tolerance()))
 	} else {
 		tm.rec.Pause = before.Resume(now)
 	}
@@ -802,6 +830,18 @@ func (s *BoltStore) hold(tenant string, hold bool) (TenantStatus, error) {
 		s.poke()
 	}
 	return st, nil
+}
+
+// giveBackCeiling returns the ceiling's window places a claimed job took and
+// did not use (nothing was sent). s.mu held.
+func (s *BoltStore) giveBackCeiling(j Job) {
+	ds, c := s.ceiling(j.Tenant)
+	if c == nil || len(c.Windows) == 0 {
+		return
+	}
+	if q := s.fair[ds]; q != nil {
+		q.unuse(j.DispatchAt, j.cost())
+	}
 }
 
 // ceilingKey is where a downstream ceiling's window bookkeeping is kept.

@@ -389,3 +389,61 @@ func TestBoltCeilingWindowSurvivesRestart(t *testing.T) {
 		t.Fatalf("4th send %v after the 1st, under a window of 3 per 10s (sends at %v)", fourth.Sub(times[0]), times)
 	}
 }
+
+// Holds retime a tenant's jobs to "never" and back; the stale heap entries
+// they leave are compacted away, so memory follows the jobs waiting.
+func TestBoltHeapsStayBounded(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	s := boltOpener(t)(t, clk, leaky20(1000)).(*BoltStore)
+	ctx := context.Background()
+	for i := 0; i < 200; i++ {
+		enqueueOne(t, s, "acme", NewJob{Payload: []byte(`1`), Deadline: t0.Add(time.Hour)})
+	}
+	for range 50 {
+		if _, err := s.Pause(ctx, "acme"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Resume(ctx, "acme"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.mu.Lock()
+	n, waiting := len(s.sched.heap)+len(s.sched.expiry), len(s.sched.waiting)
+	s.mu.Unlock()
+	if waiting != 200 || n > 4*waiting+1024 {
+		t.Fatalf("%d heap entries for %d waiting jobs", n, waiting)
+	}
+}
+
+// A pushback whose end has already passed when it is recorded is not a
+// free pass: the job takes a new slot (its own has gone), uncounted as a
+// failure.
+func TestBoltPushbackAlreadyOver(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	s := boltOpener(t)(t, clk, leaky20(10)).(*BoltStore)
+	ctx := context.Background()
+	first := enqueueOne(t, s, "acme", payload(0)).Job.ID
+	enqueueOne(t, s, "acme", payload(1)) // slot T
+	got := make(chan handed, 10)
+	var mu sync.Mutex
+	n := 0
+	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+		got <- handed{j, clk.Now()}
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		if n == 1 {
+			return Outcome{Result: Retry, Status: 429, SentAt: clk.Now(), PauseUntil: clk.Now()}
+		}
+		return Outcome{Result: Succeeded, Status: 200, SentAt: clk.Now()}
+	})
+	defer stop()
+	waitHanded(t, clk, got, time.Millisecond)
+	waitFor(t, func() bool { j, _ := s.Job(ctx, first); return j.State == StateRetrying })
+	j, _ := s.Job(ctx, first)
+	if j.Failures != 0 || !j.DispatchAt.After(t0.Add(T)) {
+		t.Fatalf("after a pushback already over: %+v (want a slot after the next job's, no failure)", j)
+	}
+}

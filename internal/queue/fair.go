@@ -99,6 +99,18 @@ func (q *fairQueue) use(at time.Time, cost int) {
 	}
 }
 
+// unuse gives back the window places of a send at at that did not happen.
+func (q *fairQueue) unuse(at time.Time, cost int) {
+	for i := range q.recent {
+		for range max(cost, 1) {
+			if k := slices.IndexFunc(q.recent[i], at.Equal); k >= 0 {
+				q.recent[i] = slices.Delete(q.recent[i], k, k+1)
+				q.saved = false
+			}
+		}
+	}
+}
+
 // idle reports whether the queue can be forgotten: nothing waits and it
 // would decide the same afresh (windows need their history kept).
 func (q *fairQueue) idle(now time.Time) bool {
