@@ -114,7 +114,9 @@ func TestGateHoldEndingBeforeTheSlotDelaysNothing(t *testing.T) {
 }
 
 // A lane's windows count real writes: with "2 per second", a third send
-// waits a second after the first was written, whatever its slot said.
+// waits a second after the first was written, whatever its slot said. A
+// window full for longer than the grace holds the lane instead (the job goes
+// back in line); a shorter wait is waited out.
 func TestGateWindowsCountWrites(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewFake(t0)
@@ -130,12 +132,18 @@ func TestGateWindowsCountWrites(t *testing.T) {
 		tk.Wrote(clk.Now())
 		clk.Advance(20 * time.Millisecond)
 	}
+	_, err := g.WaitLanes(context.Background(), clk.Now(), lane)
+	var h *HeldError
+	if !errors.As(err, &h) || !h.Until.Equal(t0.Add(time.Second)) {
+		t.Fatalf("a third send 40ms after the first, under 2 per second: %v, want held until 1s", err)
+	}
+	clk.Advance(time.Second - 40*time.Millisecond - windowGrace/2)
 	third := make(chan *Ticket, 1)
 	go func() {
 		tk, _ := g.WaitLanes(context.Background(), clk.Now(), lane)
 		third <- tk
 	}()
 	waitWaiters(t, clk, 1)
-	clk.Advance(time.Second - 40*time.Millisecond)
+	clk.Advance(windowGrace / 2)
 	expectAt(t, third, time.Second).Done()
 }

@@ -114,7 +114,6 @@ func TestRequestShape(t *testing.T) {
 
 func TestClassification(t *testing.T) {
 	t.Parallel()
-	httpDate := time.Now().Add(3 * time.Second).UTC().Format(http.TimeFormat)
 	cases := []struct {
 		name      string
 		answer    func(w http.ResponseWriter, r *http.Request)
@@ -144,7 +143,7 @@ func TestClassification(t *testing.T) {
 		}, 5, queue.Retry, 429, "429", time.Second, time.Second, true},
 		{"503 without Retry-After is a failure", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }, 1, queue.Retry, 503, "503", 0, time.Second, false},
 		{"503 honours Retry-After date", func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Retry-After", httpDate)
+			w.Header().Set("Retry-After", time.Now().Add(3*time.Second).UTC().Format(http.TimeFormat)) // whole seconds: 2 to 3 s away
 			w.WriteHeader(503)
 		}, 1, queue.Retry, 503, "503", 1 * time.Second, 3 * time.Second, true},
 		{"redirect is not followed", func(w http.ResponseWriter, r *http.Request) {

@@ -91,6 +91,10 @@ func slack(p leaky.Policy) time.Duration {
 	return min(1500*time.Microsecond, p.Interval/8)
 }
 
+// windowGrace is the longest a send waits in the gate for room in a
+// window; a longer wait goes back to the store as a pause.
+const windowGrace = 100 * time.Millisecond
+
 // Wait is WaitLanes with one lane.
 func (g *Gate) Wait(ctx context.Context, key string, p leaky.Policy, notBefore time.Time) (*Ticket, error) {
 	return g.WaitLanes(ctx, notBefore, Lane{Key: key, Policy: p})
@@ -133,11 +137,20 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			}
 		}
 		// Windows count real writes: a send delayed past its slot (a
-		// ceiling, a slow connection) must not crowd a window.
+		// ceiling, a slow connection, a pushback's resend) must not crowd
+		// a window. A window that is full for longer than windowGrace
+		// holds the lane instead: the job goes back in line, unsent, and
+		// nothing counts it as a failure.
 		for _, l := range lanes {
-			if len(l.Policy.Windows) > 0 {
-				allowed = leaky.WindowSlot(g.keys[l.Key].recent, l.Policy, allowed, max(l.Cost, 1))
+			if len(l.Policy.Windows) == 0 {
+				continue
 			}
+			w := leaky.WindowSlot(g.keys[l.Key].recent, l.Policy, allowed, max(l.Cost, 1))
+			if w.Sub(later(now, notBefore)) > windowGrace {
+				g.mu.Unlock()
+				return nil, &HeldError{Key: l.Key, Until: w}
+			}
+			allowed = w
 		}
 		if busy == nil && !now.Before(allowed) {
 			t := &Ticket{g: g, lanes: lanes, At: now, done: make(chan struct{})}

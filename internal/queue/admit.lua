@@ -64,9 +64,8 @@ end
 local function window_slot(at)
   for _, w in ipairs(windows) do
     local size = redis.call('LLEN', w.key)
-    local out = size + cost - w.n
+    local out = at_most(size + cost - w.n, size) -- cost > N never fits: refused before
     if out > 0 then
-      out = at_most(out, size)
       at = at_least(at, tonumber(redis.call('LINDEX', w.key, out - 1)) + w.len)
     end
   end
@@ -111,15 +110,15 @@ if commit then
     local last = tonumber(redis.call('LINDEX', w.key, -1))
     if last == nil or last <= slot then
       for _ = 1, cost do redis.call('RPUSH', w.key, slot) end
-    else -- out of order (rare): insert in place
-      local all = redis.call('LRANGE', w.key, 0, -1)
-      local pos = #all + 1
-      for i, v in ipairs(all) do
-        if tonumber(v) > slot then pos = i break end
+    else -- out of order (rare): before the first later one, found from the end
+      local pivot = last
+      local i = -2
+      while true do
+        local v = tonumber(redis.call('LINDEX', w.key, i))
+        if v == nil or v <= slot then break end
+        pivot, i = v, i - 1
       end
-      for _ = 1, cost do table.insert(all, pos, slot) end
-      redis.call('DEL', w.key)
-      redis.call('RPUSH', w.key, unpack(all))
+      for _ = 1, cost do redis.call('LINSERT', w.key, 'BEFORE', pivot, slot) end
     end
     redis.call('LTRIM', w.key, -w.n, -1)
   end

@@ -123,3 +123,33 @@ func microsList(r leaky.Recent) []int64 {
 	}
 	return out
 }
+
+// A slot earlier than sends already counted (a pause wound tenant time
+// back) goes in place, in a window of many thousands.
+func TestLuaAdmitInsertsOutOfOrder(t *testing.T) {
+	srv := redistest.Start(t, false)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	const n = 20000
+	future := make([]any, 9000)
+	for i := range future {
+		future[i] = micros(now.Add(time.Second + time.Duration(i)*time.Millisecond))
+	}
+	if err := rdb.RPush(ctx, "{x}:w0", future...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := admitScript.Run(ctx, rdb, []string{"{x}:b", "{x}:w0"}, micros(now), 0, 1000, 1, 10, 2, 0, 1, n, (24 * time.Hour).Microseconds()).Int64Slice()
+	if err != nil || got[0] != 1 || got[1] != micros(now) {
+		t.Fatalf("admit: %v %v", got, err)
+	}
+	list, _ := rdb.LRange(ctx, "{x}:w0", 0, 3).Result()
+	want := []string{fmt.Sprint(micros(now)), fmt.Sprint(micros(now)), fmt.Sprint(future[0]), fmt.Sprint(future[1])}
+	if fmt.Sprint(list) != fmt.Sprint(want) {
+		t.Fatalf("head of the window %v, want %v", list, want)
+	}
+	if l, _ := rdb.LLen(ctx, "{x}:w0").Result(); l != 9002 {
+		t.Fatalf("window holds %d, want 9002", l)
+	}
+}

@@ -811,18 +811,26 @@ func (s *BoltStore) reserve(tm *tenantMem, p leaky.Policy, from, notBefore time.
 	slot, st := leaky.ReserveCost(leaky.State{TAT: tm.rec.TAT}, from, p, cost)
 	at := later(slot, notBefore)
 	if len(p.Windows) > 0 {
-		recent := tm.rec.recent(p)
-		at = leaky.WindowSlot(recent, p, at, cost)
-		for i, w := range p.Windows {
-			recent[i] = recent[i].Add(w, at, cost)
-		}
-		tm.rec.setRecent(p, recent)
+		at = leaky.WindowSlot(tm.rec.recent(p), p, at, cost)
+		s.recordWindows(tm, p, at, cost)
 		if !notBefore.After(slot) {
 			st = leaky.Push(st, at, p, cost) // a window moved it: the rest follow
 		}
 	}
 	tm.rec.TAT = st.TAT
 	return at
+}
+
+// recordWindows counts a send of cost at slot in the tenant's windows.
+func (s *BoltStore) recordWindows(tm *tenantMem, p leaky.Policy, slot time.Time, cost int) {
+	if len(p.Windows) == 0 {
+		return
+	}
+	recent := tm.rec.recent(p)
+	for i, w := range p.Windows {
+		recent[i] = recent[i].Add(w, slot, cost)
+	}
+	tm.rec.setRecent(p, recent)
 }
 
 // waitKeysAndLoad waits (s.mu held, released while waiting) until none of

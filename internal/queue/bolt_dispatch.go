@@ -190,7 +190,8 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 	now := s.clock.Now()
 	valid := func(e dueEntry) bool { w, ok := s.sched.waiting[e.id]; return ok && w.at.Equal(e.at) }
 	for ds, q := range s.fair {
-		for len(chosen) < limit {
+		skipped := 0 // tenants passed over in a row: their next job is not due yet
+		for len(chosen) < limit && skipped < len(q.ring) {
 			e, ok := q.next(valid)
 			if !ok {
 				if q.idle(now) {
@@ -201,11 +202,21 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 			slot := q.slot(now, e)
 			look := q.lookahead(horizon.Sub(now))
 			if slot.After(now.Add(look)) {
-				// Consume wakes a lead before next: make that look before slot.
-				next = earlier(next, slot.Add(horizon.Sub(now)-look))
-				break
+				// Consume wakes a lead before next: make that look before
+				// the time that holds this job back.
+				wakeFor := func(at time.Time) { next = earlier(next, at.Add(horizon.Sub(now)-look)) }
+				c := q.ceilingSlot(now)
+				if c.After(now.Add(look)) {
+					wakeFor(c) // the ceiling itself: nobody goes sooner
+					break
+				}
+				wakeFor(slot)
+				q.pass() // this tenant is not due yet (or its window is full): the next may go
+				skipped++
+				continue
 			}
 			q.take()
+			skipped = 0
 			s.sched.remove(e.id)
 			if slot.After(e.at) {
 				e.at = slot
@@ -221,7 +232,7 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 		return nil, expired, next, nil
 	}
 	claimed := make([]Job, 0, len(chosen))
-	var gone []string
+	var gone []Job
 	err := s.db.View(func(tx *bolt.Tx) error {
 		claimed, gone = claimed[:0], gone[:0]
 		for _, e := range chosen {
@@ -233,7 +244,8 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 				return fmt.Errorf("job %s is scheduled but not stored", e.id)
 			}
 			if !j.State.Waiting() {
-				gone = append(gone, j.ID)
+				j.DispatchAt = e.at
+				gone = append(gone, j)
 				continue
 			}
 			j.State = StateDispatching
@@ -256,8 +268,13 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 		}
 		return nil, expired, time.Time{}, unavailable(err)
 	}
-	for _, id := range gone {
-		delete(s.claims, id) // finished meanwhile (a failed write put it back): nothing to send
+	for _, j := range gone {
+		// Finished meanwhile (a failed write put it back): nothing to send.
+		delete(s.claims, j.ID)
+		s.giveBackCeiling(j)
+		if tm, ok := s.tenants[j.Tenant]; ok {
+			tm.depth--
+		}
 	}
 	for _, j := range claimed {
 		s.claims[j.ID] = j
@@ -402,6 +419,7 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 	now := s.clock.Now()
 	results := make([]Job, len(group))
 	paused := map[string]bool{} // tenants whose pause changed
+	var markSaved func()
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		clear(paused)
 		touched := map[string]bool{}
@@ -466,6 +484,11 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 				} // pushback keeps its place: the pause moves it
 			}
 			if o.PauseUntil.After(now) && !cur.State.Finished() {
+				if o.Result == Retry {
+					// The resend keeps the slot, but it is a send of its
+					// own: the windows count it.
+					s.recordWindows(tm, s.policy(j.Tenant), cur.Slot, cur.cost())
+				}
 				tm.rec.Pause = tm.rec.Pause.PauseUntil(now, o.PauseUntil, cur.Slot)
 				// Jobs admitted during the pause go one interval apart
 				// after it, not as a burst.
@@ -509,12 +532,15 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 				return err
 			}
 		}
-		return s.saveCeilingWindows(tx)
+		var err error
+		markSaved, err = s.saveCeilingWindows(tx)
+		return err
 	})
 	if err != nil {
 		return unavailable(err)
 	}
 	s.mu.Lock()
+	markSaved()
 	for name := range paused {
 		if tm, ok := s.tenants[name]; ok {
 			s.sched.retime(name, tm.rec.Pause)
@@ -865,27 +891,33 @@ func (s *BoltStore) loadCeilingWindows(ds string, p leaky.Policy) []leaky.Recent
 }
 
 // saveCeilingWindows writes the window bookkeeping of ceilings that changed
-// (with the outcomes of the sends that changed it).
-func (s *BoltStore) saveCeilingWindows(tx *bolt.Tx) error {
+// (with the outcomes of the sends that changed it). It returns what to mark
+// saved once the transaction commits.
+func (s *BoltStore) saveCeilingWindows(tx *bolt.Tx) (func(), error) {
 	s.mu.Lock()
 	type save struct {
-		key []byte
-		rec tenantRecord
+		q       *fairQueue
+		key     []byte
+		rec     tenantRecord
+		version int
 	}
 	var saves []save
 	for ds, q := range s.fair {
-		if len(q.policy.Windows) > 0 && !q.saved && len(q.recent) == len(q.policy.Windows) {
+		if len(q.policy.Windows) > 0 && q.saved != q.version && len(q.recent) == len(q.policy.Windows) {
 			var rec tenantRecord
 			rec.setRecent(q.policy, q.recent)
-			saves = append(saves, save{ceilingKey(ds), rec})
-			q.saved = true
+			saves = append(saves, save{q, ceilingKey(ds), rec, q.version})
 		}
 	}
 	s.mu.Unlock()
 	for _, sv := range saves {
 		if err := putJSON(tx.Bucket(bucketMeta), sv.key, sv.rec.Recent); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return func() {
+		for _, sv := range saves {
+			sv.q.saved = max(sv.q.saved, sv.version) // s.mu held by the caller
+		}
+	}, nil
 }

@@ -447,3 +447,46 @@ func TestBoltPushbackAlreadyOver(t *testing.T) {
 		t.Fatalf("after a pushback already over: %+v (want a slot after the next job's, no failure)", j)
 	}
 }
+
+// A tenant whose next job is not due yet does not hold up the ceiling for
+// the others: its turn passes to the next tenant.
+func TestBoltCeilingSkipsATenantNotDueYet(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	ceiling := leaky.Policy{Interval: 2 * time.Millisecond, Burst: 1}
+	s, err := OpenBolt(filepath.Join(t.TempDir(), "t.db"), BoltOptions{
+		Clock: clk,
+		Policy: func(tenant string) leaky.Policy {
+			if tenant == "b" {
+				return leaky.Policy{Interval: 90 * time.Millisecond, Burst: 1, Capacity: 10}
+			}
+			return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 10}
+		},
+		Ceiling: func(string) (string, *leaky.Policy) { return "sms", &ceiling },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	enqueueOne(t, s, "b", payload(0))
+	enqueueOne(t, s, "b", payload(1)) // due at 90 ms
+	for i := 0; i < 10; i++ {
+		enqueueOne(t, s, "a", payload(i))
+	}
+	got := make(chan handed, 20)
+	stop := consume(t, s, 100*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+		got <- handed{j, clk.Now()}
+		return Outcome{Result: Succeeded, Status: 200, SentAt: j.DispatchAt}
+	})
+	defer stop()
+	for seen := 0; seen < 10; {
+		h := waitHanded(t, clk, got, time.Millisecond)
+		if h.job.Tenant != "a" {
+			continue
+		}
+		seen++
+		if late := h.job.DispatchAt.Sub(t0); late > 30*time.Millisecond {
+			t.Fatalf("a's job %d goes at %v: held up behind b's job due at 90ms", seen, late)
+		}
+	}
+}

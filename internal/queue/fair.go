@@ -21,7 +21,8 @@ type fairQueue struct {
 	policy leaky.Policy
 	tat    time.Time      // of the ceiling, in real time
 	recent []leaky.Recent // of the ceiling's windows, in real time
-	saved  bool           // recent is on disk as it is
+	version int // counts changes to recent
+	saved   int // the version on disk
 	ring   []string       // tenants with entries, in turn order
 	turn   int            // index in ring of the tenant served next
 	jobs   map[string][]dueEntry
@@ -78,6 +79,14 @@ func (q *fairQueue) take() {
 	q.turn++
 }
 
+// ceilingSlot is the earliest the ceiling's rate lets any send go.
+func (q *fairQueue) ceilingSlot(now time.Time) time.Time {
+	return later(now, q.tat.Add(-q.policy.Tolerance()))
+}
+
+// pass passes the turn on without taking anything.
+func (q *fairQueue) pass() { q.turn++ }
+
 // slot is the earliest the ceiling (its rate and its windows) lets e go,
 // at or after now and e's own time.
 func (q *fairQueue) slot(now time.Time, e dueEntry) time.Time {
@@ -95,7 +104,7 @@ func (q *fairQueue) use(at time.Time, cost int) {
 		for i, w := range q.policy.Windows {
 			q.recent[i] = q.recent[i].Add(w, at, cost)
 		}
-		q.saved = false
+		q.version++
 	}
 }
 
@@ -105,7 +114,7 @@ func (q *fairQueue) unuse(at time.Time, cost int) {
 		for range max(cost, 1) {
 			if k := slices.IndexFunc(q.recent[i], at.Equal); k >= 0 {
 				q.recent[i] = slices.Delete(q.recent[i], k, k+1)
-				q.saved = false
+				q.version++
 			}
 		}
 	}
