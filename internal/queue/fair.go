@@ -18,14 +18,14 @@ type CeilingFunc func(tenant string) (downstream string, ceiling *leaky.Policy)
 // same time. Jobs here are still waiting (in schedule.waiting): a cancel or
 // a pause makes their entry here stale, and stale entries are skipped.
 type fairQueue struct {
-	policy leaky.Policy
-	tat    time.Time      // of the ceiling, in real time
-	recent []leaky.Recent // of the ceiling's windows, in real time
-	version int // counts changes to recent
-	saved   int // the version on disk
-	ring   []string       // tenants with entries, in turn order
-	turn   int            // index in ring of the tenant served next
-	jobs   map[string][]dueEntry
+	policy  leaky.Policy
+	tat     time.Time      // of the ceiling, in real time
+	recent  []leaky.Recent // of the ceiling's windows, in real time
+	version int            // counts changes to recent
+	saved   int            // the version on disk
+	ring    []string       // tenants with entries, in turn order
+	turn    int            // index in ring of the tenant served next
+	jobs    map[string][]dueEntry
 }
 
 func newFairQueue(p leaky.Policy) *fairQueue {
