@@ -387,6 +387,7 @@ func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until t
 		d.gate.Space(lanes[1].Key, until.Add(r.Ceiling.Tolerance()))
 	}
 	out.Result, out.Error, out.NotBefore, out.PauseUntil = queue.Retry, msg, until, until
+	out.PauseDownstream = r.Ceiling != nil
 	return out
 }
 

@@ -163,19 +163,7 @@ func (s *BoltStore) claimDue(horizon time.Time, limit int) ([]Job, []dueEntry, t
 		heap.Pop(&s.sched.heap)
 		if ds, ceiling := s.ceiling(e.tenant); ceiling != nil {
 			// Still waiting: it takes its turn for the ceiling below.
-			q := s.fair[ds]
-			if q == nil {
-				q = newFairQueue(*ceiling)
-				q.recent = s.loadCeilingWindows(ds, *ceiling)
-				if !s.fairStarted[ds] && !s.cleanStart {
-					// A send may have used the ceiling just before a crash.
-					q.tat = s.clock.Now().Add(ceiling.Interval)
-				}
-				s.fairStarted[ds] = true
-				s.fair[ds] = q
-			}
-			q.policy = *ceiling // config can change it
-			q.push(e)
+			s.fairQueue(ds, *ceiling).push(e)
 			continue
 		}
 		s.sched.remove(e.id)
@@ -482,6 +470,9 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 					pz := tm.rec.Pause
 					cur.Slot = s.reserve(tm, s.policy(j.Tenant), pz.TenantTime(now), pz.TenantTime(o.NotBefore), cur.cost())
 				} // pushback keeps its place: the pause moves it
+			}
+			if o.PauseDownstream && o.PauseUntil.After(now) {
+				s.pauseCeiling(j.Tenant, o.PauseUntil)
 			}
 			if o.PauseUntil.After(now) && !cur.State.Finished() {
 				if o.Result == Retry {
@@ -870,24 +861,61 @@ func (s *BoltStore) giveBackCeiling(j Job) {
 	}
 }
 
+// pauseCeiling stops a tenant's downstream ceiling until until (s.mu
+// held): no tenant of it is handed a slot sooner. Saved with the outcome.
+func (s *BoltStore) pauseCeiling(tenant string, until time.Time) {
+	ds, c := s.ceiling(tenant)
+	if c == nil {
+		return
+	}
+	q := s.fairQueue(ds, *c)
+	if until.After(q.pausedUntil) {
+		q.pausedUntil = until
+		q.tat = later(q.tat, until.Add(c.Tolerance()))
+		q.version++
+	}
+}
+
+// fairQueue returns a downstream's fair queue, made (and its saved state
+// read) if needed. s.mu held.
+func (s *BoltStore) fairQueue(ds string, ceiling leaky.Policy) *fairQueue {
+	q := s.fair[ds]
+	if q == nil {
+		q = newFairQueue(ceiling)
+		q.recent, q.pausedUntil = s.loadCeiling(ds, ceiling)
+		q.tat = q.pausedUntil.Add(ceiling.Tolerance())
+		if !s.fairStarted[ds] && !s.cleanStart {
+			// A send may have used the ceiling just before a crash.
+			q.tat = later(q.tat, s.clock.Now().Add(ceiling.Interval))
+		}
+		s.fairStarted[ds] = true
+		s.fair[ds] = q
+	}
+	q.policy = ceiling // config can change it
+	return q
+}
+
 // ceilingKey is where a downstream ceiling's window bookkeeping is kept.
 func ceilingKey(ds string) []byte { return []byte("ceiling-windows:" + ds) }
 
-// loadCeilingWindows reads a ceiling's window bookkeeping (s.mu held): a
-// vendor's daily cap must survive a restart.
-func (s *BoltStore) loadCeilingWindows(ds string, p leaky.Policy) []leaky.Recent {
-	if len(p.Windows) == 0 {
-		return nil
-	}
-	var rec tenantRecord // the same encoding as a tenant's windows
+// ceilingState is what of a ceiling is kept on disk: a vendor's daily cap
+// and its pushback must survive a restart.
+type ceilingState struct {
+	Recent      map[string][]int64 `json:"recent,omitempty"` // as a tenant's windows
+	PausedUntil time.Time          `json:"paused_until,omitzero"`
+}
+
+// loadCeiling reads a ceiling's saved state (s.mu held).
+func (s *BoltStore) loadCeiling(ds string, p leaky.Policy) ([]leaky.Recent, time.Time) {
+	var st ceilingState
 	err := s.db.View(func(tx *bolt.Tx) error {
-		_, err := getJSON(tx.Bucket(bucketMeta), ceilingKey(ds), &rec.Recent)
+		_, err := getJSON(tx.Bucket(bucketMeta), ceilingKey(ds), &st)
 		return err
 	})
 	if err != nil {
-		s.log.Error("cannot read a ceiling's window bookkeeping; starting it empty", "downstream", ds, "err", err)
+		s.log.Error("cannot read a ceiling's saved state; starting it afresh", "downstream", ds, "err", err)
 	}
-	return rec.recent(p)
+	return tenantRecord{Recent: st.Recent}.recent(p), st.PausedUntil
 }
 
 // saveCeilingWindows writes the window bookkeeping of ceilings that changed
@@ -898,20 +926,22 @@ func (s *BoltStore) saveCeilingWindows(tx *bolt.Tx) (func(), error) {
 	type save struct {
 		q       *fairQueue
 		key     []byte
-		rec     tenantRecord
+		state   ceilingState
 		version int
 	}
 	var saves []save
 	for ds, q := range s.fair {
-		if len(q.policy.Windows) > 0 && q.saved != q.version && len(q.recent) == len(q.policy.Windows) {
+		if q.saved != q.version {
 			var rec tenantRecord
-			rec.setRecent(q.policy, q.recent)
-			saves = append(saves, save{q, ceilingKey(ds), rec, q.version})
+			if len(q.recent) == len(q.policy.Windows) {
+				rec.setRecent(q.policy, q.recent)
+			}
+			saves = append(saves, save{q, ceilingKey(ds), ceilingState{Recent: rec.Recent, PausedUntil: q.pausedUntil}, q.version})
 		}
 	}
 	s.mu.Unlock()
 	for _, sv := range saves {
-		if err := putJSON(tx.Bucket(bucketMeta), sv.key, sv.rec.Recent); err != nil {
+		if err := putJSON(tx.Bucket(bucketMeta), sv.key, sv.state); err != nil {
 			return nil, err
 		}
 	}

@@ -490,3 +490,53 @@ func TestBoltCeilingSkipsATenantNotDueYet(t *testing.T) {
 		}
 	}
 }
+
+// A 429 under a downstream's ceiling pauses the downstream for all its
+// tenants, and the pause survives a restart.
+func TestBoltCeilingPauseSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	ceiling := leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1}
+	path := filepath.Join(t.TempDir(), "t.db")
+	open := func() *BoltStore {
+		s, err := OpenBolt(path, BoltOptions{
+			Clock:   clk,
+			Policy:  func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} },
+			Ceiling: func(string) (string, *leaky.Policy) { return "sms", &ceiling },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := open()
+	a := enqueueOne(t, s, "a", payload(0)).Job.ID
+	until := t0.Add(5 * time.Second)
+	got := make(chan handed, 10)
+	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+		got <- handed{j, clk.Now()}
+		if j.ID == a && j.Attempts == 1 {
+			return Outcome{Result: Retry, Status: 429, SentAt: clk.Now(), PauseUntil: until, PauseDownstream: true}
+		}
+		return Outcome{Result: Succeeded, Status: 200, SentAt: clk.Now()}
+	})
+	waitHanded(t, clk, got, time.Millisecond)
+	waitFor(t, func() bool { j, _ := s.Job(context.Background(), a); return j.State == StateRetrying })
+	stop()
+	s.Close()
+
+	s = open()
+	defer s.Close()
+	b := enqueueOne(t, s, "b", payload(1)).Job.ID
+	stop = consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
+		got <- handed{j, clk.Now()}
+		return Outcome{Result: Succeeded, Status: 200, SentAt: clk.Now()}
+	})
+	defer stop()
+	for range 2 {
+		h := waitHanded(t, clk, got, 50*time.Millisecond)
+		if h.job.DispatchAt.Before(until) {
+			t.Fatalf("job of %s (b is %s) due %v, before the downstream's pause ends at %v", h.job.Tenant, b, h.job.DispatchAt.Sub(t0), until.Sub(t0))
+		}
+	}
+}

@@ -21,11 +21,14 @@ type fairQueue struct {
 	policy  leaky.Policy
 	tat     time.Time      // of the ceiling, in real time
 	recent  []leaky.Recent // of the ceiling's windows, in real time
-	version int            // counts changes to recent
+	version int            // counts changes to recent and pausedUntil
 	saved   int            // the version on disk
-	ring    []string       // tenants with entries, in turn order
-	turn    int            // index in ring of the tenant served next
-	jobs    map[string][]dueEntry
+	// pausedUntil: the downstream answered 429 (or 503) with Retry-After
+	// under this ceiling: no send of any tenant before then.
+	pausedUntil time.Time
+	ring        []string // tenants with entries, in turn order
+	turn        int      // index in ring of the tenant served next
+	jobs        map[string][]dueEntry
 }
 
 func newFairQueue(p leaky.Policy) *fairQueue {
@@ -79,7 +82,8 @@ func (q *fairQueue) take() {
 	q.turn++
 }
 
-// ceilingSlot is the earliest the ceiling's rate lets any send go.
+// ceilingSlot is the earliest the ceiling's rate lets any send go (a pause
+// of the ceiling raised its tat).
 func (q *fairQueue) ceilingSlot(now time.Time) time.Time {
 	return later(now, q.tat.Add(-q.policy.Tolerance()))
 }
@@ -123,7 +127,7 @@ func (q *fairQueue) unuse(at time.Time, cost int) {
 // idle reports whether the queue can be forgotten: nothing waits and it
 // would decide the same afresh (windows need their history kept).
 func (q *fairQueue) idle(now time.Time) bool {
-	return len(q.ring) == 0 && !q.tat.After(now) && len(q.policy.Windows) == 0
+	return len(q.ring) == 0 && !q.tat.After(now) && len(q.policy.Windows) == 0 && q.saved == q.version
 }
 
 // waitingTenants is how many tenants share the ceiling right now.

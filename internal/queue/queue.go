@@ -180,6 +180,10 @@ type Outcome struct {
 	// still from this job's slot until then, so this job goes first when the
 	// pause ends and the others follow at their spacing.
 	PauseUntil time.Time
+	// PauseDownstream: the pause is the downstream's too (its account-wide
+	// limit was hit): its ceiling sends nothing for any tenant until
+	// PauseUntil, across a restart.
+	PauseDownstream bool
 }
 
 // Handler sends one due job and says how it went. It is called a little
