@@ -34,6 +34,9 @@ type options struct {
 	waitTimeout           time.Duration
 	asJSON                bool
 	progress              string
+	cost                  int
+	expiresIn             time.Duration
+	deadline              time.Time // now + expiresIn, fixed before the first try
 }
 
 func newCommand(stdin io.Reader, stdout, stderr io.Writer, env []string) *cobra.Command {
@@ -90,6 +93,8 @@ interrupted.`,
 	f.BoolVar(&o.wait, "wait", false, "after sending, wait until every job is delivered or failed")
 	f.DurationVar(&o.waitTimeout, "wait-timeout", time.Hour, "give up --wait after this")
 	f.BoolVar(&o.asJSON, "json", false, "print the summary as JSON")
+	f.IntVar(&o.cost, "cost", 0, "slots of the schedule each job takes (e.g. SMS segments; default 1)")
+	f.DurationVar(&o.expiresIn, "expires-in", 0, "each job is worthless this long from now: refused (not retried) if it cannot be sent by then")
 	f.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	_ = c.MarkFlagRequired("tenant")
 	return c
@@ -118,6 +123,7 @@ type summary struct {
 	Delivered   int      `json:"delivered,omitempty"`
 	Failed      int      `json:"failed,omitempty"`
 	Undelivered int      `json:"undelivered,omitempty"`
+	Impossible  int      `json:"impossible,omitempty"` // of Rejected: 422, not worth retrying
 	Seconds     float64  `json:"seconds"`
 	Exit        int      `json:"exit"`
 	Error       string   `json:"error,omitempty"`
@@ -192,6 +198,17 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 	if o.maxAttempts < 1 {
 		return bad(fmt.Errorf("--max-attempts %d: want at least 1", o.maxAttempts))
 	}
+	if o.cost < 0 {
+		return bad(fmt.Errorf("--cost %d: want at least 1", o.cost))
+	}
+	if o.expiresIn < 0 {
+		return bad(fmt.Errorf("--expires-in %v: want a positive duration", o.expiresIn))
+	}
+	if o.expiresIn > 0 {
+		// One deadline for every try: a retry after a 429 must not get
+		// more time than the first try had.
+		o.deadline = time.Now().Add(o.expiresIn)
+	}
 	var pace time.Duration
 	if o.rate != "" {
 		r, err := leaky.ParseRate(o.rate)
@@ -207,6 +224,12 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 	items, err := readItems(o, stdin)
 	if err != nil {
 		return bad(err)
+	}
+	for _, it := range items {
+		it.job.Cost = o.cost
+		if !o.deadline.IsZero() {
+			it.job.Deadline = o.deadline.UTC().Format(time.RFC3339Nano)
+		}
 	}
 	c := client.New(target)
 	p := newProgress(o.progress, stderr, len(items))
@@ -236,7 +259,14 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 		runErr = exitError{code: exitRefused, err: runErr}
 	case s.Rejected > 0:
 		s.Exit = exitRejected
-		runErr = exitError{code: exitRejected, err: fmt.Errorf("%d job(s) still refused after %d attempts each", s.Rejected, o.maxAttempts)}
+		msg := fmt.Sprintf("%d job(s) still refused after %d attempts each", s.Rejected-s.Impossible, o.maxAttempts)
+		if s.Impossible > 0 {
+			msg = fmt.Sprintf("%d job(s) refused for good (422: they would be sent after their deadline, or cost more than the tenant's bucket holds)", s.Impossible)
+			if s.Rejected > s.Impossible {
+				msg += fmt.Sprintf("; %d still refused after %d attempts each", s.Rejected-s.Impossible, o.maxAttempts)
+			}
+		}
+		runErr = exitError{code: exitRejected, err: errors.New(msg)}
 	case o.wait && s.Delivered < s.Accepted:
 		s.Exit = exitNotDelivered
 		runErr = exitError{code: exitNotDelivered, err: fmt.Errorf("%d of %d job(s) not delivered (%d failed)", s.Accepted-s.Delivered, s.Accepted, s.Failed)}
@@ -359,6 +389,9 @@ func send(ctx context.Context, c *client.Client, o options, items []*item, pace 
 			default:
 				it.given = true
 				s.Rejected++
+				if r.Status == 422 {
+					s.Impossible++ // would expire, or costs more than the bucket holds: retrying cannot help
+				}
 			}
 		}
 		if len(again) > 0 {

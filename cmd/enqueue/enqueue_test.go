@@ -353,3 +353,40 @@ func TestBinary(t *testing.T) {
 		t.Fatalf("bad --data: %v\n%s", err, out)
 	}
 }
+
+// --cost and --expires-in go with every job; a job that cannot make its
+// deadline is refused at once, not retried.
+func TestCostAndExpiry(t *testing.T) {
+	t.Parallel()
+	_, px := setup(t, "[tenant_defaults]\nrate = \"2/s\"\ncapacity = 10\n")
+	code, out, errOut := runEnqueue(context.Background(), t, "", "--server", px.URL, "--tenant", "acme", "--data", `{"n":1}`, "--cost", "3", "--expires-in", "10m", "--json", "--progress", "none")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	var sum struct{ IDs []string }
+	json.Unmarshal([]byte(out), &sum)
+	st, body := getJSON(t, px.URL+"/v1/jobs/"+sum.IDs[0])
+	if st != 200 || body["cost"] != 3.0 || body["deadline"] == nil {
+		t.Fatalf("job %d %v", st, body)
+	}
+	// The cost-3 job holds the next 1.5 s: a job due within 1 s cannot go.
+	code, out, errOut = runEnqueue(context.Background(), t, "", "--server", px.URL, "--tenant", "acme", "--data", `{"n":2}`, "--expires-in", "1s", "--progress", "none")
+	if code != exitRejected || !strings.Contains(errOut, "refused for good") {
+		t.Fatalf("a job that would expire: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut := runEnqueue(context.Background(), t, "", "--server", px.URL, "--tenant", "acme", "--data", "1", "--cost", "-1"); code != exitBadInput {
+		t.Fatalf("--cost -1: exit %d %s", code, errOut)
+	}
+}
+
+func getJSON(t *testing.T, url string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body map[string]any
+	json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body
+}

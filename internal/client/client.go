@@ -149,6 +149,10 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 type Job struct {
 	Payload        json.RawMessage `json:"payload"`
 	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	Cost           int             `json:"cost,omitempty"`
+	// Deadline (RFC 3339): the server refuses the job (422) if it cannot
+	// send it by then, and never sends it after.
+	Deadline string `json:"deadline,omitempty"`
 }
 
 // Result is the answer for one job of a batch.
