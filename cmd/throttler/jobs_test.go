@@ -69,6 +69,13 @@ func TestDeadlines(t *testing.T) {
 	if _, _, ten := call(t, "GET", base+"/v1/tenants/acme", ""); ten["expired_total"] != 1.0 || ten["delivered_total"] != 5.0 {
 		t.Fatalf("tenant %v", ten)
 	}
+	m := scrape(t, base)
+	if v := value(m, `throttler_jobs_expired_total{downstream="test",tenant="_other"}`); v != 1 {
+		t.Fatalf("expired counter %v", v)
+	}
+	if v := value(m, `throttler_jobs_rejected_total{downstream="test",reason="would_expire",tenant="_other"}`); v != 2 {
+		t.Fatalf("would_expire refusals counted %v, want 2", v)
+	}
 	for _, bad := range []string{`{"payload":1,"expires_in":"soon"}`, `{"payload":1,"deadline":"tomorrow"}`, `{"payload":1,"expires_in":"1s","deadline":"2030-01-01T00:00:00Z"}`, `{"payload":1,"cost":0}`, `{"payload":1,"cost":1.5}`} {
 		if st, _, a := call(t, "POST", base+"/v1/tenants/acme/jobs", bad); st != 400 {
 			t.Fatalf("%s: %d %v", bad, st, a)

@@ -27,6 +27,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	accepted, rejected, delivered, failed, retried *prometheus.CounterVec
+	expired                                        *prometheus.CounterVec
 	attempts                                       *prometheus.CounterVec
 	dispatchError, queueWait, latency              *prometheus.HistogramVec
 	labels                                         Labels
@@ -55,13 +56,14 @@ func New(store queue.Store, labels Labels, named func() []string) *Metrics {
 		delivered: counter("jobs_delivered_total", "Jobs the downstream took (2xx)."),
 		failed:    counter("jobs_failed_total", "Jobs that ended failed (permanent error or last attempt)."),
 		retried:   counter("jobs_retried_total", "Attempts that will be tried again."),
+		expired:   counter("jobs_expired_total", "Jobs whose deadline came before they could be sent (never sent)."),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "attempts_total",
 			Help: "Requests to downstreams, by answer class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error)."}, []string{"downstream", "class"}),
 		dispatchError: hist("dispatch_error_seconds", "When a request was written, minus the job's slot."),
 		queueWait:     hist("queue_wait_seconds", "When a job's first attempt was written, minus when it was accepted."),
 		latency:       hist("downstream_latency_seconds", "From writing a request to its answer (or error)."),
 	}
-	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.attempts, m.dispatchError, m.queueWait, m.latency,
+	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.dispatchError, m.queueWait, m.latency,
 		&queueCollector{store: store, labels: labels, named: named}, breakerCollector{m})
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
@@ -126,7 +128,15 @@ func (m *Metrics) Attempt(j queue.Job, o queue.Outcome, class string, latency ti
 		m.failed.WithLabelValues(ds, tl).Inc()
 	case queue.Retry:
 		m.retried.WithLabelValues(ds, tl).Inc()
+	case queue.Expired:
+		m.Expired(j)
 	}
+}
+
+// Expired counts a job that expired before it could be sent.
+func (m *Metrics) Expired(j queue.Job) {
+	ds, tl := m.labels(j.Tenant)
+	m.expired.WithLabelValues(ds, tl).Inc()
 }
 
 var (

@@ -44,6 +44,8 @@ type BoltOptions struct {
 	Policy PolicyFunc  // required
 	// Ceiling gives a tenant's downstream ceiling (default: none).
 	Ceiling CeilingFunc
+	// OnExpired, if set, is told of each job that expires while waiting.
+	OnExpired func(Job)
 	// Retention is how long finished jobs are kept. Default 72h.
 	Retention time.Duration
 	// MaxBatchDelay is how long a write waits for others to share its
@@ -299,6 +301,7 @@ type BoltStore struct {
 	clock     clock.Clock
 	policy    PolicyFunc
 	ceiling   CeilingFunc
+	onExpired func(Job)
 	retention time.Duration
 	log       *slog.Logger
 
@@ -347,11 +350,12 @@ func OpenBolt(path string, opts BoltOptions) (*BoltStore, error) {
 	}
 	db.MaxBatchDelay = cmp.Or(opts.MaxBatchDelay, time.Millisecond)
 	s := &BoltStore{
-		db:      db,
-		clock:   cmp.Or[clock.Clock](opts.Clock, clock.Real{}),
-		policy:  opts.Policy,
-		ceiling: opts.Ceiling,
-		fair:    map[string]*fairQueue{},
+		db:        db,
+		clock:     cmp.Or[clock.Clock](opts.Clock, clock.Real{}),
+		policy:    opts.Policy,
+		ceiling:   opts.Ceiling,
+		onExpired: opts.OnExpired,
+		fair:      map[string]*fairQueue{},
 
 		fairStarted: map[string]bool{},
 		retention:   cmp.Or(opts.Retention, 72*time.Hour),

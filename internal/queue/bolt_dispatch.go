@@ -331,6 +331,9 @@ func (s *BoltStore) expire(entries []dueEntry) {
 			tm.rec.Expired++
 			tm.dirty = true
 		}
+		if s.onExpired != nil {
+			s.onExpired(j)
+		}
 	}
 }
 

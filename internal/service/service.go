@@ -45,8 +45,10 @@ func Run(ctx context.Context, opts Options) error {
 		ts, _ := live.Load().Tenant(tenant)
 		return ts.Policy()
 	}
+	var m *metrics.Metrics // made once the store is open; used from the dispatcher on
 	store, err := queue.OpenBolt(cfg.Store.Path, queue.BoltOptions{
-		Policy: policy, Retention: cfg.Store.Retention.Std(), Logger: log,
+		OnExpired: func(j queue.Job) { m.Expired(j) },
+		Policy:    policy, Retention: cfg.Store.Retention.Std(), Logger: log,
 		Ceiling: func(tenant string) (string, *leaky.Policy) {
 			c := live.Load()
 			ts, _ := c.Tenant(tenant)
@@ -59,7 +61,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	m := metrics.New(store, func(tenant string) (string, string) {
+	m = metrics.New(store, func(tenant string) (string, string) {
 		c := live.Load()
 		ts, _ := c.Tenant(tenant)
 		if _, named := c.Tenants[tenant]; named {
