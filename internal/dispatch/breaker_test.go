@@ -147,3 +147,53 @@ func TestGateWindowsCountWrites(t *testing.T) {
 	clk.Advance(windowGrace / 2)
 	expectAt(t, third, time.Second).Done()
 }
+
+// Sends waiting together pass in the order of their slots, however the
+// scheduler wakes them: a tenant's jobs reach the downstream in order.
+func TestGatePassesInSlotOrder(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	g := NewGate(clk)
+	p := leaky.Policy{Interval: time.Millisecond, Burst: 1}
+	order := make(chan int, 3)
+	for _, at := range []int{30, 20, 10} { // arrive latest slot first
+		go func() {
+			tk, err := g.WaitLanes(context.Background(), t0.Add(time.Duration(at)*time.Millisecond), Lane{Key: "tenant:a", Policy: p})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			order <- at
+			tk.Wrote(clk.Now())
+		}()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g.mu.Lock()
+		n := 0
+		if k := g.keys["tenant:a"]; k != nil {
+			n = len(k.waiters)
+		}
+		g.mu.Unlock()
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waiters", n)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	waitWaiters(t, clk, 1) // the head waits on its timer; the others on it
+	clk.Advance(100 * time.Millisecond)
+	for _, want := range []int{10, 20, 30} {
+		select {
+		case got := <-order:
+			if got != want {
+				t.Fatalf("passed the send of slot %dms, want %dms first", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("stuck")
+		}
+		clk.Advance(time.Millisecond)
+	}
+}

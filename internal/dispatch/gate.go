@@ -31,6 +31,7 @@ type Gate struct {
 	mu    sync.Mutex
 	keys  map[string]*gateKey
 	calls int
+	seq   uint64 // orders waiters with the same slot
 }
 
 // Lane is one rule a send must pass: Key's own GCRA under Policy, and
@@ -55,6 +56,42 @@ type gateKey struct {
 	held        chan struct{}  // closed (and replaced) when a hold begins
 	recent      []leaky.Recent // the lane's windows: when its last sends were written
 	keepUntil   time.Time      // until then, recent still limits a send
+	// waiters are the sends waiting on the lane: they pass in the order of
+	// their slots (then of arrival), not in the order the scheduler happens
+	// to wake them, so a tenant's jobs reach the downstream in order.
+	waiters []*waiter
+	moved   chan struct{} // closed (and replaced) when a waiter leaves
+}
+
+type waiter struct {
+	at  time.Time
+	seq uint64
+}
+
+func (w *waiter) before(o *waiter) bool {
+	return w.at.Before(o.at) || (w.at.Equal(o.at) && w.seq < o.seq)
+}
+
+// first is the waiter whose turn it is.
+func (k *gateKey) first() *waiter {
+	var f *waiter
+	for _, w := range k.waiters {
+		if f == nil || w.before(f) {
+			f = w
+		}
+	}
+	return f
+}
+
+func (k *gateKey) leave(me *waiter) {
+	for i, w := range k.waiters {
+		if w == me {
+			k.waiters = append(k.waiters[:i], k.waiters[i+1:]...)
+			close(k.moved)
+			k.moved = make(chan struct{})
+			return
+		}
+	}
 }
 
 // Ticket is one send the gate let go.
@@ -109,10 +146,27 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 	if len(lanes) < 1 || len(lanes) > 2 {
 		panic("dispatch: a send passes one or two lanes")
 	}
+	g.mu.Lock()
+	g.seq++
+	me := &waiter{at: notBefore, seq: g.seq}
+	for _, l := range lanes {
+		if l.Policy.Interval > 0 {
+			k := g.key(l.Key)
+			k.waiters = append(k.waiters, me)
+		}
+	}
+	g.mu.Unlock()
+	leave := func() { // g.mu held
+		for _, l := range lanes {
+			if l.Policy.Interval > 0 {
+				g.keys[l.Key].leave(me)
+			}
+		}
+	}
 	for {
 		g.mu.Lock()
 		now := g.clock.Now()
-		var busy chan struct{}
+		var busy, ahead chan struct{}
 		var heldWake []chan struct{}
 		allowed := notBefore
 		for _, l := range lanes {
@@ -121,6 +175,7 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			// back in line. A hold that ends before then only delays it.
 			if k.heldUntil.After(later(now, notBefore)) {
 				until := k.heldUntil
+				leave()
 				g.mu.Unlock()
 				return nil, &HeldError{Key: l.Key, Until: until}
 			}
@@ -128,6 +183,9 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			heldWake = append(heldWake, k.held)
 			if l.Policy.Interval == 0 {
 				continue // a lane for holds only: no rate
+			}
+			if k.first() != me && ahead == nil {
+				ahead = k.moved
 			}
 			if k.outstanding != nil && busy == nil {
 				busy = k.outstanding
@@ -147,12 +205,14 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			}
 			w := leaky.WindowSlot(g.keys[l.Key].recent, l.Policy, allowed, max(l.Cost, 1))
 			if w.Sub(later(now, notBefore)) > windowGrace {
+				leave()
 				g.mu.Unlock()
 				return nil, &HeldError{Key: l.Key, Until: w}
 			}
 			allowed = w
 		}
-		if busy == nil && !now.Before(allowed) {
+		if busy == nil && ahead == nil && !now.Before(allowed) {
+			leave()
 			t := &Ticket{g: g, lanes: lanes, At: now, done: make(chan struct{})}
 			for _, l := range lanes {
 				if l.Policy.Interval > 0 {
@@ -167,7 +227,7 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 		}
 		g.mu.Unlock()
 		var timer <-chan time.Time
-		if busy == nil {
+		if busy == nil && ahead == nil {
 			timer = g.clock.After(allowed.Sub(now))
 		}
 		// A hold on any lane wakes us to give up (a send has at most two
@@ -179,8 +239,12 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 		}
 		select {
 		case <-ctx.Done():
+			g.mu.Lock()
+			leave()
+			g.mu.Unlock()
 			return nil, ctx.Err()
 		case <-busy:
+		case <-ahead:
 		case <-timer:
 		case <-held0:
 		case <-held1:
@@ -192,7 +256,7 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 func (g *Gate) key(name string) *gateKey {
 	k := g.keys[name]
 	if k == nil {
-		k = &gateKey{held: make(chan struct{})}
+		k = &gateKey{held: make(chan struct{}), moved: make(chan struct{})}
 		g.keys[name] = k
 	}
 	return k
@@ -279,7 +343,7 @@ func (g *Gate) sweep(now time.Time) {
 		return
 	}
 	for key, k := range g.keys {
-		if k.outstanding == nil && k.tat.Before(now) && !k.heldUntil.After(now) && !k.keepUntil.After(now) {
+		if k.outstanding == nil && k.tat.Before(now) && !k.heldUntil.After(now) && !k.keepUntil.After(now) && len(k.waiters) == 0 {
 			delete(g.keys, key)
 		}
 	}
