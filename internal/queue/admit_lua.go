@@ -16,5 +16,13 @@ var admitLua string
 
 var admitScript = redis.NewScript(admitLua)
 
+// pauseLua changes a tenant's pause (leaky.Pause) and floors its TAT, as
+// the embedded store does.
+//
+//go:embed pause.lua
+var pauseLua string
+
+var pauseScript = redis.NewScript(pauseLua)
+
 // micros is t in whole microseconds since 1970: the scripts' time unit.
 func micros(t time.Time) int64 { return t.UnixMicro() }

@@ -153,3 +153,56 @@ func TestLuaAdmitInsertsOutOfOrder(t *testing.T) {
 		t.Fatalf("window holds %d, want 9002", l)
 	}
 }
+
+// The Lua pause and leaky.Pause (with the store's TAT floor) agree on
+// random sequences of pushbacks, holds and resumes.
+func TestLuaPauseAgreesWithGo(t *testing.T) {
+	srv := redistest.Start(t, false)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(9, 9))
+	us := func(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
+	steps := 0
+	for seq := 0; seq < 200; seq++ {
+		key := fmt.Sprintf("{p%d}:b", seq)
+		var pz leaky.Pause
+		tat := time.Unix(0, 0)
+		tau := us(rng.Int64N(3)) * 1000
+		now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+		for step := 0; step < 30; step++ {
+			now = now.Add(us(rng.Int64N(2_000_000)))
+			var args []any
+			switch rng.IntN(3) {
+			case 0:
+				until := now.Add(us(rng.Int64N(3_000_000) - 500_000))
+				var from time.Time
+				if rng.IntN(4) > 0 {
+					from = pz.TenantTime(now).Add(-us(rng.Int64N(200_000)))
+				}
+				args = []any{"until", micros(now), tau.Microseconds(), micros(until), microsOrZero(from)}
+				if until.After(now) {
+					pz = pz.PauseUntil(now, until, from)
+					tat = later(tat, pz.TenantTime(now).Add(tau))
+				}
+			case 1:
+				args = []any{"hold", micros(now), tau.Microseconds()}
+				pz = pz.Hold(now)
+				tat = later(tat, pz.TenantTime(now).Add(tau))
+			default:
+				args = []any{"resume", micros(now), tau.Microseconds()}
+				pz = pz.Resume(now)
+			}
+			got, err := pauseScript.Run(ctx, rdb, []string{key}, args...).Int64Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []int64{pz.Shift.Microseconds(), microsOrZero(pz.Until), microsOrZero(pz.Held), micros(tat)}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("sequence %d step %d %v: Lua %v, Go %v (%+v)", seq, step, args, got, want, pz)
+			}
+			steps++
+		}
+	}
+	t.Logf("%d pause changes agree", steps)
+}
