@@ -197,3 +197,36 @@ func TestGatePassesInSlotOrder(t *testing.T) {
 		clk.Advance(time.Millisecond)
 	}
 }
+
+// A tenant held back by its own rate does not hold up another tenant on a
+// shared downstream ceiling: order is kept per tenant only.
+func TestGateNoHeadOfLineBlockingAcrossTenants(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	g := NewGate(clk)
+	slow := leaky.Policy{Interval: time.Second, Burst: 1}
+	ceiling := Lane{Key: "downstream:sms", Policy: leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1}}
+	a := Lane{Key: "tenant:a", Policy: slow}
+	b := Lane{Key: "tenant:b", Policy: slow}
+	tk, err := g.WaitLanes(context.Background(), t0, a, ceiling)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(300 * time.Millisecond)
+	tk.Wrote(clk.Now()) // written late: a's next send waits until 1.3 s
+	clk.Advance(700 * time.Millisecond)
+	aDone := make(chan *Ticket, 1)
+	go func() { tk, _ := g.WaitLanes(context.Background(), t0.Add(time.Second), a, ceiling); aDone <- tk }()
+	waitWaiters(t, clk, 1)
+	bDone := make(chan *Ticket, 1)
+	go func() { tk, _ := g.WaitLanes(context.Background(), t0.Add(time.Second+time.Millisecond), b, ceiling); bDone <- tk }()
+	waitWaiters(t, clk, 2)
+	clk.Advance(time.Millisecond)
+	expectAt(t, bDone, time.Second+time.Millisecond).Wrote(clk.Now())
+	clk.Advance(300 * time.Millisecond)
+	if tk := <-aDone; tk == nil || tk.At.Before(t0.Add(1300*time.Millisecond-2*time.Millisecond)) {
+		t.Fatalf("a went at %v, before its own spacing allowed", tk.At.Sub(t0))
+	} else {
+		tk.Done()
+	}
+}

@@ -56,9 +56,12 @@ type gateKey struct {
 	held        chan struct{}  // closed (and replaced) when a hold begins
 	recent      []leaky.Recent // the lane's windows: when its last sends were written
 	keepUntil   time.Time      // until then, recent still limits a send
-	// waiters are the sends waiting on the lane: they pass in the order of
-	// their slots (then of arrival), not in the order the scheduler happens
-	// to wake them, so a tenant's jobs reach the downstream in order.
+	// waiters are the sends waiting on the lane. On a send's first lane
+	// (its tenant) they pass in the order of their slots (then of
+	// arrival), not in the order the scheduler happens to wake them, so a
+	// tenant's jobs reach the downstream in order. Only there: on a shared
+	// downstream lane, a tenant held back by its own rate must not hold up
+	// the others. On every lane they keep the key from being swept.
 	waiters []*waiter
 	moved   chan struct{} // closed (and replaced) when a waiter leaves
 }
@@ -150,17 +153,13 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 	g.seq++
 	me := &waiter{at: notBefore, seq: g.seq}
 	for _, l := range lanes {
-		if l.Policy.Interval > 0 {
-			k := g.key(l.Key)
-			k.waiters = append(k.waiters, me)
-		}
+		k := g.key(l.Key)
+		k.waiters = append(k.waiters, me)
 	}
 	g.mu.Unlock()
 	leave := func() { // g.mu held
 		for _, l := range lanes {
-			if l.Policy.Interval > 0 {
-				g.keys[l.Key].leave(me)
-			}
+			g.keys[l.Key].leave(me)
 		}
 	}
 	for {
@@ -169,6 +168,9 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 		var busy, ahead chan struct{}
 		var heldWake []chan struct{}
 		allowed := notBefore
+		if k := g.keys[lanes[0].Key]; lanes[0].Policy.Interval > 0 && k.first() != me {
+			ahead = k.moved // an earlier send of this tenant goes first
+		}
 		for _, l := range lanes {
 			k := g.key(l.Key)
 			// Held past the moment this send would go: give up, and go
@@ -183,9 +185,6 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			heldWake = append(heldWake, k.held)
 			if l.Policy.Interval == 0 {
 				continue // a lane for holds only: no rate
-			}
-			if k.first() != me && ahead == nil {
-				ahead = k.moved
 			}
 			if k.outstanding != nil && busy == nil {
 				busy = k.outstanding
