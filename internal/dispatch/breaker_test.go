@@ -219,7 +219,10 @@ func TestGateNoHeadOfLineBlockingAcrossTenants(t *testing.T) {
 	go func() { tk, _ := g.WaitLanes(context.Background(), t0.Add(time.Second), a, ceiling); aDone <- tk }()
 	waitWaiters(t, clk, 1)
 	bDone := make(chan *Ticket, 1)
-	go func() { tk, _ := g.WaitLanes(context.Background(), t0.Add(time.Second+time.Millisecond), b, ceiling); bDone <- tk }()
+	go func() {
+		tk, _ := g.WaitLanes(context.Background(), t0.Add(time.Second+time.Millisecond), b, ceiling)
+		bDone <- tk
+	}()
 	waitWaiters(t, clk, 2)
 	clk.Advance(time.Millisecond)
 	expectAt(t, bDone, time.Second+time.Millisecond).Wrote(clk.Now())
