@@ -222,10 +222,28 @@ type Tenant struct {
 	ExpectedDelayMS int64      `json:"expected_delay_ms"`
 	Paused          bool       `json:"paused"`
 	PausedUntil     *time.Time `json:"paused_until"`
+	Held            bool       `json:"held"`
 	AcceptedTotal   int64      `json:"accepted_total"`
 	RejectedTotal   int64      `json:"rejected_total"`
 	DeliveredTotal  int64      `json:"delivered_total"`
 	FailedTotal     int64      `json:"failed_total"`
+}
+
+// Pause holds a tenant (an operator's pause: admin tokens only); Resume
+// ends the hold. Both return the tenant's state.
+func (c *Client) Pause(ctx context.Context, name string) (Tenant, error) {
+	return c.hold(ctx, name, "pause")
+}
+
+// Resume ends an operator hold.
+func (c *Client) Resume(ctx context.Context, name string) (Tenant, error) {
+	return c.hold(ctx, name, "resume")
+}
+
+func (c *Client) hold(ctx context.Context, name, verb string) (Tenant, error) {
+	var t Tenant
+	err := c.do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(name)+"/"+verb, nil, &t)
+	return t, err
 }
 
 // Tenant fetches one tenant.
