@@ -52,8 +52,12 @@ http://127.0.0.1:8080. The token must be an admin's.`,
 	}
 	return []*cobra.Command{
 		build("pause", "Hold a tenant: nothing of it is sent until it is resumed (it keeps accepting while it has room)",
-			func(c *client.Client, cmd *cobra.Command, t string) (client.Tenant, error) { return c.Pause(cmd.Context(), t) }),
+			func(c *client.Client, cmd *cobra.Command, t string) (client.Tenant, error) {
+				return c.Pause(cmd.Context(), t)
+			}),
 		build("resume", "End a tenant's hold: its queue goes on one interval apart, in order",
-			func(c *client.Client, cmd *cobra.Command, t string) (client.Tenant, error) { return c.Resume(cmd.Context(), t) }),
+			func(c *client.Client, cmd *cobra.Command, t string) (client.Tenant, error) {
+				return c.Resume(cmd.Context(), t)
+			}),
 	}
 }
