@@ -59,7 +59,8 @@ http://127.0.0.1:8080.
 
 Exit status: 0 all accepted (with --wait: all delivered); 1 the server
 refused the request; 2 bad input; 3 server unreachable; 4 jobs still
-refused after --max-attempts; 5 with --wait, jobs not delivered; 130
+refused after --max-attempts, or refused for good (422: past their
+deadline, or too costly); 5 with --wait, jobs not delivered; 130
 interrupted.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,

@@ -8,7 +8,8 @@
 //
 // Exit status: 0 every job accepted (and, with --wait, delivered); 1 the
 // server refused the request (unknown tenant, auth, ...); 2 bad input; 3
-// server unreachable; 4 jobs still refused after --max-attempts; 5 with
+// server unreachable; 4 jobs still refused after --max-attempts, or refused
+// for good (422); 5 with
 // --wait, jobs that failed or were not delivered in time; 130 interrupted.
 package main
 
