@@ -233,10 +233,6 @@ type jobRequest struct {
 	ExpiresIn      string          `json:"expires_in"`
 }
 
-// notYet are request fields of DESIGN.md this version refuses rather than
-// ignores.
-var notYet = []string{}
-
 // decode reads exactly one JSON value from body into v, refusing unknown
 // fields and trailing data.
 func decode(body io.Reader, v any) error {
@@ -271,11 +267,6 @@ func decodeError(err error) error {
 		return errorf(http.StatusBadRequest, "invalid_json", "field %q must be %s, not %s", typ.Field, typ.Type, typ.Value)
 	case strings.HasPrefix(msg, "json: unknown field "):
 		field := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		for _, f := range notYet {
-			if field == f {
-				return errorf(http.StatusBadRequest, "unsupported_field", "field %q is not supported by this version of throttler yet; send the job without it", field)
-			}
-		}
 		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\" or \"expires_in\"", field)
 	}
 	return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid: %v", err)
