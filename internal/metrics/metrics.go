@@ -66,6 +66,13 @@ func New(store queue.Store, labels Labels, named func() []string) *Metrics {
 	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.dispatchError, m.queueWait, m.latency,
 		&queueCollector{store: store, labels: labels, named: named}, breakerCollector{m})
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	// Rare events start at 0 for the tenants named in config, so a rate()
+	// or an alert on them has a series before the first one happens.
+	for _, name := range named() {
+		ds, tl := labels(name)
+		m.expired.WithLabelValues(ds, tl)
+		m.failed.WithLabelValues(ds, tl)
+	}
 	return m
 }
 
