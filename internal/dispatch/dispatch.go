@@ -40,12 +40,16 @@ type Route struct {
 // and the downstream's ceiling (or, without one, its holds alone), for a
 // job of cost.
 func (r Route) lanes(tenant string, cost int) []Lane {
-	ds := Lane{Key: "downstream:" + r.Downstream, Cost: cost}
+	ds := Lane{Key: downstreamKey(r.Downstream), Cost: cost}
 	if r.Ceiling != nil {
 		ds.Policy = *r.Ceiling
 	}
-	return []Lane{{Key: "tenant:" + tenant, Policy: r.Policy, Cost: cost}, ds}
+	return []Lane{{Key: tenantKey(tenant), Policy: r.Policy, Cost: cost}, ds}
 }
+
+// The gate's keys: a tenant's lane and a downstream's.
+func tenantKey(tenant string) string   { return "tenant:" + tenant }
+func downstreamKey(name string) string { return "downstream:" + name }
 
 // Options configure a Dispatcher.
 type Options struct {
@@ -150,13 +154,13 @@ var indefinitely = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
 // (an operator hold: the store has stopped handing its jobs over; these
 // were handed over just before). They go back in line, unsent.
 func (d *Dispatcher) HoldTenant(tenant string) {
-	d.gate.Hold(Route{}.lanes(tenant, 1)[0].Key, indefinitely)
+	d.gate.Hold(tenantKey(tenant), indefinitely)
 }
 
 // ResumeTenant ends HoldTenant: the queue goes on one interval apart, not
 // in a burst.
 func (d *Dispatcher) ResumeTenant(tenant string) {
-	key := Route{}.lanes(tenant, 1)[0].Key
+	key := tenantKey(tenant)
 	d.gate.Unhold(key)
 	d.gate.Space(key, d.clock.Now().Add(d.routes(tenant).Policy.Tolerance()))
 }
@@ -379,12 +383,11 @@ func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until t
 	// At least one interval: "Retry-After: 0" must not mean "again at once,
 	// and again".
 	until = later(until, d.clock.Now().Add(r.Policy.Interval))
-	lanes := r.lanes(job.Tenant, 1)
-	d.gate.Hold(lanes[0].Key, until)
-	d.gate.Space(lanes[0].Key, until.Add(r.Policy.Tolerance()))
+	d.gate.Hold(tenantKey(job.Tenant), until)
+	d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
 	if r.Ceiling != nil {
-		d.gate.Hold(lanes[1].Key, until)
-		d.gate.Space(lanes[1].Key, until.Add(r.Ceiling.Tolerance()))
+		d.gate.Hold(downstreamKey(r.Downstream), until)
+		d.gate.Space(downstreamKey(r.Downstream), until.Add(r.Ceiling.Tolerance()))
 	}
 	out.Result, out.Error, out.NotBefore, out.PauseUntil = queue.Retry, msg, until, until
 	out.PauseDownstream = r.Ceiling != nil
@@ -398,7 +401,7 @@ func (d *Dispatcher) failure(job queue.Job, r Route, br *breaker, probe bool, ou
 	opened, probeAt := br.report(now, probe, failing)
 	if opened {
 		// Sends of other jobs waiting for their slot give up now.
-		d.gate.Hold(r.lanes(job.Tenant, 1)[1].Key, probeAt)
+		d.gate.Hold(downstreamKey(r.Downstream), probeAt)
 	}
 	if probe {
 		out.Result, out.NotBefore, out.PauseUntil = queue.Retry, probeAt, probeAt

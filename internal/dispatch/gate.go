@@ -300,12 +300,9 @@ func (t *Ticket) Wrote(wrote time.Time) {
 		if next := wrote.Add(l.step()); k.tat.Before(next) {
 			k.tat = next
 		}
-		if n := len(l.Policy.Windows); n > 0 {
-			if len(k.recent) != n {
-				k.recent = make([]leaky.Recent, n) // the config changed
-			}
-			for i, w := range l.Policy.Windows {
-				k.recent[i] = k.recent[i].Add(w, wrote, max(l.Cost, 1))
+		if len(l.Policy.Windows) > 0 {
+			k.recent = leaky.Record(k.recent, l.Policy, wrote, max(l.Cost, 1))
+			for _, w := range l.Policy.Windows {
 				k.keepUntil = later(k.keepUntil, wrote.Add(w.Length))
 			}
 		}

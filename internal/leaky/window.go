@@ -121,13 +121,19 @@ func Decide(s State, recent []Recent, now time.Time, p Policy, cost, waiting int
 		slot = WindowSlot(recent, p, slot, cost)
 		st = Push(st, slot, p, cost)
 	}
+	return Decision{Admitted: true, Slot: slot, Delay: slot.Sub(now)}, st, Record(recent, p, slot, cost)
+}
+
+// Record returns the bookkeeping of p's windows with a send of cost at at
+// counted (recent is left as it was; a window new to p starts empty).
+func Record(recent []Recent, p Policy, at time.Time, cost int) []Recent {
 	out := make([]Recent, len(p.Windows))
 	for i, w := range p.Windows {
 		var r Recent
 		if i < len(recent) {
 			r = slices.Clone(recent[i])
 		}
-		out[i] = r.Add(w, slot, cost)
+		out[i] = r.Add(w, at, cost)
 	}
-	return Decision{Admitted: true, Slot: slot, Delay: slot.Sub(now)}, st, out
+	return out
 }

@@ -535,9 +535,7 @@ func (s *BoltStore) respace(tx *bolt.Tx, now time.Time, clean bool) error {
 			// been sent.
 			cost := w.job.cost()
 			w.slot, w.moved = leaky.WindowSlot(recent, p, floor.Add(-pz.Shift), cost), true
-			for i, win := range p.Windows {
-				recent[i] = recent[i].Add(win, w.slot, cost)
-			}
+			recent = leaky.Record(recent, p, w.slot, cost)
 			floor = w.slot.Add(pz.Shift).Add(time.Duration(cost) * p.Interval)
 			if next := w.slot.Add(time.Duration(cost) * p.Interval); tm.rec.TAT.Before(next) {
 				tm.rec.TAT = next
@@ -655,6 +653,13 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 	// that lateness. Scheduling from there keeps the promises true. All in
 	// tenant time: a paused tenant's clock stands still.
 	arrival := pz.TenantTime(now).Add(s.startLag())
+	_, ceiling := s.ceiling(tenant)
+	most := policy.MaxCost() // the largest cost that can ever be admitted
+	if ceiling != nil {
+		for _, w := range ceiling.Windows { // a ceiling spaces, it never refuses: only its windows bound a cost
+			most = min(most, w.N)
+		}
+	}
 	inCall := map[string]int{} // idempotency key -> index of its first use in this call
 	for i, nj := range newJobs {
 		if nj.IdempotencyKey != "" {
@@ -680,12 +685,6 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 			}
 		}
 		cost := max(nj.Cost, 1)
-		most := policy.MaxCost()
-		if _, c := s.ceiling(tenant); c != nil {
-			for _, w := range c.Windows { // the ceiling spaces, it never refuses: only its windows bound a cost
-				most = min(most, w.N)
-			}
-		}
 		if cost > most {
 			out[i] = Admission{Impossible: &ImpossibleError{Tenant: tenant, Reason: ReasonCostTooLarge, Cost: cost, MaxCost: most}, QueueDepth: tm.depth, Capacity: policy.Capacity}
 			continue
@@ -698,7 +697,7 @@ func (s *BoltStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob
 			continue
 		}
 		at := dispatchAt(pz, d.Slot, now)
-		delay := max(at.Sub(now), s.ceilingDelay(tenant, tm.depth))
+		delay := max(at.Sub(now), ceilingDelay(ceiling, tm.depth))
 		if !nj.Deadline.IsZero() && now.Add(delay).After(nj.Deadline) {
 			// Worthless by the time it would go: say so now, take nothing.
 			out[i] = Admission{Impossible: &ImpossibleError{Tenant: tenant, Reason: ReasonWouldExpire, ExpectedDelay: delay, Deadline: nj.Deadline}, QueueDepth: tm.depth, Capacity: policy.Capacity}
@@ -830,11 +829,7 @@ func (s *BoltStore) recordWindows(tm *tenantMem, p leaky.Policy, slot time.Time,
 	if len(p.Windows) == 0 {
 		return
 	}
-	recent := tm.rec.recent(p)
-	for i, w := range p.Windows {
-		recent[i] = recent[i].Add(w, slot, cost)
-	}
-	tm.rec.setRecent(p, recent)
+	tm.rec.setRecent(p, leaky.Record(tm.rec.recent(p), p, slot, cost))
 }
 
 // waitKeysAndLoad waits (s.mu held, released while waiting) until none of
@@ -889,8 +884,7 @@ func (s *BoltStore) jobByKey(tenant, key string) (Job, bool, error) {
 // ceilingDelay is the least a tenant's next job waits for its downstream's
 // ceiling with ahead of its jobs before it: as if it had the ceiling to
 // itself (sharing it with others who are due makes it longer).
-func (s *BoltStore) ceilingDelay(tenant string, ahead int) time.Duration {
-	_, c := s.ceiling(tenant)
+func ceilingDelay(c *leaky.Policy, ahead int) time.Duration {
 	if c == nil || ahead <= 0 {
 		return 0
 	}
@@ -933,6 +927,7 @@ func (s *BoltStore) Tenant(ctx context.Context, name string) (TenantStatus, erro
 }
 
 func (s *BoltStore) status(name string, tm *tenantMem, now time.Time) TenantStatus {
+	_, ceiling := s.ceiling(name)
 	pz := tm.rec.Pause
 	tnow := pz.TenantTime(now)
 	p := s.policy(name)
@@ -943,7 +938,7 @@ func (s *BoltStore) status(name string, tm *tenantMem, now time.Time) TenantStat
 		Tenant:        name,
 		QueueDepth:    tm.depth,
 		InFlight:      tm.inFlight,
-		ExpectedDelay: max(dispatchAt(pz, slot, now).Sub(now), s.ceilingDelay(name, tm.depth)),
+		ExpectedDelay: max(dispatchAt(pz, slot, now).Sub(now), ceilingDelay(ceiling, tm.depth)),
 		Expired:       tm.rec.Expired,
 		Paused:        paused,
 		PausedUntil:   until,

@@ -31,6 +31,21 @@ func boltOpener(t *testing.T) backend {
 	}
 }
 
+// openCeiling opens a store at path whose tenants all share the downstream
+// "sms" under ceiling; the caller closes it.
+func openCeiling(t *testing.T, path string, clk clock.Clock, policy PolicyFunc, ceiling *leaky.Policy) *BoltStore {
+	t.Helper()
+	s, err := OpenBolt(path, BoltOptions{
+		Clock:   clk,
+		Policy:  policy,
+		Ceiling: func(string) (string, *leaky.Policy) { return "sms", ceiling },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func TestBoltConformance(t *testing.T) { runConformance(t, boltOpener) }
 
 func TestBoltFileInUse(t *testing.T) {
@@ -288,14 +303,7 @@ func TestBoltCeilingTakesTurns(t *testing.T) {
 	clk := clock.NewFake(t0)
 	const ceilingT = 100 * time.Millisecond
 	ceiling := leaky.Policy{Interval: ceilingT, Burst: 1}
-	s, err := OpenBolt(filepath.Join(t.TempDir(), "t.db"), BoltOptions{
-		Clock:   clk,
-		Policy:  func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} },
-		Ceiling: func(string) (string, *leaky.Policy) { return "sms", &ceiling },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openCeiling(t, filepath.Join(t.TempDir(), "t.db"), clk, func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} }, &ceiling)
 	t.Cleanup(func() { s.Close() })
 	for i := 0; i < 20; i++ {
 		enqueueOne(t, s, "deep", payload(i))
@@ -344,15 +352,7 @@ func TestBoltCeilingWindowSurvivesRestart(t *testing.T) {
 	ceiling := leaky.Policy{Interval: time.Millisecond, Burst: 1, Windows: []leaky.Window{w}}
 	path := filepath.Join(t.TempDir(), "t.db")
 	open := func() *BoltStore {
-		s, err := OpenBolt(path, BoltOptions{
-			Clock:   clk,
-			Policy:  func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} },
-			Ceiling: func(string) (string, *leaky.Policy) { return "sms", &ceiling },
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return openCeiling(t, path, clk, func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} }, &ceiling)
 	}
 	s := open()
 	for i := 0; i < 2; i++ {
@@ -454,19 +454,12 @@ func TestBoltCeilingSkipsATenantNotDueYet(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewFake(t0)
 	ceiling := leaky.Policy{Interval: 2 * time.Millisecond, Burst: 1}
-	s, err := OpenBolt(filepath.Join(t.TempDir(), "t.db"), BoltOptions{
-		Clock: clk,
-		Policy: func(tenant string) leaky.Policy {
-			if tenant == "b" {
-				return leaky.Policy{Interval: 90 * time.Millisecond, Burst: 1, Capacity: 10}
-			}
-			return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 10}
-		},
-		Ceiling: func(string) (string, *leaky.Policy) { return "sms", &ceiling },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openCeiling(t, filepath.Join(t.TempDir(), "t.db"), clk, func(tenant string) leaky.Policy {
+		if tenant == "b" {
+			return leaky.Policy{Interval: 90 * time.Millisecond, Burst: 1, Capacity: 10}
+		}
+		return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 10}
+	}, &ceiling)
 	t.Cleanup(func() { s.Close() })
 	enqueueOne(t, s, "b", payload(0))
 	enqueueOne(t, s, "b", payload(1)) // due at 90 ms
@@ -499,15 +492,7 @@ func TestBoltCeilingPauseSurvivesRestart(t *testing.T) {
 	ceiling := leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1}
 	path := filepath.Join(t.TempDir(), "t.db")
 	open := func() *BoltStore {
-		s, err := OpenBolt(path, BoltOptions{
-			Clock:   clk,
-			Policy:  func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} },
-			Ceiling: func(string) (string, *leaky.Policy) { return "sms", &ceiling },
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return openCeiling(t, path, clk, func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} }, &ceiling)
 	}
 	s := open()
 	a := enqueueOne(t, s, "a", payload(0)).Job.ID

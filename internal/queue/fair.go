@@ -102,12 +102,7 @@ func (q *fairQueue) slot(now time.Time, e dueEntry) time.Time {
 func (q *fairQueue) use(at time.Time, cost int) {
 	q.tat = later(q.tat, at).Add(time.Duration(max(cost, 1)) * q.policy.Interval)
 	if len(q.policy.Windows) > 0 {
-		if len(q.recent) != len(q.policy.Windows) {
-			q.recent = make([]leaky.Recent, len(q.policy.Windows)) // the config changed
-		}
-		for i, w := range q.policy.Windows {
-			q.recent[i] = q.recent[i].Add(w, at, cost)
-		}
+		q.recent = leaky.Record(q.recent, q.policy, at, cost)
 		q.version++
 	}
 }
