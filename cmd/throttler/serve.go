@@ -19,12 +19,17 @@ import (
 
 func newServeCommand(env []string) *cobra.Command {
 	var flags configFlags
-	var listen, pprofListen string
+	var listen, pprofListen, role string
 	var insecureNoAuth bool
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the API and the dispatcher",
-		Long: `Run the API and the dispatcher on the embedded store.
+		Long: `Run the API and the dispatcher.
+
+On the embedded store (the default) one process does both. On Redis
+(store.backend = "redis") any number of processes share the work, each with
+--role all (both), api (admits jobs, sends none) or worker (sends jobs; serves
+only /healthz, /readyz and /metrics).
 
 SIGINT or SIGTERM stop it cleanly: readiness goes false, the API stops taking
 requests, attempts in progress finish (within server.shutdown_timeout) and
@@ -73,12 +78,13 @@ their outcome is recorded; waiting jobs stay in the store for the next start.`,
 					}
 				}
 			}()
-			return service.Run(cmd.Context(), service.Options{Config: cfg, Logger: log, Reloads: reloads})
+			return service.Run(cmd.Context(), service.Options{Config: cfg, Logger: log, Reloads: reloads, Role: role})
 		},
 	}
 	flags.register(c)
 	c.Flags().StringVar(&listen, "listen", "", "host:port to listen on (overrides server.listen)")
 	c.Flags().BoolVar(&insecureNoAuth, "insecure-no-auth", false, "allow listening beyond loopback with no API tokens (a fully trusted network only)")
+	c.Flags().StringVar(&role, "role", service.RoleAll, "what this process does: all, api or worker (api and worker need store.backend = \"redis\")")
 	c.Flags().StringVar(&pprofListen, "pprof-listen", "", "serve Go profiles (net/http/pprof) on this loopback host:port, for diagnosis")
 	return c
 }

@@ -38,6 +38,9 @@ type Options struct {
 	// Clock turns expires_in into a deadline; the store's clock. Default
 	// clock.Real.
 	Clock clock.Clock
+	// WorkerOnly: the process sends jobs and serves only /healthz,
+	// /readyz and /metrics (throttler serve --role worker).
+	WorkerOnly bool
 }
 
 type server struct {
@@ -68,16 +71,13 @@ func New(opts Options) http.Handler {
 		s.ready = func() error { return nil }
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/tenants/{tenant}/jobs", s.enqueue)
-	mux.HandleFunc("POST /v1/tenants/{tenant}/jobs:batch", s.enqueueBatch)
-	mux.HandleFunc("GET /v1/tenants/{tenant}", s.tenant)
-	mux.HandleFunc("GET /v1/tenants", s.tenants)
-	mux.HandleFunc("GET /v1/jobs/{id}", s.job)
-	mux.HandleFunc("DELETE /v1/jobs/{id}", s.cancel)
-	mux.HandleFunc("POST /v1/jobs/{id}/retry", s.retry)
-	mux.HandleFunc("GET /v1/tenants/{tenant}/jobs", s.failedJobs)
-	mux.HandleFunc("POST /v1/tenants/{tenant}/pause", s.hold(true))
-	mux.HandleFunc("POST /v1/tenants/{tenant}/resume", s.hold(false))
+	if opts.WorkerOnly {
+		mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusNotFound, "worker_only", "this process runs with --role worker: it sends jobs and serves /healthz, /readyz and /metrics; send API requests to a process with --role api or all", nil)
+		})
+	} else {
+		s.routes(mux)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -93,6 +93,24 @@ func New(opts Options) http.Handler {
 			prom.ServeHTTP(w, r)
 		})
 	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.URL.Path+"; the API lives under /v1/ (see README)", nil)
+	})
+	return s.limit(s.authenticate(mux))
+}
+
+// routes adds the API's own routes (all but health and metrics).
+func (s *server) routes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/tenants/{tenant}/jobs", s.enqueue)
+	mux.HandleFunc("POST /v1/tenants/{tenant}/jobs:batch", s.enqueueBatch)
+	mux.HandleFunc("GET /v1/tenants/{tenant}", s.tenant)
+	mux.HandleFunc("GET /v1/tenants", s.tenants)
+	mux.HandleFunc("GET /v1/jobs/{id}", s.job)
+	mux.HandleFunc("DELETE /v1/jobs/{id}", s.cancel)
+	mux.HandleFunc("POST /v1/jobs/{id}/retry", s.retry)
+	mux.HandleFunc("GET /v1/tenants/{tenant}/jobs", s.failedJobs)
+	mux.HandleFunc("POST /v1/tenants/{tenant}/pause", s.hold(true))
+	mux.HandleFunc("POST /v1/tenants/{tenant}/resume", s.hold(false))
 	// The same paths with other methods: a JSON 405 instead of the mux's text.
 	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/v1/tenants/{tenant}/pause", "/v1/tenants/{tenant}/resume", "/healthz", "/readyz"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
@@ -101,10 +119,6 @@ func New(opts Options) http.Handler {
 	}
 	mux.HandleFunc("GET /{$}", s.page)
 	mux.HandleFunc("GET /static/app.js", s.pageScript)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.URL.Path+"; the API lives under /v1/ (see README)", nil)
-	})
-	return s.limit(s.authenticate(mux))
 }
 
 // apiError is an error answer: its code, status and extra fields.

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/redis/go-redis/v9"
 
 	"throttler/internal/leaky"
 )
@@ -82,9 +83,20 @@ type Store struct {
 	Backend string `toml:"backend"`
 	// Path is the embedded store's file. Default "data/throttler.db".
 	Path string `toml:"path"`
-	// RedisURL is the Redis server for the redis backend.
+	// RedisURL is where the redis backend's Redis is, in go-redis's URL
+	// forms: standalone "redis://[user:password@]host:port/db" (rediss://
+	// for TLS); Sentinel "redis://[:password@]sentinel:26379?master_name=
+	// mymaster&addr=sentinel2:26379"; Cluster "redis://[:password@]
+	// host:7000?addr=host2:7001&addr=host3:7002".
 	// Default "redis://127.0.0.1:6379/0".
 	RedisURL string `toml:"redis_url"`
+	// RedisMode is how RedisURL is read: "standalone" (default),
+	// "sentinel" or "cluster".
+	RedisMode string `toml:"redis_mode"`
+	// RedisIdleTTL: a tenant's bucket state in Redis expires this long
+	// after its schedule runs out, so tenants that come and go do not
+	// fill Redis. Default 10m.
+	RedisIdleTTL Duration `toml:"redis_idle_ttl"`
 	// Retention is how long finished jobs (and their idempotency keys) are
 	// kept. Default 72h.
 	Retention Duration `toml:"retention"`
@@ -257,10 +269,12 @@ func Default() *Config {
 			MaxConcurrentRequests: 1024,
 		},
 		Store: Store{
-			Backend:   "embedded",
-			Path:      "data/throttler.db",
-			RedisURL:  "redis://127.0.0.1:6379/0",
-			Retention: Duration(72 * time.Hour),
+			Backend:      "embedded",
+			Path:         "data/throttler.db",
+			RedisURL:     "redis://127.0.0.1:6379/0",
+			RedisMode:    "standalone",
+			RedisIdleTTL: Duration(10 * time.Minute),
+			Retention:    Duration(72 * time.Hour),
 		},
 		Dispatch: Dispatch{Concurrency: 1024},
 		Log:      Log{Level: "info", Format: "auto"},
@@ -477,7 +491,14 @@ func (c *Config) Validate() error {
 			return bad("store.path", "must name a file for the embedded store")
 		}
 	case "redis":
-		return bad("store.backend", "the redis backend is not in this version yet; use \"embedded\"")
+		rc, err := c.Store.redisClient()
+		if err != nil {
+			return bad("store.redis_url", "%v", err)
+		}
+		rc.Close()
+		if c.Store.RedisIdleTTL < Duration(time.Second) {
+			return bad("store.redis_idle_ttl", "must be at least 1s, got %v", c.Store.RedisIdleTTL.Std())
+		}
 	default:
 		return bad("store.backend", "%q is not a backend: use \"embedded\" or \"redis\"", c.Store.Backend)
 	}
@@ -754,4 +775,41 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// RedisClient is a client for the redis backend's Redis, as configured.
+// It does not connect yet.
+func (s Store) RedisClient() (redis.UniversalClient, error) {
+	c, err := s.redisClient()
+	if err != nil {
+		return nil, fmt.Errorf("store.redis_url: %w", err)
+	}
+	return c, nil
+}
+
+func (s Store) redisClient() (redis.UniversalClient, error) {
+	switch s.RedisMode {
+	case "", "standalone":
+		o, err := redis.ParseURL(s.RedisURL)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewClient(o), nil
+	case "sentinel":
+		o, err := redis.ParseFailoverURL(s.RedisURL)
+		if err != nil {
+			return nil, err
+		}
+		if o.MasterName == "" {
+			return nil, errors.New("a Sentinel URL needs ?master_name=NAME")
+		}
+		return redis.NewFailoverClient(o), nil
+	case "cluster":
+		o, err := redis.ParseClusterURL(s.RedisURL)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewClusterClient(o), nil
+	}
+	return nil, fmt.Errorf("store.redis_mode %q is not a mode: use \"standalone\", \"sentinel\" or \"cluster\"", s.RedisMode)
 }

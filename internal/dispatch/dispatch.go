@@ -63,6 +63,9 @@ type Options struct {
 	// class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error; "" if
 	// nothing was sent) and the time from write to answer.
 	OnAttempt func(job queue.Job, o queue.Outcome, class string, latency time.Duration)
+	// Shared, if set, is the gate of a store many processes share (Redis):
+	// every send passes it too, right before it is written.
+	Shared func(ctx context.Context, r queue.GateRequest) (queue.GateAnswer, error)
 }
 
 // Dispatcher is a queue.Handler. Safe for concurrent use.
@@ -72,6 +75,7 @@ type Dispatcher struct {
 	client *http.Client
 	gate   *Gate
 	onAtt  func(queue.Job, queue.Outcome, string, time.Duration)
+	shared func(context.Context, queue.GateRequest) (queue.GateAnswer, error)
 
 	breakersMu sync.Mutex
 	breakers   map[string]*breaker // by downstream
@@ -89,6 +93,7 @@ func New(opts Options) *Dispatcher {
 		client: cmp.Or(opts.Client, NewClient(1024)),
 		gate:   NewGate(clk),
 		onAtt:  opts.OnAttempt,
+		shared: opts.Shared,
 
 		breakers: map[string]*breaker{},
 		rand:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
@@ -197,6 +202,11 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		return queue.Outcome{Result: queue.Released, PauseUntil: until}, ""
 	}
 	lanes := r.lanes(job.Tenant, job.Cost)
+	var remote RemoteGate
+	if d.shared != nil {
+		req := queue.GateRequest{Downstream: r.Downstream, Tenant: job.Tenant, Policy: r.Policy, Ceiling: r.Ceiling, Cost: job.Cost, Slack: remoteSlack}
+		remote = func(ctx context.Context) (queue.GateAnswer, error) { return d.shared(ctx, req) }
+	}
 	// Once begun, an attempt is not cut short by a stop: a request cut off
 	// mid-write would leave the downstream guessing, and the job was handed
 	// over only a moment before its slot.
@@ -241,7 +251,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// written (again after a dead idle connection: nothing was written
 		// on that one). The gate itself is passed at the write.
 		GotConn: func(info httptrace.GotConnInfo) {
-			pw := &pacedWrite{ctx: ctx, gate: d.gate, lanes: lanes, notBefore: job.DispatchAt, deadline: job.Deadline, wrote: wrote, done: make(chan struct{})}
+			pw := &pacedWrite{ctx: ctx, gate: d.gate, lanes: lanes, notBefore: job.DispatchAt, deadline: job.Deadline, remote: remote, wrote: wrote, done: make(chan struct{})}
 			if pace(info.Conn, pw) {
 				mu.Lock()
 				armed = pw
@@ -256,7 +266,12 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 			}
 			mu.Unlock()
 			t, err := d.gate.WaitLanes(ctx, job.DispatchAt, lanes...)
-			if err == nil && !job.Deadline.IsZero() && t.At.After(job.Deadline) {
+			if err == nil && remote != nil {
+				if err = passRemote(ctx, remote); err != nil {
+					t.Done()
+				}
+			}
+			if err == nil && !job.Deadline.IsZero() && d.clock.Now().After(job.Deadline) {
 				t.Done()
 				err = errExpired
 			}

@@ -12,11 +12,14 @@
 -- ARGV       now (0: the server's TIME, one clock for every process), lag
 --            (how long a send takes to start), interval, burst, capacity,
 --            cost, waiting (-1: the hash's depth), commit (1: keep the
---            decision; 0: only tell it), then n and length of each window
+--            decision; 0: only tell it), deadline (0: none), then n and
+--            length of each window
 --
--- Returns {admitted, slot, dispatch_at, retry_after, depth}: admitted 1 or
--- 0; the slot in tenant time and the real dispatch time (admitted); the
--- real Retry-After (refused); the depth before this job.
+-- Returns {admitted, slot, dispatch_at, retry_after, depth, now, prompt}:
+-- admitted 1, 0, or 3 (it would be sent after its deadline: nothing is
+-- kept); the slot in tenant time and the real dispatch time (admitted, 3);
+-- the real Retry-After (refused); the depth before this job; the time the
+-- decision was made at; prompt 1 if it goes at once (no wait, no pause).
 
 local function at_least(a, b) if a > b then return a end return b end
 local function at_most(a, b) if a < b then return a end return b end
@@ -30,6 +33,7 @@ local lag, T = tonumber(ARGV[2]), tonumber(ARGV[3])
 local burst, capacity = tonumber(ARGV[4]), tonumber(ARGV[5])
 local cost = at_least(tonumber(ARGV[6]), 1)
 local waiting, commit = tonumber(ARGV[7]), ARGV[8] == '1'
+local deadline = tonumber(ARGV[9])
 
 local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth')
 local tat = tonumber(h[1]) or 0
@@ -58,7 +62,7 @@ local tau = (burst - 1) * T
 -- The windows' bookkeeping.
 local windows = {}
 for i = 2, #KEYS do
-  local k = 9 + (i - 2) * 2
+  local k = 10 + (i - 2) * 2
   windows[#windows + 1] = {key = KEYS[i], n = tonumber(ARGV[k]), len = tonumber(ARGV[k + 1])}
 end
 local function window_slot(at)
@@ -102,7 +106,10 @@ if admitted and waiting >= room then
 end
 
 if not admitted then
-  return {0, 0, 0, real(tnow + retry) - now, depth}
+  return {0, 0, 0, real(tnow + retry) - now, depth, now, 0}
+end
+if deadline > 0 and real(slot) > deadline then
+  return {3, slot, real(slot), 0, depth, now, 0}
 end
 if commit then
   redis.call('HSET', KEYS[1], 'tat', newtat, 'depth', depth + 1)
@@ -123,4 +130,6 @@ if commit then
     redis.call('LTRIM', w.key, -w.n, -1)
   end
 end
-return {1, slot, real(slot), 0, depth}
+local prompt = 0
+if slot <= arrival and held == 0 and now >= untl then prompt = 1 end
+return {1, slot, real(slot), 0, depth, now, prompt}

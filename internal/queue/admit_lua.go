@@ -24,5 +24,51 @@ var pauseLua string
 
 var pauseScript = redis.NewScript(pauseLua)
 
+// enqueueLua admits and keeps a batch of jobs; admit.lua is its decision,
+// loaded as a function (its KEYS and ARGV become the function's own).
+//
+//go:embed enqueue.lua
+var enqueueLua string
+
+var enqueueScript = redis.NewScript("local function admit_decision(KEYS, ARGV)\n" + admitLua + "\nend\n" + enqueueLua)
+
+var (
+	//go:embed claim.lua
+	claimLua string
+	//go:embed cancel.lua
+	cancelLua string
+	//go:embed gate.lua
+	gateLua string
+	//go:embed gatehold.lua
+	gateHoldLua string
+	//go:embed recover.lua
+	recoverLua string
+	//go:embed lease.lua
+	leaseLua string
+
+	claimScript    = redis.NewScript(claimLua)
+	cancelScript   = redis.NewScript(cancelLua)
+	gateScript     = redis.NewScript(gateLua)
+	gateHoldScript = redis.NewScript(gateHoldLua)
+	recoverScript  = redis.NewScript(recoverLua)
+	leaseScript    = redis.NewScript(leaseLua)
+)
+
 // micros is t in whole microseconds since 1970: the scripts' time unit.
 func micros(t time.Time) int64 { return t.UnixMicro() }
+
+// fromMicros is the time of a script's microseconds (0: the zero time).
+func fromMicros(us int64) time.Time {
+	if us == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(us)
+}
+
+// microsOf is t in microseconds, 0 for the zero time.
+func microsOf(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return micros(t)
+}

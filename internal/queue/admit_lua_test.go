@@ -56,7 +56,7 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 				rec.Pause = rec.Pause.Resume(now)
 			}
 			pz := rec.Pause
-			if err := rdb.HSet(ctx, keys[0], "shift", pz.Shift.Microseconds(), "until", microsOrZero(pz.Until), "held", microsOrZero(pz.Held)).Err(); err != nil {
+			if err := rdb.HSet(ctx, keys[0], "shift", pz.Shift.Microseconds(), "until", microsOf(pz.Until), "held", microsOf(pz.Held)).Err(); err != nil {
 				t.Fatal(err)
 			}
 			tnow := pz.TenantTime(now)
@@ -70,7 +70,7 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 			lag := us(rng.Int64N(5000))
 			arrival := tnow.Add(lag)
 			d, st, recent := admit(rec, waiting, arrival, now, p, cost)
-			args := []any{micros(now), lag.Microseconds(), p.Interval.Microseconds(), p.Burst, p.Capacity, cost, waiting, 1}
+			args := []any{micros(now), lag.Microseconds(), p.Interval.Microseconds(), p.Burst, p.Capacity, cost, waiting, 1, 0}
 			for _, w := range p.Windows {
 				args = append(args, w.N, w.Length.Microseconds())
 			}
@@ -109,13 +109,6 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 	t.Logf("%d decisions agree", decisions)
 }
 
-func microsOrZero(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return micros(t)
-}
-
 func microsList(r leaky.Recent) []int64 {
 	out := make([]int64, len(r))
 	for i, t := range r {
@@ -140,7 +133,7 @@ func TestLuaAdmitInsertsOutOfOrder(t *testing.T) {
 	if err := rdb.RPush(ctx, "{x}:w0", future...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := admitScript.Run(ctx, rdb, []string{"{x}:b", "{x}:w0"}, micros(now), 0, 1000, 1, 10, 2, 0, 1, n, (24 * time.Hour).Microseconds()).Int64Slice()
+	got, err := admitScript.Run(ctx, rdb, []string{"{x}:b", "{x}:w0"}, micros(now), 0, 1000, 1, 10, 2, 0, 1, 0, n, (24 * time.Hour).Microseconds()).Int64Slice()
 	if err != nil || got[0] != 1 || got[1] != micros(now) {
 		t.Fatalf("admit: %v %v", got, err)
 	}
@@ -180,7 +173,7 @@ func TestLuaPauseAgreesWithGo(t *testing.T) {
 				if rng.IntN(4) > 0 {
 					from = pz.TenantTime(now).Add(-us(rng.Int64N(200_000)))
 				}
-				args = []any{"until", micros(now), tau.Microseconds(), micros(until), microsOrZero(from)}
+				args = []any{"until", micros(now), tau.Microseconds(), micros(until), microsOf(from)}
 				if until.After(now) {
 					pz = pz.PauseUntil(now, until, from)
 					tat = later(tat, pz.TenantTime(now).Add(tau))
@@ -197,7 +190,7 @@ func TestLuaPauseAgreesWithGo(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := []int64{pz.Shift.Microseconds(), microsOrZero(pz.Until), microsOrZero(pz.Held), micros(tat)}
+			want := []int64{pz.Shift.Microseconds(), microsOf(pz.Until), microsOf(pz.Held), micros(tat)}
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Fatalf("sequence %d step %d %v: Lua %v, Go %v (%+v)", seq, step, args, got, want, pz)
 			}

@@ -810,26 +810,26 @@ func admit(rec tenantRecord, depth int, arrival, now time.Time, p leaky.Policy, 
 // reserve takes a slot for another attempt of a job of cost, at or after
 // tenant time from and no earlier than notBefore (a backoff), paced like any
 // job and within every window; it does not refuse (the job was admitted).
-func (s *BoltStore) reserve(tm *tenantMem, p leaky.Policy, from, notBefore time.Time, cost int) time.Time {
-	slot, st := leaky.ReserveCost(leaky.State{TAT: tm.rec.TAT}, from, p, cost)
+func (r *tenantRecord) reserve(p leaky.Policy, from, notBefore time.Time, cost int) time.Time {
+	slot, st := leaky.ReserveCost(leaky.State{TAT: r.TAT}, from, p, cost)
 	at := later(slot, notBefore)
 	if len(p.Windows) > 0 {
-		at = leaky.WindowSlot(tm.rec.recent(p), p, at, cost)
-		s.recordWindows(tm, p, at, cost)
+		at = leaky.WindowSlot(r.recent(p), p, at, cost)
+		r.record(p, at, cost)
 		if !notBefore.After(slot) {
 			st = leaky.Push(st, at, p, cost) // a window moved it: the rest follow
 		}
 	}
-	tm.rec.TAT = st.TAT
+	r.TAT = st.TAT
 	return at
 }
 
-// recordWindows counts a send of cost at slot in the tenant's windows.
-func (s *BoltStore) recordWindows(tm *tenantMem, p leaky.Policy, slot time.Time, cost int) {
+// record counts a send of cost at slot in the tenant's windows.
+func (r *tenantRecord) record(p leaky.Policy, slot time.Time, cost int) {
 	if len(p.Windows) == 0 {
 		return
 	}
-	tm.rec.setRecent(p, leaky.Record(tm.rec.recent(p), p, slot, cost))
+	r.setRecent(p, leaky.Record(r.recent(p), p, slot, cost))
 }
 
 // waitKeysAndLoad waits (s.mu held, released while waiting) until none of

@@ -406,6 +406,79 @@ func (s *BoltStore) finisher() {
 }
 
 // writeOutcomes records a group of outcomes in one transaction.
+// applyOutcome is what an attempt's outcome does to its job (the one
+// claimed: nothing else changes a job the dispatcher holds) and to its
+// tenant's record, on either backend. paused reports a new pause.
+func applyOutcome(rec *tenantRecord, j Job, o Outcome, now time.Time, p leaky.Policy) (cur Job, paused bool) {
+	cur = j
+	cur.Payload = nil
+	cur.ResponseStatus = cmp.Or(o.Status, cur.ResponseStatus)
+	cur.LastError = cmp.Or(o.Error, cur.LastError)
+	if !o.SentAt.IsZero() {
+		cur.SentAt = o.SentAt
+	}
+	if o.SentAt.After(rec.LastAttemptAt) {
+		rec.LastAttemptAt = o.SentAt
+	}
+	switch o.Result {
+	case Succeeded:
+		cur.State = StateSucceeded
+		cur.LastError = ""
+		cur.FinishedAt = now
+	case Failed:
+		cur.State = StateFailed
+		cur.FinishedAt = now
+	case Released: // with a pause: nothing was sent
+		cur.Attempts--
+		cur.State = StateQueued
+		if cur.Attempts > 0 {
+			cur.State = StateRetrying
+		}
+	case Expired: // nothing was sent: too late
+		cur.Attempts--
+		cur.State = StateExpired
+		cur.FinishedAt = now
+		cur.LastError = "expired: its deadline passed before it could be sent"
+	default: // Retry
+		cur.State = StateRetrying
+		if !o.PauseUntil.IsZero() && !o.PauseUntil.After(now) {
+			// A pushback already over: not a failure, but the job needs a
+			// new slot (its own has passed).
+			tnow := rec.Pause.TenantTime(now)
+			cur.Slot = rec.reserve(p, tnow, tnow, cur.cost())
+		} else if o.PauseUntil.IsZero() {
+			// A failure. The retry takes one interval of the schedule,
+			// like any job, and waits out its backoff too. Reserving at
+			// the end of the backoff instead would push the schedule
+			// seconds ahead and refuse new jobs as if the queue were full.
+			cur.Failures++
+			pz := rec.Pause
+			cur.Slot = rec.reserve(p, pz.TenantTime(now), pz.TenantTime(o.NotBefore), cur.cost())
+		} // pushback keeps its place: the pause moves it
+	}
+	if o.PauseUntil.After(now) && !cur.State.Finished() {
+		if o.Result == Retry {
+			// The resend keeps the slot, but it is a send of its own: the
+			// windows count it.
+			rec.record(p, cur.Slot, cur.cost())
+		}
+		rec.Pause = rec.Pause.PauseUntil(now, o.PauseUntil, cur.Slot)
+		// Jobs admitted during the pause go one interval apart after it,
+		// not as a burst.
+		rec.TAT = later(rec.TAT, rec.Pause.TenantTime(now).Add(p.Tolerance()))
+		paused = true
+	}
+	if !cur.State.Finished() {
+		cur.DispatchAt = dispatchAt(rec.Pause, cur.Slot, now)
+		if !cur.Deadline.IsZero() && cur.DispatchAt.After(cur.Deadline) {
+			// Its next attempt would come too late: it ends here.
+			cur.State, cur.FinishedAt = StateExpired, now
+			cur.LastError = "expired: its deadline passes before its next attempt; last attempt: " + cur.LastError
+		}
+	}
+	return cur, paused
+}
+
 func (s *BoltStore) writeOutcomes(group []finishReq) error {
 	now := s.clock.Now()
 	results := make([]Job, len(group))
@@ -418,85 +491,22 @@ func (s *BoltStore) writeOutcomes(group []finishReq) error {
 			j, o := r.job, r.o
 			// The claimed job is the stored one: nothing else changes a job
 			// the dispatcher holds.
-			cur := j
-			cur.Payload = nil
-			oldDue := dueKey(cur.Slot, cur.ID)
-			cur.ResponseStatus = cmp.Or(o.Status, cur.ResponseStatus)
-			cur.LastError = cmp.Or(o.Error, cur.LastError)
-			if !o.SentAt.IsZero() {
-				cur.SentAt = o.SentAt
-			}
+			oldDue := dueKey(j.Slot, j.ID)
 			s.mu.Lock()
 			tm, err := s.loadTenantTx(tx, j.Tenant)
 			if err != nil {
 				s.mu.Unlock()
 				return err
 			}
-			if o.SentAt.After(tm.rec.LastAttemptAt) {
-				tm.rec.LastAttemptAt = o.SentAt
-			}
-			switch o.Result {
-			case Succeeded:
-				cur.State = StateSucceeded
-				cur.LastError = ""
-				cur.FinishedAt = now
-			case Failed:
-				cur.State = StateFailed
-				cur.FinishedAt = now
-			case Released: // with a pause: nothing was sent
+			if o.Result == Released || o.Result == Expired {
 				s.giveBackCeiling(j)
-				cur.Attempts--
-				cur.State = StateQueued
-				if cur.Attempts > 0 {
-					cur.State = StateRetrying
-				}
-			case Expired: // nothing was sent: too late
-				s.giveBackCeiling(j)
-				cur.Attempts--
-				cur.State = StateExpired
-				cur.FinishedAt = now
-				cur.LastError = "expired: its deadline passed before it could be sent"
-			default: // Retry
-				cur.State = StateRetrying
-				if !o.PauseUntil.IsZero() && !o.PauseUntil.After(now) {
-					// A pushback already over: not a failure, but the job
-					// needs a new slot (its own has passed).
-					pz := tm.rec.Pause
-					cur.Slot = s.reserve(tm, s.policy(j.Tenant), pz.TenantTime(now), pz.TenantTime(now), cur.cost())
-				} else if o.PauseUntil.IsZero() {
-					// A failure. The retry takes one interval of the
-					// schedule, like any job, and waits out its backoff
-					// too. Reserving at the end of the backoff instead
-					// would push the schedule seconds ahead and refuse new
-					// jobs as if the queue were full.
-					cur.Failures++
-					pz := tm.rec.Pause
-					cur.Slot = s.reserve(tm, s.policy(j.Tenant), pz.TenantTime(now), pz.TenantTime(o.NotBefore), cur.cost())
-				} // pushback keeps its place: the pause moves it
 			}
 			if o.PauseDownstream && o.PauseUntil.After(now) {
 				s.pauseCeiling(j.Tenant, o.PauseUntil)
 			}
-			if o.PauseUntil.After(now) && !cur.State.Finished() {
-				if o.Result == Retry {
-					// The resend keeps the slot, but it is a send of its
-					// own: the windows count it.
-					s.recordWindows(tm, s.policy(j.Tenant), cur.Slot, cur.cost())
-				}
-				tm.rec.Pause = tm.rec.Pause.PauseUntil(now, o.PauseUntil, cur.Slot)
-				// Jobs admitted during the pause go one interval apart
-				// after it, not as a burst.
-				p := s.policy(j.Tenant)
-				tm.rec.TAT = later(tm.rec.TAT, tm.rec.Pause.TenantTime(now).Add(p.Tolerance()))
+			cur, pausedNow := applyOutcome(&tm.rec, j, o, now, s.policy(j.Tenant))
+			if pausedNow {
 				paused[j.Tenant] = true
-			}
-			if !cur.State.Finished() {
-				cur.DispatchAt = dispatchAt(tm.rec.Pause, cur.Slot, now)
-				if !cur.Deadline.IsZero() && cur.DispatchAt.After(cur.Deadline) {
-					// Its next attempt would come too late: it ends here.
-					cur.State, cur.FinishedAt = StateExpired, now
-					cur.LastError = "expired: its deadline passes before its next attempt; last attempt: " + cur.LastError
-				}
 			}
 			s.mu.Unlock()
 			if err := putJob(tx, cur); err != nil {

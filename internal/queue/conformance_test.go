@@ -431,6 +431,12 @@ func runConformance(t *testing.T, open opener) {
 		clk := clock.NewFake(t0)
 		reopen := open(t)
 		s := reopen(t, clk, leaky20(10))
+		if _, shared := s.(*RedisStore); shared {
+			// Many processes share a Redis store: none of them restarting
+			// means the rest stopped. Overdue jobs there are spaced by
+			// the shared gate (TestRedisOverdueJobsAreSpaced).
+			t.Skip("a shared store has no restart of its own")
+		}
 		var ids []string
 		for i := 0; i < 6; i++ {
 			ids = append(ids, enqueueOne(t, s, "acme", payload(i)).Job.ID)
@@ -767,13 +773,17 @@ func consume(t *testing.T, s Store, lead time.Duration, h Handler) func() {
 func waitHanded(t *testing.T, clk *clock.Fake, got <-chan handed, step time.Duration) handed {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	// First, a moment for what is due already: a backend that works in
+	// real time too (asynq's polls) must not see the clock run ahead of it.
+	pause := 25 * time.Millisecond
 	for time.Now().Before(deadline) {
 		select {
 		case h := <-got:
 			return h
-		case <-time.After(2 * time.Millisecond):
+		case <-time.After(pause):
 			clk.Advance(step)
 		}
+		pause = 2 * time.Millisecond
 	}
 	t.Fatal("no job handed over within 10s")
 	return handed{}

@@ -23,8 +23,11 @@ func newID(now time.Time) string {
 
 // validID reports whether s could be a job id (so lookups of junk are cheap
 // and never reach the store).
+// idLen is the length of every job id.
+const idLen = 26
+
 func validID(s string) bool {
-	if len(s) != 26 {
+	if len(s) != idLen {
 		return false
 	}
 	_, err := idEncoding.DecodeString(s)

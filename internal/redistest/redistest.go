@@ -22,14 +22,16 @@ type Server struct {
 	Addr string
 	dir  string
 	aof  bool
+	// extra arguments for redis-server (a cluster node's)
+	extra []string
 	cmd  *exec.Cmd
 	t    testing.TB
 }
 
 // Start runs redis-server on a free loopback port with its data in a
-// temporary directory; with aof, every write is appended and fsynced each
-// second (appendonly yes), so a restart keeps what was acknowledged. It
-// stops when the test ends.
+// temporary directory; with aof, every write is appended and fsynced
+// before it is acknowledged (appendonly yes, appendfsync always), so even a
+// kill -9 keeps what was acknowledged. It stops when the test ends.
 func Start(t testing.TB, aof bool) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
@@ -56,9 +58,9 @@ func (s *Server) start(bin string) {
 	_, port, _ := net.SplitHostPort(s.Addr)
 	args := []string{"--port", port, "--bind", "127.0.0.1", "--dir", s.dir, "--save", "", "--protected-mode", "yes", "--logfile", filepath.Join(s.dir, "redis.log")}
 	if s.aof {
-		args = append(args, "--appendonly", "yes", "--appendfsync", "everysec")
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
 	}
-	s.cmd = exec.Command(bin, args...)
+	s.cmd = exec.Command(bin, append(args, s.extra...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
@@ -117,4 +119,94 @@ func ping(addr string) error {
 		return fmt.Errorf("redis answered %q", line)
 	}
 	return nil
+}
+
+// Cluster is a Redis Cluster of masters on loopback ports, no replicas.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// StartCluster runs n redis-server processes in cluster mode and joins them
+// with redis-cli --cluster create. Without redis-cli, tests skip (or fail
+// when CI=true).
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	cli, cliErr := exec.LookPath("redis-cli")
+	if err != nil || cliErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("redis-server and redis-cli are not installed (.ci/run installs them)")
+		}
+		t.Skip("redis-server or redis-cli is not installed")
+	}
+	c := &Cluster{}
+	args := []string{"--cluster", "create"}
+	for range n {
+		s := &Server{dir: t.TempDir(), t: t, Addr: clusterAddr(t),
+			extra: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"}}
+		s.start(bin)
+		t.Cleanup(s.Kill)
+		c.Nodes = append(c.Nodes, s)
+		args = append(args, s.Addr)
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range c.Nodes {
+		for {
+			out, _ := exec.Command(cli, "-h", "127.0.0.1", "-p", port(s.Addr), "cluster", "info").Output()
+			if strings.Contains(string(out), "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the cluster did not come up: %s", out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return c
+}
+
+// URL is the cluster's URL for go-redis (ParseClusterURL).
+func (c *Cluster) URL() string {
+	u := "redis://" + c.Nodes[0].Addr
+	for i, s := range c.Nodes[1:] {
+		sep := "&"
+		if i == 0 {
+			sep = "?"
+		}
+		u += sep + "addr=" + s.Addr
+	}
+	return u
+}
+
+func port(addr string) string {
+	_, p, _ := net.SplitHostPort(addr)
+	return p
+}
+
+// clusterAddr is a free loopback port whose cluster bus port (+10000) is
+// free too.
+func clusterAddr(t testing.TB) string {
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().(*net.TCPAddr)
+		if addr.Port+10000 > 65535 {
+			l.Close()
+			continue
+		}
+		bus, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", addr.Port+10000))
+		l.Close()
+		if err == nil {
+			bus.Close()
+			return addr.String()
+		}
+	}
+	t.Fatal("no free port pair for a cluster node")
+	return ""
 }

@@ -3,6 +3,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,7 +31,17 @@ type Options struct {
 	// downstreams change at once; other sections need a restart and are
 	// kept as they were (with a log line saying so).
 	Reloads <-chan *config.Config
+	// Role is what this process does: RoleAll (default), RoleAPI or
+	// RoleWorker (the last two need a store processes share: redis).
+	Role string
 }
+
+// Roles of a process.
+const (
+	RoleAll    = "all"    // the API and the dispatcher
+	RoleAPI    = "api"    // the API only: admits jobs, sends none
+	RoleWorker = "worker" // the dispatcher only; serves /healthz, /readyz and /metrics
+)
 
 // Run runs until ctx is done, then stops cleanly: readiness goes false, the
 // listener closes after server.drain_delay, the API finishes its requests,
@@ -41,23 +52,15 @@ func Run(ctx context.Context, opts Options) error {
 	var live atomic.Pointer[config.Config]
 	live.Store(opts.Config)
 	cfg := opts.Config // the sections a running service cannot change
-	policy := func(tenant string) leaky.Policy {
-		ts, _ := live.Load().Tenant(tenant)
-		return ts.Policy()
+	role := cmp.Or(opts.Role, RoleAll)
+	switch {
+	case role != RoleAll && role != RoleAPI && role != RoleWorker:
+		return fmt.Errorf("--role %q is not a role: use all, api or worker", role)
+	case role != RoleAll && cfg.Store.Backend != "redis":
+		return fmt.Errorf("--role %s needs a store that processes share (store.backend = \"redis\"); the embedded store runs one process, --role all", role)
 	}
 	var m *metrics.Metrics // made once the store is open; used from the dispatcher on
-	store, err := queue.OpenBolt(cfg.Store.Path, queue.BoltOptions{
-		OnExpired: func(j queue.Job) { m.Expired(j) },
-		Policy:    policy, Retention: cfg.Store.Retention.Std(), Logger: log,
-		Ceiling: func(tenant string) (string, *leaky.Policy) {
-			c := live.Load()
-			ts, _ := c.Tenant(tenant)
-			return ts.Downstream, c.Downstreams[ts.Downstream].Ceiling()
-		},
-		// A first guess at how long a send takes to start, measured from
-		// then on: a commit, a hand-over and a connection.
-		InitialStartLag: 10 * time.Millisecond,
-	})
+	store, err := openStore(ctx, cfg, log, &live, func(j queue.Job) { m.Expired(j) })
 	if err != nil {
 		return err
 	}
@@ -78,7 +81,12 @@ func Run(ctx context.Context, opts Options) error {
 	})
 	client := dispatch.NewClient(cfg.Dispatch.Concurrency)
 	defer client.CloseIdleConnections()
+	var shared func(context.Context, queue.GateRequest) (queue.GateAnswer, error)
+	if rs, ok := store.(*queue.RedisStore); ok {
+		shared = rs.PassGate
+	}
 	d := dispatch.New(dispatch.Options{
+		Shared:    shared,
 		Client:    client,
 		OnAttempt: m.Attempt,
 		Routes: func(tenant string) dispatch.Route {
@@ -98,10 +106,11 @@ func Run(ctx context.Context, opts Options) error {
 	var stopping, dispatcherDown atomic.Bool
 	srv := &http.Server{
 		Handler: api.New(api.Options{
-			Store:   holdsReachTheDispatcher{store, d},
-			Config:  live.Load,
-			Logger:  log,
-			Metrics: m,
+			Store:      holdsReachTheDispatcher{store, d},
+			WorkerOnly: role == RoleWorker,
+			Config:     live.Load,
+			Logger:     log,
+			Metrics:    m,
 			Ready: func() error {
 				switch {
 				case stopping.Load():
@@ -133,15 +142,19 @@ func Run(ctx context.Context, opts Options) error {
 
 	consumeCtx, stopConsume := context.WithCancel(context.Background())
 	consumeDone := make(chan error, 1)
-	go func() {
-		err := store.Consume(consumeCtx, d.Handle, queue.ConsumeOptions{Concurrency: cfg.Dispatch.Concurrency})
-		if consumeCtx.Err() == nil {
-			dispatcherDown.Store(true)
-			log.Error("the dispatcher stopped", "err", err)
-		}
-		consumeDone <- err
-	}()
-	log.Info("throttler started", "addr", ln.Addr().String(), "store", cfg.Store.Backend, "path", cfg.Store.Path,
+	if role == RoleAPI {
+		close(consumeDone) // admits only: processes with --role worker or all send
+	} else {
+		go func() {
+			err := store.Consume(consumeCtx, d.Handle, queue.ConsumeOptions{Concurrency: cfg.Dispatch.Concurrency})
+			if consumeCtx.Err() == nil {
+				dispatcherDown.Store(true)
+				log.Error("the dispatcher stopped", "err", err)
+			}
+			consumeDone <- err
+		}()
+	}
+	log.Info("throttler started", "addr", ln.Addr().String(), "role", role, "store", cfg.Store.Backend, "path", cfg.Store.Path,
 		"config", cfg.File, "tenants", len(cfg.Tenants), "downstreams", len(cfg.Downstreams),
 		"tokens", len(cfg.Auth.Tokens), "tls", cfg.Server.TLSCert != "")
 	if opts.Started != nil {
@@ -223,4 +236,41 @@ func (h holdsReachTheDispatcher) Pause(ctx context.Context, tenant string) (queu
 func (h holdsReachTheDispatcher) Resume(ctx context.Context, tenant string) (queue.TenantStatus, error) {
 	h.d.ResumeTenant(tenant)
 	return h.Store.Resume(ctx, tenant)
+}
+
+// openStore opens the configured backend.
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *atomic.Pointer[config.Config], onExpired func(queue.Job)) (queue.Store, error) {
+	policy := func(tenant string) leaky.Policy {
+		ts, _ := live.Load().Tenant(tenant)
+		return ts.Policy()
+	}
+	ceiling := func(tenant string) (string, *leaky.Policy) {
+		c := live.Load()
+		ts, _ := c.Tenant(tenant)
+		return ts.Downstream, c.Downstreams[ts.Downstream].Ceiling()
+	}
+	if cfg.Store.Backend != "redis" {
+		return queue.OpenBolt(cfg.Store.Path, queue.BoltOptions{
+			OnExpired: onExpired, Policy: policy, Ceiling: ceiling,
+			Retention: cfg.Store.Retention.Std(), Logger: log,
+			// A first guess at how long a send takes to start, measured
+			// from then on: a commit, a hand-over and a connection.
+			InitialStartLag: 10 * time.Millisecond,
+		})
+	}
+	rdb, err := cfg.Store.RedisClient()
+	if err != nil {
+		return nil, err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := queue.OpenRedis(pingCtx, queue.RedisOptions{
+		Client: rdb, OwnsClient: true, Policy: policy, Ceiling: ceiling, OnExpired: onExpired,
+		Retention: cfg.Store.Retention.Std(), IdleTTL: cfg.Store.RedisIdleTTL.Std(), Logger: log,
+	})
+	if err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("cannot reach Redis at store.redis_url (%s mode): %w; is it running?", cfg.Store.RedisMode, err)
+	}
+	return s, nil
 }

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"throttler/internal/downstreamtest"
+	"throttler/internal/redistest"
+)
+
+// redisConfig writes a config for processes sharing the Redis at url.
+func redisConfig(t *testing.T, url, mode, body string, ds *downstreamtest.Server) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	full := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n[store]\nbackend = \"redis\"\nredis_url = %q\nredis_mode = %q\n[downstreams.test]\nurl = %q\ntimeout = \"2s\"\n%s",
+		url, mode, ds.URL+"/send", body)
+	if err := os.WriteFile(p, []byte(full), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Three processes on one Redis, every one an API and a dispatcher.
+func TestThreeProcessesShareOneRedis(t *testing.T) {
+	srv := redistest.Start(t, false)
+	sharedBurst(t, srv.URL(), "standalone", "all", "all", "all")
+}
+
+// One API-only process and two workers.
+func TestAPIAndTwoWorkersShareOneRedis(t *testing.T) {
+	srv := redistest.Start(t, false)
+	sharedBurst(t, srv.URL(), "standalone", "api", "worker", "worker")
+}
+
+// sharedBurst starts a process per role on one Redis, sends 200 jobs of one
+// tenant (10/s, capacity 50) through every API at once, round robin, and
+// checks what DESIGN.md promises across processes: exactly capacity + 1
+// accepted, each delivered once, and the window rule at the downstream.
+func sharedBurst(t *testing.T, url, mode string, roles ...string) {
+	ds := downstreamtest.New(t)
+	file := redisConfig(t, url, mode, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
+	const T = 100 * time.Millisecond
+	var apis []string
+	for _, role := range roles {
+		p := startProcess(t, file, "--role", role)
+		if role == "worker" {
+			if st, _, body := call(t, "POST", p.base+"/v1/tenants/acme/jobs", `{"payload":{}}`); st != http.StatusNotFound || body["error"] != "worker_only" {
+				t.Fatalf("a worker's API answered %d %v", st, body)
+			}
+			continue
+		}
+		apis = append(apis, p.base)
+	}
+
+	// Open the connections first, so the burst arrives together.
+	var warm sync.WaitGroup
+	for i := 0; i < 200; i++ {
+		warm.Add(1)
+		go func() { defer warm.Done(); call(t, "GET", apis[i%len(apis)]+"/healthz", "") }()
+	}
+	warm.Wait()
+
+	answers := make([]answer, 200)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			st, h, body := call(t, "POST", apis[i%len(apis)]+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
+			answers[i] = answer{st, h, body, time.Now()}
+		}()
+	}
+	began := time.Now()
+	close(start)
+	wg.Wait()
+	last := began
+	accepted := map[string]bool{}
+	for _, a := range answers {
+		last = later(last, a.at)
+		switch a.status {
+		case http.StatusAccepted:
+			accepted[a.body["id"].(string)] = true
+		case http.StatusTooManyRequests:
+			if a.body["error"] != "queue_full" || a.header.Get("Retry-After") == "" {
+				t.Fatalf("rejection %v %v", a.header, a.body)
+			}
+		default:
+			t.Fatalf("status %d: %v", a.status, a.body)
+		}
+	}
+	t.Logf("200 decisions through %d APIs in %v", len(apis), last.Sub(began))
+	if len(accepted) != 51 {
+		t.Fatalf("accepted %d, want exactly 51 (capacity 50 and one going at once)", len(accepted))
+	}
+
+	waitFor(t, 20*time.Second, "51 deliveries", func() bool { return len(ds.All()) >= 51 })
+	time.Sleep(3 * T) // nothing more may come
+	got := ds.All()
+	seen := map[string]bool{}
+	for _, a := range got {
+		if !accepted[a.Key] {
+			t.Fatalf("delivered %q, which was not accepted", a.Key)
+		}
+		if seen[a.Key] {
+			t.Fatalf("%q delivered twice", a.Key)
+		}
+		seen[a.Key] = true
+	}
+	if len(got) != 51 {
+		t.Fatalf("downstream saw %d requests, want 51", len(got))
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, got, T, 1)
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// kill -9 of a worker mid-attempt, and of another while jobs wait: every
+// accepted job is still delivered, and a job repeats only with the same
+// Idempotency-Key (a downstream that dedupes carries each out once).
+func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
+	srv := redistest.Start(t, false)
+	ds := downstreamtest.New(t)
+	var mu sync.Mutex
+	done := map[string]int{} // Idempotency-Key -> times carried out
+	stalled := false
+	inAttempt := make(chan string, 1)
+	hold := make(chan struct{}) // the 3rd job's first answer never comes
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		first := strings.Contains(readBody(r), `"n":2}`) && !stalled
+		if first {
+			stalled = true
+		}
+		done[key]++ // a dedupe downstream would carry out the first only
+		mu.Unlock()
+		if first {
+			inAttempt <- key
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	defer close(hold)
+	file := redisConfig(t, srv.URL(), "standalone", "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
+	api := startProcess(t, file, "--role", "api")
+	w1 := startProcess(t, file, "--role", "worker")
+	var ids []string
+	for i := 0; i < 30; i++ {
+		st, _, body := call(t, "POST", api.base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
+		if st != http.StatusAccepted {
+			t.Fatalf("job %d: %d %v", i, st, body)
+		}
+		ids = append(ids, body["id"].(string))
+	}
+	var crashed string
+	select {
+	case crashed = <-inAttempt:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the third job never reached the downstream")
+	}
+	w1.kill9(t) // mid-attempt, with jobs claimed and waiting in it
+	killed := time.Now()
+	w2 := startProcess(t, file, "--role", "worker")
+	startProcess(t, file, "--role", "worker")
+	waitFor(t, 20*time.Second, "deliveries by the new workers", func() bool { return len(ds.All()) >= 10 })
+	w2.kill9(t) // while jobs wait
+
+	waitFor(t, 60*time.Second, "every job delivered", func() bool { return allSucceeded(t, api.base, ids) })
+	all := ds.All()
+	var back time.Duration
+	for _, a := range all {
+		if a.Key == crashed && a.At.After(killed) {
+			back = a.At.Sub(killed)
+		}
+	}
+	accepted := map[string]bool{}
+	for _, id := range ids {
+		accepted[id] = true
+	}
+	repeats := 0
+	for key, n := range ds.Keys() {
+		if !accepted[key] {
+			t.Fatalf("delivered Idempotency-Key %q that was never accepted", key)
+		}
+		repeats += n - 1
+	}
+	t.Logf("the job in flight at the crash was sent again %v after it; %d repeats in all (same Idempotency-Key)", back.Round(time.Millisecond), repeats)
+	if ds.Keys()[crashed] < 2 {
+		t.Fatalf("the job in flight at the crash arrived %d times, want again after the crash", ds.Keys()[crashed])
+	}
+	if repeats > 4 {
+		t.Fatalf("%d repeats: only attempts in flight at a kill may repeat", repeats)
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
+	}
+}
+
+// Redis restarted (AOF on) while jobs wait: the API answers 503 with
+// Retry-After while it is down and /readyz fails, no process exits, and once
+// it is back every job accepted before is delivered, paced, with no burst.
+func TestRedisRestartLosesNothing(t *testing.T) {
+	srv := redistest.Start(t, true)
+	ds := downstreamtest.New(t)
+	file := redisConfig(t, srv.URL(), "standalone", "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
+	procs := []*process{startProcess(t, file), startProcess(t, file, "--role", "worker")}
+	base := procs[0].base
+	var ids []string
+	for i := 0; i < 30; i++ {
+		st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
+		if st != http.StatusAccepted {
+			t.Fatalf("job %d: %d %v", i, st, body)
+		}
+		ids = append(ids, body["id"].(string))
+	}
+	waitFor(t, 10*time.Second, "some deliveries", func() bool { return len(ds.All()) >= 5 })
+	srv.Kill()
+	st, h, body := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"n":99}}`)
+	if st != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
+		t.Fatalf("enqueue with Redis down: %d %v %v", st, h, body)
+	}
+	for _, p := range procs {
+		if st, _, body := call(t, "GET", p.base+"/readyz", ""); st != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz with Redis down: %d %v", st, body)
+		}
+	}
+	time.Sleep(time.Second) // down a while: workers try and fail
+	for _, p := range procs {
+		select {
+		case <-p.done:
+			t.Fatalf("a process exited while Redis was down:\n%s", p.logs())
+		default:
+		}
+	}
+	srv.Restart()
+	waitFor(t, 30*time.Second, "every job accepted before delivered", func() bool { return allSucceeded(t, base, ids) })
+	if st, _, body := call(t, "GET", base+"/readyz", ""); st != http.StatusOK {
+		t.Fatalf("/readyz after Redis came back: %d %v", st, body)
+	}
+	all := ds.All()
+	var gap time.Duration
+	for i := 1; i < len(all); i++ {
+		gap = max(gap, all[i].At.Sub(all[i-1].At))
+	}
+	t.Logf("%d arrivals; the longest gap between two (the outage in it) %v", len(all), gap.Round(time.Millisecond))
+	for key, n := range ds.Keys() {
+		if n > 2 {
+			t.Fatalf("%s arrived %d times", key, n)
+		}
+	}
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
+	}
+}
+
+// The same burst on a Redis Cluster of three masters.
+func TestThreeProcessesShareOneRedisCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	sharedBurst(t, c.URL(), "cluster", "all", "all", "all")
+}

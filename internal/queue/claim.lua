@@ -1,0 +1,96 @@
+-- Takes a due job for one attempt, for the asynq task that carries it:
+-- atomically, so that asynq's early starts, repeats and many workers hand
+-- each attempt to one worker only. Microseconds.
+--
+-- KEYS  1 job hash, 2 tenant hash, 3 hand-off zset, 4 active zset,
+--       5 in-flight zset (job id -> lease end)
+-- ARGV  1 now (0: the server's TIME), 2 the task's id, 3 horizon (claim
+--       this long before the job's dispatch time), 4 lease, 5 retention
+--       (ms), 6 held recheck (how soon a held tenant's job looks again),
+--       7 the longest wait the worker holds the task for (longer: it
+--       hands the task back to asynq)
+--
+-- A job whose task a worker holds, waiting or sending, is in the in-flight
+-- set under a lease the worker renews: if the worker dies, recover.lua
+-- gives the job a new task at once, not asynq's minute or two later.
+--
+-- Returns one of
+--   {0}                       drop the task: the job is gone, done, or
+--                             carried by another task
+--   {1, wait}                 not yet: come back in wait
+--   {2, dispatch_at, now, field, value, ...}  claimed: the job's hash
+--   {3}                       expired: its deadline comes first
+
+local function at_least(a, b) if a > b then return a end return b end
+
+local now = tonumber(ARGV[1])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local horizon, lease, holdmax = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
+
+local j = redis.call('HMGET', KEYS[1], 'state', 'task', 'slot', 'deadline', 'tenant', 'id')
+local state, task, tenant, jobid = j[1], j[2], j[5], j[6]
+if not state or task ~= ARGV[2] then return {0} end
+
+-- Not yet: the worker holds the task (under a lease) or hands it back.
+local function later(wait)
+  if wait <= holdmax then
+    redis.call('ZADD', KEYS[5], now + lease, jobid)
+  else
+    redis.call('ZREM', KEYS[5], jobid)
+  end
+  return {1, wait}
+end
+
+if state == 'dispatching' then
+  -- Another worker has it, unless its lease ran out (it crashed): then
+  -- this task takes it over (the attempt may have been sent: the same
+  -- Idempotency-Key goes again).
+  local lease_end = tonumber(redis.call('ZSCORE', KEYS[5], jobid) or 0)
+  if lease_end > now then return {1, lease_end - now} end
+  redis.call('HINCRBY', KEYS[2], 'inflight', -1)
+  redis.call('HINCRBY', KEYS[2], 'depth', 1)
+elseif state ~= 'queued' and state ~= 'retrying' then
+  redis.call('ZREM', KEYS[5], jobid)
+  return {0}
+end
+
+local slot, deadline = tonumber(j[3]), tonumber(j[4]) or 0
+local h = redis.call('HMGET', KEYS[2], 'shift', 'until', 'held')
+local shift, untl, held = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0
+if held > 0 then
+  -- Held by an operator: look again later; the further back in the
+  -- schedule, the later (a resume is seen within the recheck).
+  local frozen = at_least(untl, held) - shift
+  return later(tonumber(ARGV[6]) + at_least(0, slot - frozen))
+end
+local dispatch_at = at_least(untl, slot + shift)
+
+if deadline > 0 and dispatch_at > deadline then
+  redis.call('HSET', KEYS[1], 'state', 'expired', 'fin', now,
+    'err', 'expired: its deadline passed before it could be sent')
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]))
+  redis.call('HINCRBY', KEYS[2], 'depth', -1)
+  redis.call('HINCRBY', KEYS[2], 'expired', 1)
+  redis.call('ZREM', KEYS[3], jobid)
+  redis.call('ZREM', KEYS[5], jobid)
+  if redis.call('ZINCRBY', KEYS[4], -1, tenant) + 0 <= 0 then redis.call('ZREM', KEYS[4], tenant) end
+  return {3}
+end
+if deadline > 0 and dispatch_at - now > horizon and deadline - now < dispatch_at - now - horizon then
+  return later(deadline - now) -- look again when it expires
+end
+if dispatch_at - now > horizon then return later(dispatch_at - now - horizon) end
+
+redis.call('HSET', KEYS[1], 'state', 'dispatching', 'dispatch', dispatch_at)
+redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('HINCRBY', KEYS[2], 'depth', -1)
+redis.call('HINCRBY', KEYS[2], 'inflight', 1)
+redis.call('ZREM', KEYS[3], jobid)
+redis.call('ZADD', KEYS[5], now + lease, jobid)
+local out = {2, dispatch_at, now}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all do out[#out + 1] = all[i] end
+return out

@@ -1,0 +1,439 @@
+package queue
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"throttler/internal/leaky"
+)
+
+// notDue is a handler's answer for a task whose job must wait longer than
+// a worker should hold it: asynq runs the task again after wait, and,
+// since it is not a failure (Config.IsFailure), uses up none of its
+// retries.
+type notDue struct{ wait time.Duration }
+
+func (e *notDue) Error() string { return fmt.Sprintf("not due for %v", e.wait) }
+
+// holdMax is how long a worker holds a claimed task waiting for its job's
+// claim time, rather than handing it back to asynq: a task comes up to
+// early() before its slot, so a worker holds it about that long.
+func (s *RedisStore) holdMax() time.Duration {
+	if s.clock != nil {
+		return time.Duration(1 << 62) // a test clock: asynq cannot wait on it
+	}
+	return s.timing.early() + time.Second
+}
+
+// Consume implements Store: an asynq server on every shard's queue, whose
+// handler claims the task's job, hands it to h at its slot, and records
+// the outcome. Beside it, a worker renews the leases of the jobs it holds,
+// takes back the jobs of workers that died mid-attempt, and makes the tasks
+// of jobs whose admitting process died before it could.
+func (s *RedisStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions) error {
+	lead := cmp.Or(opts.Lead, DefaultLead)
+	queues := map[string]int{}
+	for shard := range RedisShards {
+		queues[queueName(shard)] = 1
+	}
+	srv := asynq.NewServerFromRedisClient(s.rdb, asynq.Config{
+		Concurrency:              cmp.Or(opts.Concurrency, 1024),
+		Queues:                   queues,
+		TaskCheckInterval:        s.timing.Poll,
+		DelayedTaskCheckInterval: s.timing.Forward,
+		IsFailure:                func(err error) bool { var nd *notDue; return !errors.As(err, &nd) },
+		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
+			var nd *notDue
+			if errors.As(err, &nd) {
+				return nd.wait
+			}
+			return asynq.DefaultRetryDelayFunc(n, err, t)
+		},
+		// Handlers watch ctx themselves and give their jobs back at once;
+		// this only bounds a send already being written.
+		ShutdownTimeout: 30 * time.Second,
+		Logger:          asynqLogger{s},
+		LogLevel:        asynq.WarnLevel,
+	})
+	held := &heldJobs{ids: map[string]int{}}
+	mux := asynq.HandlerFunc(func(tctx context.Context, t *asynq.Task) error {
+		taskID, _ := asynq.GetTaskID(tctx)
+		jobID, tenant := splitTaskPayload(t.Payload())
+		return s.runTask(ctx, h, lead, held, jobID, tenant, taskID)
+	})
+	if err := srv.Start(mux); err != nil {
+		return fmt.Errorf("asynq server: %w", err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.maintain(ctx, held)
+	}()
+	<-ctx.Done()
+	srv.Shutdown()
+	wg.Wait()
+	return nil
+}
+
+// heldJobs are the jobs this process is sending: their leases are renewed.
+type heldJobs struct {
+	mu  sync.Mutex
+	ids map[string]int // job id -> shard
+}
+
+func (hj *heldJobs) add(id string, shard int) {
+	hj.mu.Lock()
+	hj.ids[id] = shard
+	hj.mu.Unlock()
+}
+
+func (hj *heldJobs) remove(id string) {
+	hj.mu.Lock()
+	delete(hj.ids, id)
+	hj.mu.Unlock()
+}
+
+func (hj *heldJobs) byShard() map[int][]any {
+	hj.mu.Lock()
+	defer hj.mu.Unlock()
+	out := map[int][]any{}
+	for id, shard := range hj.ids {
+		out[shard] = append(out[shard], id)
+	}
+	return out
+}
+
+// runTask carries one task: claim its job, send it, record how it went;
+// again while the job's next attempt is near; otherwise hand the task back
+// to asynq for later.
+func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration, held *heldJobs, jobID, tenant, taskID string) error {
+	shard, ok := shardOfID(jobID)
+	if !ok {
+		s.log.Error("an asynq task that is not a throttler job; dropped", "payload", jobID)
+		return nil
+	}
+	k := keysOf(shard)
+	backoff, gaveUp := 50*time.Millisecond, time.Now().Add(30*time.Second)
+	for {
+		if stop.Err() != nil {
+			return &notDue{wait: 0}
+		}
+		r, err := s.claim(stop, k, jobID, tenant, taskID, lead)
+		if err != nil {
+			// Redis is away (a restart, a failover): keep the task and
+			// try again, rather than leave it to asynq's slower recovery
+			// of tasks it could not hand back meanwhile.
+			s.log.Error("cannot claim a due job; trying again", "job", jobID, "err", err)
+			held.add(jobID, shard)
+			ok := s.sleep(stop, backoff)
+			held.remove(jobID)
+			if !ok || time.Now().After(gaveUp) {
+				return &notDue{wait: time.Second}
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		switch toInt(r[0]) {
+		case 0: // gone, done, or carried by another task
+			return nil
+		case 3:
+			j, err := s.Job(stop, jobID)
+			if err == nil {
+				s.expired(j)
+			}
+			return nil
+		case 1:
+			wait := time.Duration(toInt(r[1])) * time.Microsecond
+			if wait > s.holdMax() {
+				return &notDue{wait: wait - s.timing.early()}
+			}
+			held.add(jobID, shard) // its lease is renewed while it waits here
+			ok := s.sleep(stop, wait)
+			held.remove(jobID)
+			if !ok {
+				return &notDue{wait: 0}
+			}
+			continue
+		}
+		fields := map[string]string{}
+		for i := 3; i+1 < len(r); i += 2 {
+			fields[r[i].(string)] = r[i+1].(string)
+		}
+		j := jobFromHash(fields)
+		j.DispatchAt = fromMicros(toInt(r[1]))
+		held.add(jobID, shard)
+		o := h(stop, j)
+		s.recordOutcome(stop, k, j, taskID, o)
+		held.remove(jobID)
+	}
+}
+
+// sleep waits d on the store's clock; false if stop came first.
+func (s *RedisStore) sleep(stop context.Context, d time.Duration) bool {
+	var after <-chan time.Time
+	if s.clock != nil {
+		after = s.clock.After(d)
+	} else {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		after = t.C
+	}
+	select {
+	case <-after:
+		return true
+	case <-stop.Done():
+		return false
+	}
+}
+
+func (s *RedisStore) claim(ctx context.Context, k shardKeys, jobID, tenant, taskID string, lead time.Duration) ([]any, error) {
+	return claimScript.Run(ctx, s.rdb, []string{k.job(jobID), k.tenant(tenant), k.handoff(), k.active(), k.inflight()},
+		s.now(), taskID, lead.Microseconds(), s.timing.Lease.Microseconds(), s.retain.Milliseconds(),
+		(5 * time.Second).Microseconds(), s.holdMax().Microseconds()).Slice()
+}
+
+// recordOutcome records o, through passing Redis failures: the job is held
+// (its lease renewed) until it is recorded. Once the service is stopping it
+// gives up after a few tries; the lease then runs out and another worker
+// sends the job again with the same Idempotency-Key.
+func (s *RedisStore) recordOutcome(stop context.Context, k shardKeys, j Job, taskID string, o Outcome) {
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := s.finish(context.WithoutCancel(stop), k, j, taskID, o)
+		if err == nil {
+			return
+		}
+		s.log.Error("cannot record the outcome of an attempt; trying again", "job", j.ID, "err", err)
+		if stop.Err() != nil && attempt >= 5 {
+			return
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// finish records an attempt's outcome (applyOutcome, the embedded store's
+// rule) in one optimistic transaction on the job and its tenant.
+func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID string, o Outcome) error {
+	tk, jk := k.tenant(j.Tenant), k.job(j.ID)
+	p := s.policy(j.Tenant)
+	watch := []string{tk, jk}
+	for _, w := range p.Windows {
+		watch = append(watch, k.window(j.Tenant, w))
+	}
+	var paused bool
+	txf := func(tx *redis.Tx) error {
+		paused = false
+		pipe := tx.Pipeline()
+		tcmd := pipe.HMGet(ctx, tk, tenantFields...)
+		jcmd := pipe.HMGet(ctx, jk, "state", "task")
+		var timeCmd *redis.TimeCmd
+		if s.clock == nil {
+			timeCmd = pipe.Time(ctx)
+		}
+		wcmds := make([]*redis.StringSliceCmd, len(p.Windows))
+		for i, w := range p.Windows {
+			wcmds[i] = pipe.LRange(ctx, k.window(j.Tenant, w), 0, -1)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+		if st := jcmd.Val(); st[0] != string(StateDispatching) || st[1] != taskID {
+			s.log.Warn("an attempt's outcome came after its lease ran out: another worker has the job", "job", j.ID, "result", o.Result)
+			return nil
+		}
+		now := time.Time{}
+		if s.clock != nil {
+			now = s.clock.Now()
+		} else {
+			now = timeCmd.Val()
+		}
+		ts := parseTenant(tcmd.Val())
+		rec := ts.rec
+		if len(p.Windows) > 0 {
+			recent := make([]leaky.Recent, len(p.Windows))
+			for i, c := range wcmds {
+				for _, us := range c.Val() {
+					n, _ := strconv.ParseInt(us, 10, 64)
+					recent[i] = append(recent[i], time.UnixMicro(n))
+				}
+			}
+			rec.setRecent(p, recent)
+		}
+		before := rec
+		cur, pausedNow := applyOutcome(&rec, j, o, now, p)
+		paused = pausedNow
+		_, err := tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+			fields := []any{"state", string(cur.State), "attempts", cur.Attempts, "failures", cur.Failures,
+				"slot", microsOf(cur.Slot), "dispatch", microsOf(cur.DispatchAt), "sent", microsOf(cur.SentAt),
+				"fin", microsOf(cur.FinishedAt), "err", cur.LastError, "status", cur.ResponseStatus}
+			pipe.HSet(ctx, jk, fields...)
+			pipe.ZRem(ctx, k.inflight(), j.ID)
+			pipe.HIncrBy(ctx, tk, "inflight", -1)
+			if rec.TAT != before.TAT || rec.Pause != before.Pause {
+				pipe.HSet(ctx, tk, "tat", microsOf(rec.TAT), "shift", rec.Pause.Shift.Microseconds(),
+					"until", microsOf(rec.Pause.Until), "held", microsOf(rec.Pause.Held))
+			}
+			for i, w := range p.Windows {
+				key := k.window(j.Tenant, w)
+				pipe.Del(ctx, key)
+				var list []any
+				for _, t := range rec.recent(p)[i] {
+					list = append(list, micros(t))
+				}
+				if len(list) > 0 {
+					pipe.RPush(ctx, key, list...)
+					pipe.PExpire(ctx, key, max(dispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+w.Length+s.idle)
+				}
+			}
+			switch cur.State {
+			case StateSucceeded:
+				pipe.HIncrBy(ctx, tk, "delivered", 1)
+			case StateFailed:
+				pipe.HIncrBy(ctx, tk, "failed", 1)
+				pipe.ZAdd(ctx, k.failed(j.Tenant), redis.Z{Score: float64(micros(now)), Member: j.ID})
+				pipe.PExpire(ctx, k.failed(j.Tenant), s.retain)
+			case StateExpired:
+				pipe.HIncrBy(ctx, tk, "expired", 1)
+			default:
+				pipe.HIncrBy(ctx, tk, "depth", 1)
+			}
+			if cur.State.Finished() {
+				pipe.PExpire(ctx, jk, s.retain)
+				pipe.ZIncrBy(ctx, k.active(), -1, j.Tenant)
+				pipe.ZRemRangeByScore(ctx, k.active(), "-inf", "0")
+			}
+			// Its state lives while its schedule does (a held tenant's,
+			// always).
+			if rec.Pause.Held.IsZero() {
+				pipe.PExpire(ctx, tk, max(dispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+s.idle)
+			}
+			return nil
+		})
+		if err == nil && cur.State == StateExpired {
+			cur.Tenant = j.Tenant
+			s.expired(cur)
+		}
+		return err
+	}
+	var err error
+	for range 100 {
+		err = s.rdb.Watch(ctx, txf, watch...)
+		if !errors.Is(err, redis.TxFailedErr) {
+			break
+		}
+	}
+	if err != nil {
+		return unavailable(err)
+	}
+	if paused {
+		// Sends other processes hold stop at the gate.
+		if err := s.holdLanes(ctx, j.Tenant, o.PauseUntil, o.PauseDownstream); err != nil {
+			s.log.Warn("cannot hold the shared gate after a pushback", "tenant", j.Tenant, "err", err)
+		}
+	}
+	return nil
+}
+
+// maintain runs beside a worker until ctx is done: it renews the leases of
+// the jobs this process is sending, takes back the jobs of workers whose
+// leases ran out, and makes the tasks of jobs left in the hand-off set.
+func (s *RedisStore) maintain(ctx context.Context, held *heldJobs) {
+	renew := time.NewTicker(s.timing.Lease / 4)
+	defer renew.Stop()
+	sweep := time.NewTicker(max(s.timing.Lease/4, time.Second))
+	defer sweep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-renew.C:
+			for shard, ids := range held.byShard() {
+				args := append([]any{s.now(), s.timing.Lease.Microseconds()}, ids...)
+				if err := leaseScript.Run(ctx, s.rdb, []string{keysOf(shard).inflight()}, args...).Err(); err != nil && ctx.Err() == nil {
+					s.log.Warn("cannot renew the leases of jobs being sent", "err", err)
+				}
+			}
+		case <-sweep.C:
+			for shard := range RedisShards {
+				if err := s.sweepShard(ctx, shard); err != nil && ctx.Err() == nil {
+					s.log.Warn("cannot sweep for crashed workers' jobs", "err", err)
+				}
+			}
+		}
+	}
+}
+
+// handoffAge is how long a job may sit in the hand-off set before a worker
+// checks that its task exists: well past the moment between the admission
+// script and asynq's enqueue.
+const handoffAge = 5 * time.Second
+
+func (s *RedisStore) sweepShard(ctx context.Context, shard int) error {
+	k := keysOf(shard)
+	taken, err := recoverScript.Run(ctx, s.rdb, []string{k.inflight(), k.handoff()}, s.now(), k.tag, 100).StringSlice()
+	if err != nil {
+		return err
+	}
+	for i := 0; i+2 < len(taken); i += 3 {
+		s.log.Warn("took back a job whose worker stopped renewing its lease (it crashed?); it goes again with the same Idempotency-Key", "job", taken[i])
+		if err := s.enqueueTask(ctx, taken[i], taken[i+2], taken[i+1], time.Time{}); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+			return err // it stays in the hand-off set
+		}
+	}
+	now, err := s.serverNow(ctx)
+	if err != nil {
+		return err
+	}
+	ids, err := s.rdb.ZRangeByScore(ctx, k.handoff(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(micros(now.Add(-handoffAge)), 10), Count: 500}).Result()
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		v, err := s.rdb.HMGet(ctx, k.job(id), "task", "state", "tenant").Result()
+		if err != nil {
+			return err
+		}
+		if v[0] == nil || (v[1] != string(StateQueued) && v[1] != string(StateRetrying)) {
+			s.rdb.ZRem(ctx, k.handoff(), id)
+			continue
+		}
+		// Due at once: the claim tells the task how long to wait.
+		err = s.enqueueTask(ctx, id, v[2].(string), v[0].(string), time.Time{})
+		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+			return err
+		}
+		if err == nil {
+			s.log.Info("made the asynq task of a job whose admitting process stopped first", "job", id)
+		}
+		s.rdb.ZRem(ctx, k.handoff(), id)
+	}
+	return nil
+}
+
+// splitTaskPayload reads a task's payload: its job's id, then its tenant.
+func splitTaskPayload(b []byte) (jobID, tenant string) {
+	if len(b) < idLen {
+		return string(b), ""
+	}
+	return string(b[:idLen]), string(b[idLen:])
+}
+
+// asynqLogger sends asynq's log lines to the store's logger.
+type asynqLogger struct{ s *RedisStore }
+
+func (l asynqLogger) Debug(args ...any) { l.s.log.Debug(fmt.Sprint(args...), "from", "asynq") }
+func (l asynqLogger) Info(args ...any)  { l.s.log.Info(fmt.Sprint(args...), "from", "asynq") }
+func (l asynqLogger) Warn(args ...any)  { l.s.log.Warn(fmt.Sprint(args...), "from", "asynq") }
+func (l asynqLogger) Error(args ...any) { l.s.log.Error(fmt.Sprint(args...), "from", "asynq") }
+func (l asynqLogger) Fatal(args ...any) { l.s.log.Error(fmt.Sprint(args...), "from", "asynq") }

@@ -1,0 +1,81 @@
+package queue
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"time"
+
+	"throttler/internal/leaky"
+)
+
+// RedisShards is how many asynq queues a Redis-backed throttler spreads its
+// tenants over. A tenant's state, its jobs and their asynq tasks share one
+// hash tag (the queue's name), so every script touches one Cluster slot;
+// several shards spread the load over a Cluster's masters. Changing it
+// re-homes every tenant: it is fixed.
+const RedisShards = 8
+
+// shardOf is the shard a tenant lives in.
+func shardOf(tenant string) int {
+	h := fnv.New32a()
+	h.Write([]byte(tenant))
+	return int(h.Sum32() % RedisShards)
+}
+
+// queueName is the asynq queue of a shard, and its hash tag.
+func queueName(shard int) string { return fmt.Sprintf("throttler-%d", shard) }
+
+// newRedisID is a job id (the same form as newID) that carries its tenant's
+// shard in its last byte, so a job is found by id alone.
+func newRedisID(now time.Time, shard int) string {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
+	if _, err := rand.Read(b[6:15]); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	b[15] = byte(shard)
+	return idEncoding.EncodeToString(b[:])
+}
+
+// shardOfID is the shard of a job id made by newRedisID (false: not one).
+func shardOfID(id string) (int, bool) {
+	if !validID(id) {
+		return 0, false
+	}
+	b, _ := idEncoding.DecodeString(id)
+	if int(b[15]) >= RedisShards {
+		return 0, false
+	}
+	return int(b[15]), true
+}
+
+// shardKeys names the Redis keys of one shard. Every key carries the
+// shard's hash tag, the same as its asynq queue's keys.
+type shardKeys struct{ tag string }
+
+func keysOf(shard int) shardKeys { return shardKeys{tag: "throttler:{" + queueName(shard) + "}:"} }
+
+func (k shardKeys) tenant(t string) string    { return k.tag + "tenant:" + t }
+func (k shardKeys) job(id string) string      { return k.tag + "job:" + id }
+func (k shardKeys) failed(t string) string    { return k.tag + "failed:" + t }
+func (k shardKeys) idem(t, key string) string { return k.tag + "key:" + strconv.Quote(t) + ":" + key }
+func (k shardKeys) window(t string, w leaky.Window) string {
+	return k.tag + "window:" + t + ":" + w.String()
+}
+
+// handoff: jobs admitted and not yet known to be asynq tasks (a process
+// can die between the two); active: tenants with jobs, by how many;
+// inflight: jobs being sent, by when their worker's lease ends.
+func (k shardKeys) handoff() string  { return k.tag + "handoff" }
+func (k shardKeys) active() string   { return k.tag + "active" }
+func (k shardKeys) inflight() string { return k.tag + "inflight" }
+
+// Gate lanes live under their downstream's hash tag: a send checks its
+// tenant's lane and its downstream's in one script.
+func gateKeys(downstream, tenant string) (tenantLane, downstreamLane string) {
+	tag := "throttler:{ds:" + downstream + "}:gate"
+	return tag + ":tenant:" + tenant, tag
+}

@@ -1,0 +1,138 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
+	"throttler/internal/redistest"
+)
+
+// redisOpener runs each test on a redis-server of its own.
+func redisOpener(t *testing.T) backend {
+	srv := redistest.Start(t, false)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	return func(t *testing.T, clk clock.Clock, policy PolicyFunc) Store {
+		t.Helper()
+		s, err := OpenRedis(context.Background(), RedisOptions{Client: rdb, Clock: clk, Policy: policy, StartLag: -1,
+			// asynq works in real time: quick polls keep a fake clock that the test
+			// advances from running far ahead of a hand-over.
+			Timing: RedisTiming{Poll: time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+}
+
+func TestRedisConformance(t *testing.T) { runConformance(t, redisOpener) }
+
+// 100,000 tenants (10,000 under -race) each send one job: once the jobs are delivered and the
+// idle time has passed, no bucket state is left in Redis (tenant hashes,
+// gate lanes, active entries), so tenants that come and go do not fill it.
+func TestRedisIdleTenantsExpire(t *testing.T) {
+	srv := redistest.Start(t, false)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 128})
+	defer rdb.Close()
+	ctx := context.Background()
+	s, err := OpenRedis(ctx, RedisOptions{Client: rdb, IdleTTL: time.Second, Policy: leaky20(10),
+		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := func() int64 {
+		info, _ := rdb.Info(ctx, "memory").Result()
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	tenants := 100_000
+	if raceEnabled {
+		tenants = 10_000 // the same path, without ten minutes of race detection
+	}
+	bucketKeys := func() int {
+		n := 0
+		for _, pattern := range []string{"throttler:*:tenant:*", "throttler:*:gate:tenant:*", "throttler:*:window:*"} {
+			iter := rdb.Scan(ctx, 0, pattern, 10000).Iterator()
+			for iter.Next(ctx) {
+				n++
+			}
+		}
+		for shard := range RedisShards {
+			n += int(rdb.ZCard(ctx, keysOf(shard).active()).Val())
+		}
+		return n
+	}
+	empty := used()
+	began := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < int64(tenants); i = next.Add(1) - 1 {
+				out, err := s.Enqueue(ctx, fmt.Sprintf("tenant-%d", i), []NewJob{payload(int(i))})
+				if err != nil || !out[0].Admitted() {
+					t.Errorf("tenant %d: %+v %v", i, out, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	waiting := used()
+	if n := bucketKeys(); n < tenants {
+		t.Fatalf("%d bucket keys for %d tenants with a job waiting", n, tenants)
+	}
+	t.Logf("%d jobs admitted in %v; Redis memory per waiting job (its tenant, job and asynq task): %d bytes",
+		tenants, time.Since(began).Round(time.Millisecond), (waiting-empty)/int64(tenants))
+
+	var delivered atomic.Int64
+	began = time.Now()
+	stop := consume(t, s, DefaultLead, func(ctx context.Context, j Job) Outcome {
+		// Through the shared gate too: its lanes must expire as well.
+		if _, err := s.PassGate(ctx, GateRequest{Downstream: "sms", Tenant: j.Tenant, Policy: leaky20(10)(j.Tenant)}); err != nil {
+			return Outcome{Result: Released}
+		}
+		delivered.Add(1)
+		return Outcome{Result: Succeeded, Status: 200, SentAt: time.Now()}
+	})
+	deadline := time.Now().Add(3 * time.Minute)
+	for delivered.Load() < int64(tenants) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d delivered in 3 minutes", delivered.Load(), tenants)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	t.Logf("%d delivered in %v", tenants, time.Since(began).Round(time.Millisecond))
+	left := bucketKeys()
+	deadline = time.Now().Add(30 * time.Second)
+	for left > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bucket keys still there 30 s after delivery (idle time 1 s)", left)
+		}
+		time.Sleep(500 * time.Millisecond)
+		left = bucketKeys()
+	}
+	t.Logf("every bucket key gone; what is left (jobs kept for store.retention): %d bytes per job", (used()-empty)/int64(tenants))
+}
