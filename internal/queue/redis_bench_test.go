@@ -170,4 +170,3 @@ func produce(b *testing.B, producers, n int, enqueue func(i int) error) {
 	}
 	wg.Wait()
 }
-

@@ -24,8 +24,8 @@ type Server struct {
 	aof  bool
 	// extra arguments for redis-server (a cluster node's)
 	extra []string
-	cmd  *exec.Cmd
-	t    testing.TB
+	cmd   *exec.Cmd
+	t     testing.TB
 }
 
 // Start runs redis-server on a free loopback port with its data in a
