@@ -491,6 +491,9 @@ func (c *Config) Validate() error {
 			return bad("store.path", "must name a file for the embedded store")
 		}
 	case "redis":
+		if !slices.Contains([]string{"standalone", "sentinel", "cluster"}, c.Store.RedisMode) {
+			return bad("store.redis_mode", "%q is not a mode: use \"standalone\", \"sentinel\" or \"cluster\"", c.Store.RedisMode)
+		}
 		rc, err := c.Store.redisClient()
 		if err != nil {
 			return bad("store.redis_url", "%v", err)
@@ -787,6 +790,11 @@ func (s Store) RedisClient() (redis.UniversalClient, error) {
 	return c, nil
 }
 
+// redisPoolSize is the connection pool's size unless the URL sets
+// pool_size: workers hold many jobs at once, and go-redis's default (10 per
+// CPU) would make their claims wait for a connection.
+const redisPoolSize = 128
+
 func (s Store) redisClient() (redis.UniversalClient, error) {
 	switch s.RedisMode {
 	case "", "standalone":
@@ -794,6 +802,7 @@ func (s Store) redisClient() (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, err
 		}
+		o.PoolSize = cmp.Or(o.PoolSize, redisPoolSize)
 		return redis.NewClient(o), nil
 	case "sentinel":
 		o, err := redis.ParseFailoverURL(s.RedisURL)
@@ -803,12 +812,14 @@ func (s Store) redisClient() (redis.UniversalClient, error) {
 		if o.MasterName == "" {
 			return nil, errors.New("a Sentinel URL needs ?master_name=NAME")
 		}
+		o.PoolSize = cmp.Or(o.PoolSize, redisPoolSize)
 		return redis.NewFailoverClient(o), nil
 	case "cluster":
 		o, err := redis.ParseClusterURL(s.RedisURL)
 		if err != nil {
 			return nil, err
 		}
+		o.PoolSize = cmp.Or(o.PoolSize, redisPoolSize)
 		return redis.NewClusterClient(o), nil
 	}
 	return nil, fmt.Errorf("store.redis_mode %q is not a mode: use \"standalone\", \"sentinel\" or \"cluster\"", s.RedisMode)

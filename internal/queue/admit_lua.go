@@ -45,6 +45,8 @@ var (
 	recoverLua string
 	//go:embed lease.lua
 	leaseLua string
+	//go:embed finish.lua
+	finishLua string
 
 	claimScript    = redis.NewScript(claimLua)
 	cancelScript   = redis.NewScript(cancelLua)
@@ -52,6 +54,7 @@ var (
 	gateHoldScript = redis.NewScript(gateHoldLua)
 	recoverScript  = redis.NewScript(recoverLua)
 	leaseScript    = redis.NewScript(leaseLua)
+	finishScript   = redis.NewScript(finishLua)
 )
 
 // micros is t in whole microseconds since 1970: the scripts' time unit.

@@ -633,9 +633,25 @@ func (s *RedisStore) Tenants(ctx context.Context, offset, limit int) ([]TenantSt
 	if limit > 0 && len(all) > limit {
 		all = all[:limit]
 	}
+	// One pipeline for the page: a scrape of /metrics reads every busy
+	// tenant.
+	cmds := make([]*redis.SliceCmd, len(all))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, e := range all {
+			cmds[i] = p.HMGet(ctx, keysOf(shardOf(e.name)).tenant(e.name), tenantFields...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	now, err := s.serverNow(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]TenantStatus, 0, len(all))
-	for _, e := range all {
-		st, err := s.Tenant(ctx, e.name)
+	for i, e := range all {
+		st, err := s.status(ctx, e.name, parseTenant(cmds[i].Val()), now)
 		if err != nil {
 			return nil, err
 		}

@@ -226,6 +226,22 @@ func (s *RedisStore) recordOutcome(stop context.Context, k shardKeys, j Job, tas
 // rule) in one optimistic transaction on the job and its tenant.
 func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID string, o Outcome) error {
 	tk, jk := k.tenant(j.Tenant), k.job(j.ID)
+	if o.Result == Succeeded || (o.Result == Failed && o.PauseUntil.IsZero()) {
+		// Done for good: nothing of the tenant's schedule changes.
+		state, msg := StateSucceeded, ""
+		if o.Result == Failed {
+			state, msg = StateFailed, cmp.Or(o.Error, j.LastError)
+		}
+		ok, err := finishScript.Run(ctx, s.rdb, []string{jk, tk, k.inflight(), k.active(), k.failed(j.Tenant)},
+			s.now(), taskID, string(state), microsOf(o.SentAt), o.Status, msg, s.retain.Milliseconds()).Int()
+		if err != nil {
+			return unavailable(err)
+		}
+		if ok == 0 {
+			s.log.Warn("an attempt's outcome came after its lease ran out: another worker has the job", "job", j.ID, "result", o.Result)
+		}
+		return nil
+	}
 	p := s.policy(j.Tenant)
 	watch := []string{tk, jk}
 	for _, w := range p.Windows {
