@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -134,16 +135,20 @@ const (
 
 // passRemote waits until the shared gate lets a send go, ready to write at
 // once. A held lane, or a gate that cannot be asked, is a *HeldError: the
-// job goes back to waiting, nothing is sent.
+// job goes back to waiting, nothing is sent. So is a lane busy for longer
+// than maxRemoteWait (a downstream's ceiling with a backlog), or a gate
+// whose answers keep coming back too late to be used.
 func passRemote(ctx context.Context, remote RemoteGate) error {
-	for {
-		asked := time.Now()
-		ans, err := remote(ctx)
+	asked := time.Now()
+	ans, err := remote(ctx)
+	for late := 0; ; {
 		switch {
 		case err != nil:
-			return &HeldError{Key: "the shared gate (" + err.Error() + ")", Until: time.Now().Add(time.Second)}
+			return &HeldError{Key: "the shared gate (" + err.Error() + ")", Until: time.Now().Add(time.Second), Busy: true}
 		case !ans.HeldUntil.IsZero():
 			return &HeldError{Key: "the shared gate", Until: ans.HeldUntil}
+		case ans.Wait > maxRemoteWait:
+			return &HeldError{Key: "the shared gate", Until: time.Now().Add(ans.Wait), Busy: true}
 		case ans.Wait > 0:
 			t := time.NewTimer(ans.Wait)
 			select {
@@ -152,10 +157,28 @@ func passRemote(ctx context.Context, remote RemoteGate) error {
 				return ctx.Err()
 			case <-t.C:
 			}
+			asked = time.Now()
+			ans, err = remote(ctx)
 		case time.Since(asked) <= remoteBudget:
 			return nil
+		case late >= maxLateGrants:
+			return &HeldError{Key: fmt.Sprintf("the shared gate (its answers took over %v %d times in a row: is Redis far, or fsyncing every write?)", remoteBudget, late), Until: time.Now().Add(time.Second), Busy: true}
+		default:
+			// Granted too long ago: a write now could reach the downstream
+			// too close to another process's next send. Give the grant
+			// back (unless another came after it) and ask again, in one
+			// round trip.
+			late++
+			asked = time.Now()
+			ans, err = ans.Again(ctx)
 		}
-		// Not yet, or granted too long ago (a write now could reach the
-		// downstream too close to another process's next one): ask again.
 	}
 }
+
+// maxRemoteWait is the longest a send waits at the shared gate before it
+// goes back to waiting in the store (no attempt used); maxLateGrants, how
+// many grants in a row may come back too late before it does.
+const (
+	maxRemoteWait = time.Second
+	maxLateGrants = 20
+)

@@ -335,6 +335,9 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// Paused while it waited for its slot: nothing was sent. It goes
 		// back in line behind the job that was pushed back.
 		br.report(now, probe, unsent)
+		if held.Busy {
+			return queue.Outcome{Result: queue.Released, NotBefore: held.Until, Error: held.Error()}, ""
+		}
 		if !held.Until.Before(indefinitely) {
 			return queue.Outcome{Result: queue.Released}, "" // the store holds the tenant
 		}

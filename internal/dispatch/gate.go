@@ -106,10 +106,12 @@ type Ticket struct {
 	done  chan struct{}
 }
 
-// HeldError is a send given up because a lane is held.
+// HeldError is a send given up because a lane is held (paused) until
+// Until, or, with Busy, cannot go before Until for now (not a pause).
 type HeldError struct {
 	Key   string
 	Until time.Time
+	Busy  bool
 }
 
 func (e *HeldError) Error() string {

@@ -30,7 +30,12 @@ var pauseScript = redis.NewScript(pauseLua)
 //go:embed enqueue.lua
 var enqueueLua string
 
-var enqueueScript = redis.NewScript("local function admit_decision(KEYS, ARGV)\n" + admitLua + "\nend\n" + enqueueLua)
+// libLua holds helpers put in front of the scripts that use them.
+//
+//go:embed lib.lua
+var libLua string
+
+var enqueueScript = redis.NewScript(libLua + "local function admit_decision(KEYS, ARGV)\n" + admitLua + "\nend\n" + enqueueLua)
 
 var (
 	//go:embed claim.lua
@@ -47,14 +52,20 @@ var (
 	leaseLua string
 	//go:embed finish.lua
 	finishLua string
+	//go:embed handoff.lua
+	handoffLua string
+	//go:embed settle.lua
+	settleLua string
 
-	claimScript    = redis.NewScript(claimLua)
-	cancelScript   = redis.NewScript(cancelLua)
+	claimScript    = redis.NewScript(libLua + claimLua)
+	cancelScript   = redis.NewScript(libLua + cancelLua)
 	gateScript     = redis.NewScript(gateLua)
 	gateHoldScript = redis.NewScript(gateHoldLua)
-	recoverScript  = redis.NewScript(recoverLua)
-	leaseScript    = redis.NewScript(leaseLua)
-	finishScript   = redis.NewScript(finishLua)
+	recoverScript  = redis.NewScript(libLua + recoverLua)
+	leaseScript    = redis.NewScript(libLua + leaseLua)
+	finishScript   = redis.NewScript(libLua + finishLua)
+	handoffScript  = redis.NewScript(handoffLua)
+	settleScript   = redis.NewScript(libLua + settleLua)
 )
 
 // micros is t in whole microseconds since 1970: the scripts' time unit.

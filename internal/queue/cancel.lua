@@ -1,22 +1,20 @@
 -- Cancels a waiting job. Microseconds.
 --
--- KEYS  1 job hash, 2 tenant hash, 3 hand-off zset, 4 active zset
+-- KEYS  1 job hash, 2 tenant hash, 3 hand-off zset, 4 active zset,
+--       5 its idempotency key (its hash again if none)
 -- ARGV  1 now (0: the server's TIME), 2 retention (ms), 3 interval,
 --       4 '1' if the last job of the schedule gives its place back (burst
---       1, no windows)
+--       1, no windows), 5 idle ttl (ms)
 --
 -- Returns {0} no such job, {1, state} not waiting, {2, now} cancelled.
 
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = server_now(ARGV[1])
 local j = redis.call('HMGET', KEYS[1], 'state', 'slot', 'cost', 'tenant', 'id')
 if not j[1] then return {0} end
 if j[1] ~= 'queued' and j[1] ~= 'retrying' then return {1, j[1]} end
 redis.call('HSET', KEYS[1], 'state', 'cancelled', 'fin', now)
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[2]))
 redis.call('HINCRBY', KEYS[2], 'depth', -1)
 redis.call('HINCRBY', KEYS[2], 'cancelled', 1)
 if ARGV[4] == '1' then
@@ -29,5 +27,6 @@ if ARGV[4] == '1' then
   end
 end
 redis.call('ZREM', KEYS[3], j[5])
-if tonumber(redis.call('ZINCRBY', KEYS[4], -1, j[4])) <= 0 then redis.call('ZREM', KEYS[4], j[4]) end
+inactive(KEYS[4], j[4])
+settle(KEYS[2], now, tonumber(ARGV[5]))
 return {2, now}

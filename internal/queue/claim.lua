@@ -8,7 +8,8 @@
 --       this long before the job's dispatch time), 4 lease, 5 retention
 --       (ms), 6 held recheck (how soon a held tenant's job looks again),
 --       7 the longest wait the worker holds the task for (longer: it
---       hands the task back to asynq)
+--       hands the task back to asynq), 8 the shard's key prefix, 9 idle
+--       ttl (ms)
 --
 -- A job whose task a worker holds, waiting or sending, is in the in-flight
 -- set under a lease the worker renews: if the worker dies, recover.lua
@@ -21,16 +22,10 @@
 --   {2, dispatch_at, now, field, value, ...}  claimed: the job's hash
 --   {3}                       expired: its deadline comes first
 
-local function at_least(a, b) if a > b then return a end return b end
-
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = server_now(ARGV[1])
 local horizon, lease, holdmax = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 
-local j = redis.call('HMGET', KEYS[1], 'state', 'task', 'slot', 'deadline', 'tenant', 'id')
+local j = redis.call('HMGET', KEYS[1], 'state', 'task', 'slot', 'deadline', 'tenant', 'id', 'key', 'attempts')
 local state, task, tenant, jobid = j[1], j[2], j[5], j[6]
 if not state or task ~= ARGV[2] then return {0} end
 
@@ -52,6 +47,7 @@ if state == 'dispatching' then
   if lease_end > now then return {1, lease_end - now} end
   redis.call('HINCRBY', KEYS[2], 'inflight', -1)
   redis.call('HINCRBY', KEYS[2], 'depth', 1)
+  redis.call('HSET', KEYS[1], 'state', 'retrying')
 elseif state ~= 'queued' and state ~= 'retrying' then
   redis.call('ZREM', KEYS[5], jobid)
   return {0}
@@ -72,11 +68,13 @@ if deadline > 0 and dispatch_at > deadline then
   redis.call('HSET', KEYS[1], 'state', 'expired', 'fin', now,
     'err', 'expired: its deadline passed before it could be sent')
   redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]))
+  if j[7] and j[7] ~= '' then redis.call('PEXPIRE', idem_key(ARGV[8], tenant, j[7]), tonumber(ARGV[5])) end
   redis.call('HINCRBY', KEYS[2], 'depth', -1)
   redis.call('HINCRBY', KEYS[2], 'expired', 1)
   redis.call('ZREM', KEYS[3], jobid)
   redis.call('ZREM', KEYS[5], jobid)
-  if redis.call('ZINCRBY', KEYS[4], -1, tenant) + 0 <= 0 then redis.call('ZREM', KEYS[4], tenant) end
+  inactive(KEYS[4], tenant)
+  settle(KEYS[2], now, tonumber(ARGV[9]))
   return {3}
 end
 if deadline > 0 and dispatch_at - now > horizon and deadline - now < dispatch_at - now - horizon then
@@ -84,8 +82,7 @@ if deadline > 0 and dispatch_at - now > horizon and deadline - now < dispatch_at
 end
 if dispatch_at - now > horizon then return later(dispatch_at - now - horizon) end
 
-redis.call('HSET', KEYS[1], 'state', 'dispatching', 'dispatch', dispatch_at)
-redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('HSET', KEYS[1], 'state', 'dispatching', 'dispatch', dispatch_at, 'attempts', (tonumber(j[8]) or 0) + 1)
 redis.call('HINCRBY', KEYS[2], 'depth', -1)
 redis.call('HINCRBY', KEYS[2], 'inflight', 1)
 redis.call('ZREM', KEYS[3], jobid)

@@ -22,11 +22,7 @@ local a = 7 + 2 * nw
 local idle_ms, retention_ms, mode, tenant = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3]
 local T = tonumber(ARGV[3])
 
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = server_now(ARGV[1])
 
 local akeys = {KEYS[1]}
 for i = 1, nw do akeys[#akeys + 1] = KEYS[4 + i] end
@@ -62,12 +58,14 @@ for j = 0, (#ARGV - a - 3) / 6 - 1 do
       redis.call('HSET', jk, 'state', 'queued', 'slot', slot, 'task', task, 'attempts', 0,
         'failures', 0, 'fin', 0, 'delay', dispatch_at - now, 'depth', depth + 1)
       redis.call('PERSIST', jk)
+      redis.call('PERSIST', ik)
       redis.call('ZREM', KEYS[4], id)
     else
       redis.call('HSET', jk, 'id', id, 'tenant', tenant, 'state', 'queued', 'payload', payload, 'key', key,
         'cost', cost, 'deadline', deadline, 'enq', now, 'slot', slot, 'task', task,
         'delay', dispatch_at - now, 'depth', depth + 1, 'prompt', r[7], 'attempts', 0, 'failures', 0)
-      if key ~= '' then redis.call('SET', ik, id, 'PX', retention_ms) end
+      -- Kept while the job is, and retention_ms after it finishes.
+      if key ~= '' then redis.call('SET', ik, id) end
     end
     redis.call('HINCRBY', KEYS[1], 'accepted', 1)
     redis.call('ZADD', KEYS[2], now, id)
@@ -77,15 +75,9 @@ for j = 0, (#ARGV - a - 3) / 6 - 1 do
   out[#out + 1] = r
 end
 
--- The tenant's state matters until its schedule has run out, and then for
--- its idle time; a held tenant's never expires. A refusal alone never makes
--- it outlive that.
-local held = tonumber(redis.call('HGET', KEYS[1], 'held')) or 0
-if held > 0 then
-  redis.call('PERSIST', KEYS[1])
-else
-  keep(KEYS[1], math.floor(longest / 1000) + idle_ms)
-end
+-- The tenant's state lives while it has jobs; a refusal alone never makes
+-- it outlive its idle time. Its windows' bookkeeping, as long as it counts.
+settle(KEYS[1], now, idle_ms)
 if longest > 0 then
   for i = 1, nw do
     keep(KEYS[4 + i], math.floor((longest + tonumber(ARGV[6 + 2 * i])) / 1000) + idle_ms)

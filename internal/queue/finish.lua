@@ -4,19 +4,17 @@
 -- rule instead (RedisStore.finish). Microseconds.
 --
 -- KEYS  1 job hash, 2 tenant hash, 3 in-flight zset, 4 active zset,
---       5 the tenant's failed zset
+--       5 the tenant's failed zset, 6 its idempotency key (its hash again
+--       if none)
 -- ARGV  1 now (0: the server's TIME), 2 the task's id, 3 state
 --       ('succeeded' | 'failed'), 4 sent at (0: not sent), 5 status,
---       6 error, 7 retention (ms)
+--       6 error, 7 retention (ms), 8 idle ttl (ms)
 --
 -- Returns 1, or 0 if the job is no longer this task's to finish (its
 -- worker's lease ran out and another took it).
 
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = server_now(ARGV[1])
+local retention = tonumber(ARGV[7])
 local j = redis.call('HMGET', KEYS[1], 'state', 'task', 'tenant', 'id', 'sent', 'status')
 if j[1] ~= 'dispatching' or j[2] ~= ARGV[2] then return 0 end
 local state, tenant, id = ARGV[3], j[3], j[4]
@@ -24,7 +22,8 @@ local sent, status = ARGV[4], ARGV[5]
 if sent == '0' then sent = j[5] or '0' end
 if status == '0' then status = j[6] or '0' end
 redis.call('HSET', KEYS[1], 'state', state, 'fin', now, 'sent', sent, 'status', status, 'err', ARGV[6])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[7]))
+redis.call('PEXPIRE', KEYS[1], retention)
+redis.call('PEXPIRE', KEYS[6], retention)
 redis.call('ZREM', KEYS[3], id)
 redis.call('HINCRBY', KEYS[2], 'inflight', -1)
 if state == 'succeeded' then
@@ -32,7 +31,9 @@ if state == 'succeeded' then
 else
   redis.call('HINCRBY', KEYS[2], 'failed', 1)
   redis.call('ZADD', KEYS[5], now, id)
-  redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[7]))
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - retention * 1000)
+  redis.call('PEXPIRE', KEYS[5], retention)
 end
-if tonumber(redis.call('ZINCRBY', KEYS[4], -1, tenant)) <= 0 then redis.call('ZREM', KEYS[4], tenant) end
+inactive(KEYS[4], tenant)
+settle(KEYS[2], now, tonumber(ARGV[8]))
 return 1

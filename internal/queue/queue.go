@@ -174,7 +174,8 @@ type Outcome struct {
 	Status int
 	// Error says what went wrong, for people (Failed, Retry).
 	Error string
-	// NotBefore is the earliest next attempt (Retry).
+	// NotBefore is the earliest next attempt (Retry; Released, where a
+	// store may honour it: the shared gate was busy until then).
 	NotBefore time.Time
 	// PauseUntil pauses the tenant (Retry, Released): tenant time stands
 	// still from this job's slot until then, so this job goes first when the

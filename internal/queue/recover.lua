@@ -11,11 +11,7 @@
 --
 -- Returns {job id, task id, tenant, ...}: the tasks to make.
 
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = server_now(ARGV[1])
 local out = {}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 for _, id in ipairs(ids) do

@@ -427,8 +427,8 @@ func (s *RedisStore) Cancel(ctx context.Context, id string) (Job, error) {
 	if p.Burst == 1 && len(p.Windows) == 0 {
 		giveBack = 1
 	}
-	r, err := cancelScript.Run(ctx, s.rdb, []string{k.job(id), k.tenant(j.Tenant), k.handoff(), k.active()},
-		s.now(), s.retain.Milliseconds(), usCeil(p.Interval), giveBack).Slice()
+	r, err := cancelScript.Run(ctx, s.rdb, []string{k.job(id), k.tenant(j.Tenant), k.handoff(), k.active(), k.idemOf(j)},
+		s.now(), s.retain.Milliseconds(), usCeil(p.Interval), giveBack, s.idle.Milliseconds()).Slice()
 	if err != nil {
 		return Job{}, unavailable(err)
 	}
@@ -471,7 +471,7 @@ func (s *RedisStore) Retry(ctx context.Context, id string) (Admission, error) {
 	}
 	args = append(args, s.idle.Milliseconds(), s.retain.Milliseconds(), "retry", j.Tenant,
 		id, task, "", "", j.cost(), microsOf(j.Deadline))
-	keys = append(keys, k.job(id), k.job(id))
+	keys = append(keys, k.job(id), k.idemOf(j))
 	res, err := enqueueScript.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil {
 		return Admission{}, unavailable(err)
@@ -531,23 +531,11 @@ func (s *RedisStore) Resume(ctx context.Context, tenant string) (TenantStatus, e
 func (s *RedisStore) hold(ctx context.Context, tenant, op string) (TenantStatus, error) {
 	k := keysOf(shardOf(tenant))
 	p := s.policy(tenant)
-	r, err := pauseScript.Run(ctx, s.rdb, []string{k.tenant(tenant)}, op, s.now(), usCeil(p.Tolerance())).Int64Slice()
+	_, err := pauseScript.Run(ctx, s.rdb, []string{k.tenant(tenant)}, op, s.now(), usCeil(p.Tolerance())).Int64Slice()
 	if err != nil {
 		return TenantStatus{}, unavailable(err)
 	}
-	if op == "hold" {
-		err = s.rdb.Persist(ctx, k.tenant(tenant)).Err()
-	} else {
-		// Its state expires again once its schedule has run out.
-		pz := leaky.Pause{Shift: time.Duration(r[0]) * time.Microsecond, Until: fromMicros(r[1])}
-		now, nerr := s.serverNow(ctx)
-		if nerr != nil {
-			return TenantStatus{}, nerr
-		}
-		ttl := max(dispatchAt(pz, fromMicros(r[3]), now).Sub(now), 0) + s.idle
-		err = s.rdb.PExpire(ctx, k.tenant(tenant), ttl).Err()
-	}
-	if err != nil {
+	if err := settleScript.Run(ctx, s.rdb, []string{k.tenant(tenant)}, s.now(), s.idle.Milliseconds()).Err(); err != nil {
 		return TenantStatus{}, unavailable(err)
 	}
 	ds, _ := s.ceiling(tenant)
@@ -674,6 +662,9 @@ type GateRequest struct {
 type GateAnswer struct {
 	Wait      time.Duration
 	HeldUntil time.Time
+	// Again gives back a grant that will not be used (go only) and asks
+	// again, in one round trip.
+	Again func(context.Context) (GateAnswer, error)
 }
 
 // PassGate is the gate every process of one Redis shares: one atomic check
@@ -684,8 +675,12 @@ func (s *RedisStore) PassGate(ctx context.Context, r GateRequest) (GateAnswer, e
 	if r.Ceiling != nil {
 		dsT, dsTau = usCeil(r.Ceiling.Interval), usCeil(r.Ceiling.Tolerance())
 	}
-	v, err := gateScript.Run(ctx, s.rdb, []string{lane, dsLane}, s.now(), usCeil(r.Policy.Interval), usCeil(r.Policy.Tolerance()),
-		dsT, dsTau, max(r.Cost, 1), r.Slack.Microseconds(), s.idle.Milliseconds()).Int64Slice()
+	return s.passGate(ctx, []string{lane, dsLane}, []any{s.now(), usCeil(r.Policy.Interval), usCeil(r.Policy.Tolerance()),
+		dsT, dsTau, max(r.Cost, 1), r.Slack.Microseconds(), s.idle.Milliseconds()})
+}
+
+func (s *RedisStore) passGate(ctx context.Context, keys []string, args []any) (GateAnswer, error) {
+	v, err := gateScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
 	if err != nil {
 		return GateAnswer{}, unavailable(err)
 	}
@@ -695,7 +690,11 @@ func (s *RedisStore) PassGate(ctx context.Context, r GateRequest) (GateAnswer, e
 	case 2:
 		return GateAnswer{HeldUntil: fromMicros(v[1])}, nil
 	}
-	return GateAnswer{}, nil
+	again := func(ctx context.Context) (GateAnswer, error) {
+		// The grant's args, plus what to take back: one round trip.
+		return s.passGate(ctx, keys, append(args[:len(args):len(args)], "again", v[1], v[2], v[3], v[4]))
+	}
+	return GateAnswer{Again: again}, nil
 }
 
 // holdLanes holds a tenant's gate lane (and its downstream's) after a

@@ -33,53 +33,74 @@ func (s *RedisStore) holdMax() time.Duration {
 	return s.timing.early() + time.Second
 }
 
-// Consume implements Store: an asynq server on every shard's queue, whose
-// handler claims the task's job, hands it to h at its slot, and records
-// the outcome. Beside it, a worker renews the leases of the jobs it holds,
-// takes back the jobs of workers that died mid-attempt, and makes the tasks
-// of jobs whose admitting process died before it could.
+// Consume implements Store: an asynq server per shard, whose handler claims
+// the task's job, hands it to h at its slot, and records the outcome. (One
+// server per shard, not one for all: an asynq server takes tasks one at a
+// time, a round trip each, and one would cap a worker's deliveries.) Beside
+// them, a worker renews the leases of the jobs it holds, takes back the
+// jobs of workers that died holding them, and makes the tasks of jobs
+// whose admitting process died before it could.
 func (s *RedisStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions) error {
 	lead := cmp.Or(opts.Lead, DefaultLead)
-	queues := map[string]int{}
-	for shard := range RedisShards {
-		queues[queueName(shard)] = 1
-	}
-	srv := asynq.NewServerFromRedisClient(s.rdb, asynq.Config{
-		Concurrency:              cmp.Or(opts.Concurrency, 1024),
-		Queues:                   queues,
-		TaskCheckInterval:        s.timing.Poll,
-		DelayedTaskCheckInterval: s.timing.Forward,
-		IsFailure:                func(err error) bool { var nd *notDue; return !errors.As(err, &nd) },
-		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
-			var nd *notDue
-			if errors.As(err, &nd) {
-				return nd.wait
-			}
-			return asynq.DefaultRetryDelayFunc(n, err, t)
-		},
-		// Handlers watch ctx themselves and give their jobs back at once;
-		// this only bounds a send already being written.
-		ShutdownTimeout: 30 * time.Second,
-		Logger:          asynqLogger{s},
-		LogLevel:        asynq.WarnLevel,
-	})
 	held := &heldJobs{ids: map[string]int{}}
 	mux := asynq.HandlerFunc(func(tctx context.Context, t *asynq.Task) error {
 		taskID, _ := asynq.GetTaskID(tctx)
 		jobID, tenant := splitTaskPayload(t.Payload())
 		return s.runTask(ctx, h, lead, held, jobID, tenant, taskID)
 	})
-	if err := srv.Start(mux); err != nil {
-		return fmt.Errorf("asynq server: %w", err)
+	var servers []*asynq.Server
+	defer func() {
+		for _, srv := range servers {
+			srv.Shutdown()
+		}
+	}()
+	for shard := range RedisShards {
+		srv := asynq.NewServerFromRedisClient(s.rdb, asynq.Config{
+			Concurrency:              cmp.Or(opts.Concurrency, 1024),
+			Queues:                   map[string]int{queueName(shard): 1},
+			TaskCheckInterval:        s.timing.Poll,
+			DelayedTaskCheckInterval: s.timing.Forward,
+			IsFailure:                func(err error) bool { var nd *notDue; return !errors.As(err, &nd) },
+			RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
+				var nd *notDue
+				if errors.As(err, &nd) {
+					return nd.wait
+				}
+				return asynq.DefaultRetryDelayFunc(n, err, t)
+			},
+			// Handlers watch ctx themselves and give their jobs back at
+			// once; this only bounds a send already being written.
+			ShutdownTimeout: 30 * time.Second,
+			Logger:          asynqLogger{s},
+			LogLevel:        asynq.WarnLevel,
+		})
+		if err := srv.Start(mux); err != nil {
+			return fmt.Errorf("asynq server: %w", err)
+		}
+		servers = append(servers, srv)
 	}
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
+	stopRenewing := make(chan struct{})
 	go func() {
 		defer wg.Done()
-		s.maintain(ctx, held)
+		s.renew(stopRenewing, held)
+	}()
+	go func() {
+		defer wg.Done()
+		s.sweep(ctx)
 	}()
 	<-ctx.Done()
-	srv.Shutdown()
+	// Shut the servers down together: each waits for its handlers, which
+	// all see ctx and give their jobs back at once.
+	var down sync.WaitGroup
+	for _, srv := range servers {
+		down.Add(1)
+		go func() { defer down.Done(); srv.Shutdown() }()
+	}
+	down.Wait()
+	servers = nil
+	close(stopRenewing)
 	wg.Wait()
 	return nil
 }
@@ -175,6 +196,19 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 		o := h(stop, j)
 		s.recordOutcome(stop, k, j, taskID, o)
 		held.remove(jobID)
+		if wait := time.Until(o.NotBefore); o.Result == Released && wait > 0 {
+			// Given back until then (a downstream's ceiling is busy): the
+			// job keeps its place, its task waits.
+			if wait > s.holdMax() {
+				return &notDue{wait: wait}
+			}
+			held.add(jobID, shard)
+			ok := s.sleep(stop, wait)
+			held.remove(jobID)
+			if !ok {
+				return &notDue{wait: 0}
+			}
+		}
 	}
 }
 
@@ -199,7 +233,7 @@ func (s *RedisStore) sleep(stop context.Context, d time.Duration) bool {
 func (s *RedisStore) claim(ctx context.Context, k shardKeys, jobID, tenant, taskID string, lead time.Duration) ([]any, error) {
 	return claimScript.Run(ctx, s.rdb, []string{k.job(jobID), k.tenant(tenant), k.handoff(), k.active(), k.inflight()},
 		s.now(), taskID, lead.Microseconds(), s.timing.Lease.Microseconds(), s.retain.Milliseconds(),
-		(5 * time.Second).Microseconds(), s.holdMax().Microseconds()).Slice()
+		(5 * time.Second).Microseconds(), s.holdMax().Microseconds(), k.tag, s.idle.Milliseconds()).Slice()
 }
 
 // recordOutcome records o, through passing Redis failures: the job is held
@@ -232,8 +266,8 @@ func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID stri
 		if o.Result == Failed {
 			state, msg = StateFailed, cmp.Or(o.Error, j.LastError)
 		}
-		ok, err := finishScript.Run(ctx, s.rdb, []string{jk, tk, k.inflight(), k.active(), k.failed(j.Tenant)},
-			s.now(), taskID, string(state), microsOf(o.SentAt), o.Status, msg, s.retain.Milliseconds()).Int()
+		ok, err := finishScript.Run(ctx, s.rdb, []string{jk, tk, k.inflight(), k.active(), k.failed(j.Tenant), k.idemOf(j)},
+			s.now(), taskID, string(state), microsOf(o.SentAt), o.Status, msg, s.retain.Milliseconds(), s.idle.Milliseconds()).Int()
 		if err != nil {
 			return unavailable(err)
 		}
@@ -318,20 +352,26 @@ func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID stri
 			case StateFailed:
 				pipe.HIncrBy(ctx, tk, "failed", 1)
 				pipe.ZAdd(ctx, k.failed(j.Tenant), redis.Z{Score: float64(micros(now)), Member: j.ID})
+				pipe.ZRemRangeByScore(ctx, k.failed(j.Tenant), "-inf", strconv.FormatInt(micros(now.Add(-s.retain)), 10))
 				pipe.PExpire(ctx, k.failed(j.Tenant), s.retain)
 			case StateExpired:
 				pipe.HIncrBy(ctx, tk, "expired", 1)
 			default:
 				pipe.HIncrBy(ctx, tk, "depth", 1)
 			}
+			jobs := ts.depth + ts.inFlight // this one is counted in flight
 			if cur.State.Finished() {
+				jobs--
 				pipe.PExpire(ctx, jk, s.retain)
+				pipe.PExpire(ctx, k.idemOf(j), s.retain)
 				pipe.ZIncrBy(ctx, k.active(), -1, j.Tenant)
 				pipe.ZRemRangeByScore(ctx, k.active(), "-inf", "0")
 			}
-			// Its state lives while its schedule does (a held tenant's,
-			// always).
-			if rec.Pause.Held.IsZero() {
+			// As lib.lua's settle: the state lives while the tenant has
+			// jobs or a hold, then expires idle after its schedule.
+			if jobs > 0 || !rec.Pause.Held.IsZero() {
+				pipe.Persist(ctx, tk)
+			} else {
 				pipe.PExpire(ctx, tk, max(dispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+s.idle)
 			}
 			return nil
@@ -361,30 +401,43 @@ func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID stri
 	return nil
 }
 
-// maintain runs beside a worker until ctx is done: it renews the leases of
-// the jobs this process is sending, takes back the jobs of workers whose
-// leases ran out, and makes the tasks of jobs left in the hand-off set.
-func (s *RedisStore) maintain(ctx context.Context, held *heldJobs) {
-	renew := time.NewTicker(s.timing.Lease / 4)
-	defer renew.Stop()
-	sweep := time.NewTicker(max(s.timing.Lease/4, time.Second))
-	defer sweep.Stop()
+// renew renews the leases of the jobs this process holds until stop is
+// closed: after its asynq servers have shut down, so that a send that
+// outlives the stop is never taken back while it is still being written.
+func (s *RedisStore) renew(stop <-chan struct{}, held *heldJobs) {
+	t := time.NewTicker(s.timing.Lease / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.timing.Lease/4)
+		for shard, ids := range held.byShard() {
+			args := append([]any{s.now(), s.timing.Lease.Microseconds()}, ids...)
+			if err := leaseScript.Run(ctx, s.rdb, []string{keysOf(shard).inflight()}, args...).Err(); err != nil {
+				s.log.Warn("cannot renew the leases of jobs being sent", "err", err)
+			}
+		}
+		cancel()
+	}
+}
+
+// sweep, until ctx is done, takes back the jobs of workers whose leases ran
+// out and makes the tasks of jobs left in the hand-off set.
+func (s *RedisStore) sweep(ctx context.Context) {
+	t := time.NewTicker(max(s.timing.Lease/4, time.Second))
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-renew.C:
-			for shard, ids := range held.byShard() {
-				args := append([]any{s.now(), s.timing.Lease.Microseconds()}, ids...)
-				if err := leaseScript.Run(ctx, s.rdb, []string{keysOf(shard).inflight()}, args...).Err(); err != nil && ctx.Err() == nil {
-					s.log.Warn("cannot renew the leases of jobs being sent", "err", err)
-				}
-			}
-		case <-sweep.C:
-			for shard := range RedisShards {
-				if err := s.sweepShard(ctx, shard); err != nil && ctx.Err() == nil {
-					s.log.Warn("cannot sweep for crashed workers' jobs", "err", err)
-				}
+		case <-t.C:
+		}
+		for shard := range RedisShards {
+			if err := s.sweepShard(ctx, shard); err != nil && ctx.Err() == nil {
+				s.log.Warn("cannot sweep for crashed workers' jobs", "err", err)
 			}
 		}
 	}
@@ -411,30 +464,52 @@ func (s *RedisStore) sweepShard(ctx context.Context, shard int) error {
 	if err != nil {
 		return err
 	}
-	ids, err := s.rdb.ZRangeByScore(ctx, k.handoff(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(micros(now.Add(-handoffAge)), 10), Count: 500}).Result()
-	if err != nil {
+	entries, err := s.rdb.ZRangeByScoreWithScores(ctx, k.handoff(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(micros(now.Add(-handoffAge)), 10), Count: 500}).Result()
+	if err != nil || len(entries) == 0 {
 		return err
 	}
-	for _, id := range ids {
-		v, err := s.rdb.HMGet(ctx, k.job(id), "task", "state", "tenant").Result()
-		if err != nil {
-			return err
+	// One pipeline reads the jobs and whether their tasks exist.
+	q := queueName(shard)
+	jobs := make([]*redis.SliceCmd, len(entries))
+	tasks := make([]*redis.IntCmd, len(entries))
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, e := range entries {
+			jobs[i] = p.HMGet(ctx, k.job(e.Member.(string)), "task", "state", "tenant")
 		}
-		if v[0] == nil || (v[1] != string(StateQueued) && v[1] != string(StateRetrying)) {
-			s.rdb.ZRem(ctx, k.handoff(), id)
-			continue
-		}
-		// Due at once: the claim tells the task how long to wait.
-		err = s.enqueueTask(ctx, id, v[2].(string), v[0].(string), time.Time{})
-		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-			return err
-		}
-		if err == nil {
-			s.log.Info("made the asynq task of a job whose admitting process stopped first", "job", id)
-		}
-		s.rdb.ZRem(ctx, k.handoff(), id)
+		return nil
+	}); err != nil {
+		return err
 	}
-	return nil
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range entries {
+			task, _ := jobs[i].Val()[0].(string)
+			// asynq's key of a task (asynq:{queue}:t:<id>): read only.
+			tasks[i] = p.Exists(ctx, "asynq:{"+q+"}:t:"+task)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	var done []any
+	for i, e := range entries {
+		id := e.Member.(string)
+		v := jobs[i].Val()
+		task, _ := v[0].(string)
+		tenant, _ := v[2].(string)
+		waiting := v[1] == string(StateQueued) || v[1] == string(StateRetrying)
+		if waiting && tasks[i].Val() == 0 {
+			// Due at once: the claim tells the task how long to wait.
+			err := s.enqueueTask(ctx, id, tenant, task, time.Time{})
+			if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+				return err
+			}
+			if err == nil {
+				s.log.Info("made the asynq task of a job whose admitting process stopped first", "job", id)
+			}
+		}
+		done = append(done, id, strconv.FormatFloat(e.Score, 'f', -1, 64))
+	}
+	return handoffScript.Run(ctx, s.rdb, []string{k.handoff()}, done...).Err()
 }
 
 // splitTaskPayload reads a task's payload: its job's id, then its tenant.

@@ -58,10 +58,15 @@ type shardKeys struct{ tag string }
 
 func keysOf(shard int) shardKeys { return shardKeys{tag: "throttler:{" + queueName(shard) + "}:"} }
 
-func (k shardKeys) tenant(t string) string    { return k.tag + "tenant:" + t }
-func (k shardKeys) job(id string) string      { return k.tag + "job:" + id }
-func (k shardKeys) failed(t string) string    { return k.tag + "failed:" + t }
-func (k shardKeys) idem(t, key string) string { return k.tag + "key:" + strconv.Quote(t) + ":" + key }
+func (k shardKeys) tenant(t string) string { return k.tag + "tenant:" + t }
+func (k shardKeys) job(id string) string   { return k.tag + "job:" + id }
+func (k shardKeys) failed(t string) string { return k.tag + "failed:" + t }
+
+// idem is an idempotency key's key: the tenant's length first, so that no
+// tenant and key pair reads as another (lib.lua builds it the same way).
+func (k shardKeys) idem(t, key string) string {
+	return k.tag + "key:" + strconv.Itoa(len(t)) + ":" + t + ":" + key
+}
 func (k shardKeys) window(t string, w leaky.Window) string {
 	return k.tag + "window:" + t + ":" + w.String()
 }
@@ -78,4 +83,13 @@ func (k shardKeys) inflight() string { return k.tag + "inflight" }
 func gateKeys(downstream, tenant string) (tenantLane, downstreamLane string) {
 	tag := "throttler:{ds:" + downstream + "}:gate"
 	return tag + ":tenant:" + tenant, tag
+}
+
+// idemOf is job j's idempotency key's key, or its hash's if it has none
+// (scripts take a key either way).
+func (k shardKeys) idemOf(j Job) string {
+	if j.IdempotencyKey == "" {
+		return k.job(j.ID)
+	}
+	return k.idem(j.Tenant, j.IdempotencyKey)
 }

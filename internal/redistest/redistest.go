@@ -29,9 +29,10 @@ type Server struct {
 }
 
 // Start runs redis-server on a free loopback port with its data in a
-// temporary directory; with aof, every write is appended and fsynced
-// before it is acknowledged (appendonly yes, appendfsync always), so even a
-// kill -9 keeps what was acknowledged. It stops when the test ends.
+// temporary directory; with aof, every write is appended to the file
+// before it is acknowledged and fsynced each second (appendonly yes,
+// appendfsync everysec, as README advises), so a kill -9 of the server
+// keeps what was acknowledged. It stops when the test ends.
 func Start(t testing.TB, aof bool) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
@@ -58,7 +59,7 @@ func (s *Server) start(bin string) {
 	_, port, _ := net.SplitHostPort(s.Addr)
 	args := []string{"--port", port, "--bind", "127.0.0.1", "--dir", s.dir, "--save", "", "--protected-mode", "yes", "--logfile", filepath.Join(s.dir, "redis.log")}
 	if s.aof {
-		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
+		args = append(args, "--appendonly", "yes", "--appendfsync", "everysec")
 	}
 	s.cmd = exec.Command(bin, append(args, s.extra...)...)
 	if err := s.cmd.Start(); err != nil {

@@ -227,15 +227,25 @@ type holdsReachTheDispatcher struct {
 
 func (h holdsReachTheDispatcher) Pause(ctx context.Context, tenant string) (queue.TenantStatus, error) {
 	st, err := h.Store.Pause(ctx, tenant)
-	if err == nil {
+	if err == nil && !h.shared() {
 		h.d.HoldTenant(tenant)
 	}
 	return st, err
 }
 
 func (h holdsReachTheDispatcher) Resume(ctx context.Context, tenant string) (queue.TenantStatus, error) {
-	h.d.ResumeTenant(tenant)
+	if !h.shared() {
+		h.d.ResumeTenant(tenant)
+	}
 	return h.Store.Resume(ctx, tenant)
+}
+
+// shared reports a store many processes share: there the hold is in the
+// shared gate, which every process sees (a hold kept in this process could
+// be lifted by a resume that another process receives, and never would).
+func (h holdsReachTheDispatcher) shared() bool {
+	_, ok := h.Store.(*queue.RedisStore)
+	return ok
 }
 
 // openStore opens the configured backend.

@@ -1,0 +1,38 @@
+-- Helpers shared by the Redis scripts, put in front of each script that
+-- uses them (redis_scripts.go). Microseconds.
+
+local function at_least(a, b) if a > b then return a end return b end
+
+-- The time a script decides at: ARGV's (a test clock), or the server's
+-- TIME (0: one clock for every process).
+local function server_now(arg)
+  local now = tonumber(arg)
+  if now == 0 then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return now
+end
+
+-- A tenant's hash lives while it has jobs (waiting or being sent) or an
+-- operator's hold; once it has neither, it expires idle_ms after its
+-- schedule runs out. Called wherever those counts change.
+local function settle(tk, now, idle_ms)
+  local h = redis.call('HMGET', tk, 'depth', 'inflight', 'held', 'tat', 'shift', 'until')
+  if (tonumber(h[1]) or 0) + (tonumber(h[2]) or 0) > 0 or (tonumber(h[3]) or 0) > 0 then
+    redis.call('PERSIST', tk)
+    return
+  end
+  local real_tat = at_least(tonumber(h[6]) or 0, (tonumber(h[4]) or 0) + (tonumber(h[5]) or 0))
+  redis.call('PEXPIRE', tk, at_least(0, math.floor((real_tat - now) / 1000)) + idle_ms)
+end
+
+-- A job's idempotency key (see shardKeys.idem).
+local function idem_key(prefix, tenant, key)
+  return prefix .. 'key:' .. #tenant .. ':' .. tenant .. ':' .. key
+end
+
+-- One fewer job of tenant in the shard's active set.
+local function inactive(active, tenant)
+  if tonumber(redis.call('ZINCRBY', active, -1, tenant)) <= 0 then redis.call('ZREM', active, tenant) end
+end
