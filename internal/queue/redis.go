@@ -679,6 +679,9 @@ func (s *RedisStore) PassGate(ctx context.Context, r GateRequest) (GateAnswer, e
 		dsT, dsTau, max(r.Cost, 1), r.Slack.Microseconds(), s.idle.Milliseconds()})
 }
 
+// gateArgs is how many arguments gate.lua takes for a pass.
+const gateArgs = 8
+
 func (s *RedisStore) passGate(ctx context.Context, keys []string, args []any) (GateAnswer, error) {
 	v, err := gateScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
 	if err != nil {
@@ -692,7 +695,8 @@ func (s *RedisStore) passGate(ctx context.Context, keys []string, args []any) (G
 	}
 	again := func(ctx context.Context) (GateAnswer, error) {
 		// The grant's args, plus what to take back: one round trip.
-		return s.passGate(ctx, keys, append(args[:len(args):len(args)], "again", v[1], v[2], v[3], v[4]))
+		base := args[:gateArgs:gateArgs] // without an earlier grant's "again"
+		return s.passGate(ctx, keys, append(base, "again", v[1], v[2], v[3], v[4]))
 	}
 	return GateAnswer{Again: again}, nil
 }

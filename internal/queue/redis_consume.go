@@ -43,10 +43,14 @@ func (s *RedisStore) holdMax() time.Duration {
 func (s *RedisStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions) error {
 	lead := cmp.Or(opts.Lead, DefaultLead)
 	held := &heldJobs{ids: map[string]int{}}
+	// Claimed jobs (handed to h, not finished) are bounded by Concurrency
+	// across the shards, as on the embedded store; tasks that only wait
+	// for their slot are not (each shard's server holds that many).
+	sending := make(chan struct{}, cmp.Or(opts.Concurrency, 1024))
 	mux := asynq.HandlerFunc(func(tctx context.Context, t *asynq.Task) error {
 		taskID, _ := asynq.GetTaskID(tctx)
 		jobID, tenant := splitTaskPayload(t.Payload())
-		return s.runTask(ctx, h, lead, held, jobID, tenant, taskID)
+		return s.runTask(ctx, h, lead, held, sending, jobID, tenant, taskID)
 	})
 	var servers []*asynq.Server
 	defer func() {
@@ -136,7 +140,7 @@ func (hj *heldJobs) byShard() map[int][]any {
 // runTask carries one task: claim its job, send it, record how it went;
 // again while the job's next attempt is near; otherwise hand the task back
 // to asynq for later.
-func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration, held *heldJobs, jobID, tenant, taskID string) error {
+func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration, held *heldJobs, sending chan struct{}, jobID, tenant, taskID string) error {
 	shard, ok := shardOfID(jobID)
 	if !ok {
 		s.log.Error("an asynq task that is not a throttler job; dropped", "payload", jobID)
@@ -148,7 +152,15 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 		if stop.Err() != nil {
 			return &notDue{wait: 0}
 		}
+		select { // a place to send from, should the claim take the job
+		case sending <- struct{}{}:
+		case <-stop.Done():
+			return &notDue{wait: 0}
+		}
 		r, err := s.claim(stop, k, jobID, tenant, taskID, lead)
+		if err != nil || toInt(r[0]) != 2 {
+			<-sending
+		}
 		if err != nil {
 			// Redis is away (a restart, a failover): keep the task and
 			// try again, rather than leave it to asynq's slower recovery
@@ -196,6 +208,7 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 		o := h(stop, j)
 		s.recordOutcome(stop, k, j, taskID, o)
 		held.remove(jobID)
+		<-sending
 		if wait := time.Until(o.NotBefore); o.Result == Released && wait > 0 {
 			// Given back until then (a downstream's ceiling is busy): the
 			// job keeps its place, its task waits.

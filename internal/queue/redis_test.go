@@ -136,3 +136,63 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 	}
 	t.Logf("every bucket key gone; what is left (jobs kept for store.retention): %d bytes per job", (used()-empty)/int64(tenants))
 }
+
+// The shared gate: a grant that came back too late is given back and asked
+// for again in one round trip, as often as needed, without costing the
+// tenant an interval; the grant that is used stands; a pushback and an
+// operator's hold stop sends at the gate.
+func TestSharedGate(t *testing.T) {
+	srv := redistest.Start(t, false)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	s, err := OpenRedis(ctx, RedisOptions{Client: rdb, Policy: leaky20(10),
+		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const T = 100 * time.Millisecond
+	req := GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}}
+	goes := func(what string, a GateAnswer, err error) GateAnswer {
+		t.Helper()
+		if err != nil || a.Wait != 0 || !a.HeldUntil.IsZero() || a.Again == nil {
+			t.Fatalf("%s: %+v %v, want go", what, a, err)
+		}
+		return a
+	}
+	a, err := s.PassGate(ctx, req)
+	a = goes("first send", a, err)
+	for i := range 3 {
+		next, err := a.Again(ctx)
+		a = goes(fmt.Sprintf("asked again (%d)", i+1), next, err)
+	}
+	b, err := s.PassGate(ctx, req)
+	if err != nil || b.Wait <= T-5*time.Millisecond || b.Wait > T {
+		t.Fatalf("the send after a used grant: %+v %v, want a wait of about %v", b, err, T)
+	}
+
+	until := time.Now().Add(time.Minute)
+	if err := s.holdLanes(ctx, "acme", until, false); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := s.PassGate(ctx, req); err != nil || h.HeldUntil.Sub(until).Abs() > time.Millisecond {
+		t.Fatalf("after a pushback: %+v %v, want held until %v", h, err, until)
+	}
+	other := req
+	other.Tenant = "beta"
+	a, err = s.PassGate(ctx, other)
+	goes("another tenant during acme's pushback", a, err)
+
+	if _, err := s.Pause(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := s.PassGate(ctx, other); err != nil || h.HeldUntil.Before(time.Now().Add(100*365*24*time.Hour)) {
+		t.Fatalf("after an operator's hold: %+v %v, want held until resumed", h, err)
+	}
+	if _, err := s.Resume(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.PassGate(ctx, other); err != nil || !r.HeldUntil.IsZero() || r.Wait > T {
+		t.Fatalf("after resume: %+v %v, want a go, or a wait for beta's last interval", r, err)
+	}
+}
