@@ -184,7 +184,18 @@ func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
 	waitFor(t, 20*time.Second, "deliveries by the new workers", func() bool { return len(ds.All()) >= 10 })
 	w2.kill9(t) // while jobs wait
 
-	waitFor(t, 60*time.Second, "every job delivered", func() bool { return allSucceeded(t, api.base, ids) })
+	deadline := time.Now().Add(60 * time.Second)
+	for !allSucceeded(t, api.base, ids) {
+		if time.Now().After(deadline) {
+			for _, id := range ids {
+				if j := jobState(t, api.base, id); j["state"] != "succeeded" {
+					t.Logf("job %s: %v", id, j)
+				}
+			}
+			t.Fatal("not every job delivered in 60 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	all := ds.All()
 	var back time.Duration
 	for _, a := range all {

@@ -43,9 +43,10 @@ func (s *RedisStore) holdMax() time.Duration {
 func (s *RedisStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions) error {
 	lead := cmp.Or(opts.Lead, DefaultLead)
 	held := &heldJobs{ids: map[string]int{}}
-	// Claimed jobs (handed to h, not finished) are bounded by Concurrency
-	// across the shards, as on the embedded store; tasks that only wait
-	// for their slot are not (each shard's server holds that many).
+	// Jobs being sent (handed to h, not finished) are bounded by
+	// Concurrency across the shards, as on the embedded store; tasks that
+	// only wait for their slot are not (each shard's server holds that
+	// many).
 	sending := make(chan struct{}, cmp.Or(opts.Concurrency, 1024))
 	mux := asynq.HandlerFunc(func(tctx context.Context, t *asynq.Task) error {
 		taskID, _ := asynq.GetTaskID(tctx)
@@ -152,15 +153,7 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 		if stop.Err() != nil {
 			return &notDue{wait: 0}
 		}
-		select { // a place to send from, should the claim take the job
-		case sending <- struct{}{}:
-		case <-stop.Done():
-			return &notDue{wait: 0}
-		}
 		r, err := s.claim(stop, k, jobID, tenant, taskID, lead)
-		if err != nil || toInt(r[0]) != 2 {
-			<-sending
-		}
 		if err != nil {
 			// Redis is away (a restart, a failover): keep the task and
 			// try again, rather than leave it to asynq's slower recovery
@@ -204,23 +197,22 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 		}
 		j := jobFromHash(fields)
 		j.DispatchAt = fromMicros(toInt(r[1]))
-		held.add(jobID, shard)
-		o := h(stop, j)
+		held.add(jobID, shard) // claimed: its lease is renewed until it is recorded
+		var o Outcome
+		select { // a place to send from: claimed jobs wait here, leased
+		case sending <- struct{}{}:
+			o = h(stop, j)
+			<-sending
+		case <-stop.Done():
+			o = Outcome{Result: Released}
+		}
 		s.recordOutcome(stop, k, j, taskID, o)
 		held.remove(jobID)
-		<-sending
 		if wait := time.Until(o.NotBefore); o.Result == Released && wait > 0 {
-			// Given back until then (a downstream's ceiling is busy): the
-			// job keeps its place, its task waits.
-			if wait > s.holdMax() {
-				return &notDue{wait: wait}
-			}
-			held.add(jobID, shard)
-			ok := s.sleep(stop, wait)
-			held.remove(jobID)
-			if !ok {
-				return &notDue{wait: 0}
-			}
+			// Given back until then (the shared gate was busy): the job
+			// keeps its place, and its task goes back to asynq meanwhile,
+			// where a crash of this worker cannot strand it.
+			return &notDue{wait: wait}
 		}
 	}
 }
