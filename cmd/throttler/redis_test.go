@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -58,29 +56,7 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 		apis = append(apis, p.base)
 	}
 
-	// Open the connections first, so the burst arrives together.
-	var warm sync.WaitGroup
-	for i := 0; i < 200; i++ {
-		warm.Add(1)
-		go func() { defer warm.Done(); call(t, "GET", apis[i%len(apis)]+"/healthz", "") }()
-	}
-	warm.Wait()
-
-	answers := make([]answer, 200)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range answers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			st, h, body := call(t, "POST", apis[i%len(apis)]+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
-			answers[i] = answer{st, h, body, time.Now()}
-		}()
-	}
-	began := time.Now()
-	close(start)
-	wg.Wait()
+	answers, began := burst(t, apis, 200)
 	last := began
 	accepted := map[string]bool{}
 	for _, a := range answers {
@@ -135,31 +111,7 @@ func later(a, b time.Time) time.Time {
 func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
 	srv := redistest.Start(t, false)
 	ds := downstreamtest.New(t)
-	var mu sync.Mutex
-	done := map[string]int{} // Idempotency-Key -> times carried out
-	stalled := false
-	inAttempt := make(chan string, 1)
-	hold := make(chan struct{}) // the 3rd job's first answer never comes
-	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("Idempotency-Key")
-		mu.Lock()
-		first := strings.Contains(readBody(r), `"n":2}`) && !stalled
-		if first {
-			stalled = true
-		}
-		done[key]++ // a dedupe downstream would carry out the first only
-		mu.Unlock()
-		if first {
-			inAttempt <- key
-			select {
-			case <-hold:
-			case <-r.Context().Done():
-			}
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	})
-	defer close(hold)
+	inAttempt, carriedOut := stallThirdJob(t, ds)
 	file := redisConfig(t, srv.URL(), "standalone", "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
 	api := startProcess(t, file, "--role", "api")
 	w1 := startProcess(t, file, "--role", "worker")
@@ -221,6 +173,7 @@ func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
 	if repeats > 4 {
 		t.Fatalf("%d repeats: only attempts in flight at a kill may repeat", repeats)
 	}
+	checkCarriedOutOnce(t, carriedOut(), ids)
 	if !raceEnabled {
 		downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
 	}

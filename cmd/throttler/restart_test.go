@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -223,36 +224,7 @@ func TestSigtermStopsCleanly(t *testing.T) {
 // downstream that dedupes on it carries out each job exactly once.
 func TestKill9DuringAnAttemptRepeatsWithTheSameKey(t *testing.T) {
 	ds := downstreamtest.New(t)
-	var mu sync.Mutex
-	done := map[string]int{} // Idempotency-Key -> times carried out
-	stalled := false
-	inAttempt := make(chan string, 1)
-	hold := make(chan struct{}) // the 3rd job's first answer never comes
-	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("Idempotency-Key")
-		mu.Lock()
-		first := strings.Contains(readBody(r), `"n":2}`) && !stalled
-		if first {
-			stalled = true
-			done[key]++ // carried out, but the answer is lost in the crash
-		}
-		mu.Unlock()
-		if first {
-			inAttempt <- key
-			select {
-			case <-hold:
-			case <-r.Context().Done():
-			}
-			return
-		}
-		mu.Lock()
-		if done[key] == 0 { // a repeat is answered without doing it again
-			done[key]++
-		}
-		mu.Unlock()
-		w.WriteHeader(http.StatusOK)
-	})
-	defer close(hold)
+	inAttempt, carriedOut := stallThirdJob(t, ds)
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
 	p := startProcess(t, file)
 	var ids []string
@@ -277,14 +249,60 @@ func TestKill9DuringAnAttemptRepeatsWithTheSameKey(t *testing.T) {
 	if keys[crashed] != 2 {
 		t.Fatalf("the job in flight at the crash arrived %d times, want 2 (same Idempotency-Key)", keys[crashed])
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	checkCarriedOutOnce(t, carriedOut(), ids)
+	if !raceEnabled {
+		downstreamtest.CheckWindows(t, ds.All(), 100*time.Millisecond, 1)
+	}
+}
+
+// stallThirdJob makes ds answer 200, except to the first attempt of the job
+// whose payload has "n":2: that answer never comes (a crash is to lose it).
+// inAttempt gets that job's key when it arrives. carriedOut counts, per
+// Idempotency-Key, what a downstream that dedupes on it carries out: the
+// stalled attempt counts (it was carried out, its answer lost), a repeat
+// does not.
+func stallThirdJob(t *testing.T, ds *downstreamtest.Server) (inAttempt <-chan string, carriedOut func() map[string]int) {
+	var mu sync.Mutex
+	done := map[string]int{}
+	stalled := false
+	arrived := make(chan string, 1)
+	hold := make(chan struct{})
+	t.Cleanup(func() { close(hold) })
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		first := strings.Contains(readBody(r), `"n":2}`) && !stalled
+		if first {
+			stalled = true
+		}
+		if done[key] == 0 {
+			done[key]++
+		}
+		mu.Unlock()
+		if first {
+			arrived <- key
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	return arrived, func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(done)
+	}
+}
+
+// checkCarriedOutOnce fails t unless a downstream that dedupes carried out
+// every job of ids once.
+func checkCarriedOutOnce(t *testing.T, done map[string]int, ids []string) {
+	t.Helper()
 	for _, id := range ids {
 		if done[id] != 1 {
 			t.Fatalf("job %s carried out %d times by a downstream that dedupes, want once", id, done[id])
 		}
-	}
-	if !raceEnabled {
-		downstreamtest.CheckWindows(t, ds.All(), 100*time.Millisecond, 1)
 	}
 }

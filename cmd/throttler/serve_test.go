@@ -37,20 +37,19 @@ type answer struct {
 
 // A leaky tenant at 20/s with capacity 10 gets a burst of 40 (DESIGN.md §2).
 // Timing tests are not parallel: they measure on a machine doing nothing else.
-func TestBurstThroughHTTP(t *testing.T) {
-	ds := downstreamtest.New(t)
-	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 10\n", ds))
-	const T = 50 * time.Millisecond
-
-	// Open the connections first, so the burst arrives together.
+// burst posts n jobs of tenant acme at once, job i to bases[i % len], on
+// connections opened beforehand so that they arrive together. It returns
+// the answers and when the burst began.
+func burst(t *testing.T, bases []string, n int) ([]answer, time.Time) {
+	t.Helper()
 	var warm sync.WaitGroup
-	for i := 0; i < 40; i++ {
+	for i := range n {
 		warm.Add(1)
-		go func() { defer warm.Done(); call(t, "GET", base+"/healthz", "") }()
+		go func() { defer warm.Done(); call(t, "GET", bases[i%len(bases)]+"/healthz", "") }()
 	}
 	warm.Wait()
 
-	answers := make([]answer, 40)
+	answers := make([]answer, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range answers {
@@ -58,12 +57,22 @@ func TestBurstThroughHTTP(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			st, h, body := call(t, "POST", base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
+			st, h, body := call(t, "POST", bases[i%len(bases)]+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
 			answers[i] = answer{st, h, body, time.Now()}
 		}()
 	}
+	began := time.Now()
 	close(start)
 	wg.Wait()
+	return answers, began
+}
+
+func TestBurstThroughHTTP(t *testing.T) {
+	ds := downstreamtest.New(t)
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 10\n", ds))
+	const T = 50 * time.Millisecond
+
+	answers, _ := burst(t, []string{base}, 40)
 
 	accepted := map[string]answer{}
 	rejected := 0

@@ -171,7 +171,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, queue.ErrUnavailable):
 		s.log.Error("store unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the job store cannot be reached; nothing was changed; try again", nil)
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the job store cannot be reached; try again (with the same Idempotency-Key, a job that got in before the store went away is not taken twice)", nil)
 	case errors.Is(err, context.Canceled):
 		// The client went away; nobody reads the answer.
 	default:

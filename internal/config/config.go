@@ -795,6 +795,13 @@ func (s Store) RedisClient() (redis.UniversalClient, error) {
 // CPU) would make their claims wait for a connection.
 const redisPoolSize = 128
 
+// noRetries turns off go-redis's own retries, whatever the URL says: it
+// replays a command whose answer was lost (a timeout, a dropped
+// connection) even if Redis ran it, and a script replayed would decide
+// twice (admit a job twice, take a second grant). The store retries what is
+// safe to retry itself.
+const noRetries = -1
+
 func (s Store) redisClient() (redis.UniversalClient, error) {
 	switch s.RedisMode {
 	case "", "standalone":
@@ -802,7 +809,7 @@ func (s Store) redisClient() (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, err
 		}
-		o.PoolSize = cmp.Or(o.PoolSize, redisPoolSize)
+		o.PoolSize, o.MaxRetries = cmp.Or(o.PoolSize, redisPoolSize), noRetries
 		return redis.NewClient(o), nil
 	case "sentinel":
 		o, err := redis.ParseFailoverURL(s.RedisURL)
@@ -812,14 +819,14 @@ func (s Store) redisClient() (redis.UniversalClient, error) {
 		if o.MasterName == "" {
 			return nil, errors.New("a Sentinel URL needs ?master_name=NAME")
 		}
-		o.PoolSize = cmp.Or(o.PoolSize, redisPoolSize)
+		o.PoolSize, o.MaxRetries = cmp.Or(o.PoolSize, redisPoolSize), noRetries
 		return redis.NewFailoverClient(o), nil
 	case "cluster":
 		o, err := redis.ParseClusterURL(s.RedisURL)
 		if err != nil {
 			return nil, err
 		}
-		o.PoolSize = cmp.Or(o.PoolSize, redisPoolSize)
+		o.PoolSize, o.MaxRetries = cmp.Or(o.PoolSize, redisPoolSize), noRetries
 		return redis.NewClusterClient(o), nil
 	}
 	return nil, fmt.Errorf("store.redis_mode %q is not a mode: use \"standalone\", \"sentinel\" or \"cluster\"", s.RedisMode)

@@ -19,6 +19,8 @@
 --   {0}                       drop the task: the job is gone, done, or
 --                             carried by another task
 --   {1, wait}                 not yet: come back in wait
+--   {4, wait}                 another worker has it (leased): not before
+--   {5, wait}                 its tenant is held: look again in wait
 --   {2, dispatch_at, now, field, value, ...}  claimed: the job's hash
 --   {3}                       expired: its deadline comes first
 
@@ -30,13 +32,13 @@ local state, task, tenant, jobid = j[1], j[2], j[5], j[6]
 if not state or task ~= ARGV[2] then return {0} end
 
 -- Not yet: the worker holds the task (under a lease) or hands it back.
-local function later(wait)
+local function later(wait, code)
   if wait <= holdmax then
     redis.call('ZADD', KEYS[5], now + lease, jobid)
   else
     redis.call('ZREM', KEYS[5], jobid)
   end
-  return {1, wait}
+  return {code or 1, wait}
 end
 
 if state == 'dispatching' then
@@ -44,7 +46,7 @@ if state == 'dispatching' then
   -- this task takes it over (the attempt may have been sent: the same
   -- Idempotency-Key goes again).
   local lease_end = tonumber(redis.call('ZSCORE', KEYS[5], jobid) or 0)
-  if lease_end > now then return {1, lease_end - now} end
+  if lease_end > now then return {4, lease_end - now} end
   redis.call('HINCRBY', KEYS[2], 'inflight', -1)
   redis.call('HINCRBY', KEYS[2], 'depth', 1)
   redis.call('HSET', KEYS[1], 'state', 'retrying')
@@ -57,10 +59,13 @@ local slot, deadline = tonumber(j[3]), tonumber(j[4]) or 0
 local h = redis.call('HMGET', KEYS[2], 'shift', 'until', 'held')
 local shift, untl, held = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0
 if held > 0 then
-  -- Held by an operator: look again later; the further back in the
-  -- schedule, the later (a resume is seen within the recheck).
+  -- Held by an operator: look again at the next multiple of the recheck,
+  -- the same for every job of the tenant, plus the job's place in the
+  -- schedule: after a resume they come back in slot order (a resume is
+  -- seen within the recheck).
   local frozen = at_least(untl, held) - shift
-  return later(tonumber(ARGV[6]) + at_least(0, slot - frozen))
+  local recheck = tonumber(ARGV[6])
+  return later(recheck - now % recheck + at_least(0, slot - frozen), 5)
 end
 local dispatch_at = at_least(untl, slot + shift)
 

@@ -773,9 +773,16 @@ func consume(t *testing.T, s Store, lead time.Duration, h Handler) func() {
 func waitHanded(t *testing.T, clk *clock.Fake, got <-chan handed, step time.Duration) handed {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	// First, a moment for what is due already: a backend that works in
-	// real time too (asynq's polls) must not see the clock run ahead of it.
-	pause := 25 * time.Millisecond
+	// A backend that works in real time too (asynq's polls, a round trip
+	// per claim) must not see the clock run ahead of it: first a moment
+	// for what is due already, then steps far enough apart in real time
+	// (more so under the race detector, which slows it down) that jobs
+	// due one step apart are handed over in order.
+	step1, stepN := 25*time.Millisecond, 2*time.Millisecond
+	if raceEnabled {
+		step1, stepN = 100*time.Millisecond, 8*time.Millisecond
+	}
+	pause := step1
 	for time.Now().Before(deadline) {
 		select {
 		case h := <-got:
@@ -783,7 +790,7 @@ func waitHanded(t *testing.T, clk *clock.Fake, got <-chan handed, step time.Dura
 		case <-time.After(pause):
 			clk.Advance(step)
 		}
-		pause = 2 * time.Millisecond
+		pause = stepN
 	}
 	t.Fatal("no job handed over within 10s")
 	return handed{}

@@ -14,8 +14,9 @@
 --       failed job sent again), the tenant's name, then per job: id, task id, payload,
 --       idempotency key ('' none), cost, deadline (0 none)
 --
--- Returns per job admit.lua's answer, {2, id} for a repeated idempotency
--- key, or {4, state} for a retry of a job that is not failed.
+-- Returns per job admit.lua's answer (for a retry admitted, with its new
+-- task id last), {2, id} for a repeated idempotency key, or {4, state} for
+-- a retry of a job that is not failed.
 
 local nw = tonumber(ARGV[6])
 local a = 7 + 2 * nw
@@ -55,8 +56,12 @@ for j = 0, (#ARGV - a - 3) / 6 - 1 do
   elseif r[1] == 1 then
     local slot, dispatch_at, depth = r[2], r[3], r[5]
     if mode == 'retry' then
+      -- A new task id: the failed one's task is gone, and a task id may
+      -- not come back while asynq remembers it.
+      task = id .. '.' .. redis.call('HINCRBY', jk, 'lives', 1)
+      r[8] = task
       redis.call('HSET', jk, 'state', 'queued', 'slot', slot, 'task', task, 'attempts', 0,
-        'failures', 0, 'fin', 0, 'delay', dispatch_at - now, 'depth', depth + 1)
+        'failures', 0, 'fin', 0)
       redis.call('PERSIST', jk)
       redis.call('PERSIST', ik)
       redis.call('ZREM', KEYS[4], id)
@@ -67,7 +72,7 @@ for j = 0, (#ARGV - a - 3) / 6 - 1 do
       -- Kept while the job is, and retention_ms after it finishes.
       if key ~= '' then redis.call('SET', ik, id) end
     end
-    redis.call('HINCRBY', KEYS[1], 'accepted', 1)
+    if mode ~= 'retry' then redis.call('HINCRBY', KEYS[1], 'accepted', 1) end
     redis.call('ZADD', KEYS[2], now, id)
     redis.call('ZINCRBY', KEYS[3], 1, tenant)
     longest = math.max(longest, dispatch_at - now + cost * T)

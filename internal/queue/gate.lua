@@ -1,21 +1,26 @@
 -- The dispatch gate shared by every process: one atomic check right before
 -- a request is written, so the spacing the downstream sees holds whatever
 -- asynq's polling, early starts, retries and many workers do. A GCRA per
--- lane (the tenant's rate; the downstream's ceiling), in the server's time.
--- Microseconds.
+-- lane (the tenant's rate; the downstream's ceiling) and the lanes'
+-- windows ("N per DURATION", counted on the grants, that is on real
+-- sends), in the server's time. Microseconds.
 --
--- KEYS  1 the tenant's lane, 2 the downstream's lane (hashes: tat, hold)
+-- KEYS  1 the tenant's lane, 2 the downstream's lane (hashes: tat, hold),
+--       then one list per window: the tenant's, then the downstream's (the
+--       times of their last N grants)
 -- ARGV  1 now (0: the server's TIME), 2 tenant interval, 3 tenant
 --       tolerance, 4 downstream interval (0: no ceiling, holds only),
 --       5 downstream tolerance, 6 cost, 7 slack (how early a send may go:
---       late timers must not push the rest back), 8 idle ttl (ms);
---       to give back a grant that was not used and ask again: 9 'again',
---       then the grant's four TATs (see below)
+--       late timers must not push the rest back), 8 idle ttl (ms),
+--       9 the tenant's windows, 10 the downstream's, then n and length per
+--       window; to give back a grant that was not used and ask again:
+--       'again', then the grant's answer (below) without its first item
 --
 -- Returns {0, tat before, tat after (tenant), tat before, tat after
--- (downstream)} go; {1, wait} not yet; {2, until} a lane is held
--- (pushback, operator hold) until then. Giving a grant back puts each
--- lane's TAT back, if no grant came after it.
+-- (downstream), time of the grant} go; {1, wait} not yet; {2, until} a lane
+-- is held (pushback, operator hold) until then. Giving a grant back puts
+-- each lane's TAT back and takes it out of the windows, unless a grant came
+-- after it.
 
 local function at_least(a, b) if a > b then return a end return b end
 
@@ -26,13 +31,27 @@ if now == 0 then
 end
 local Tt, taut, Td, taud = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local cost, slack, idle_ms = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local nw = tonumber(ARGV[9]) + tonumber(ARGV[10])
+local windows = {}
+for i = 1, nw do
+  windows[i] = {key = KEYS[2 + i], n = tonumber(ARGV[9 + 2 * i]), len = tonumber(ARGV[10 + 2 * i])}
+end
+local a = 11 + 2 * nw -- where 'again' would be
 
-if ARGV[9] == 'again' then
+if ARGV[a] == 'again' then
+  local undone = true
   for i = 1, 2 do
-    local before, after = tonumber(ARGV[8 + 2 * i]), tonumber(ARGV[9 + 2 * i])
-    if before ~= after and tonumber(redis.call('HGET', KEYS[i], 'tat') or 0) == after then
-      redis.call('HSET', KEYS[i], 'tat', before)
+    local before, after = tonumber(ARGV[a - 1 + 2 * i]), tonumber(ARGV[a + 2 * i])
+    if before ~= after then
+      if tonumber(redis.call('HGET', KEYS[i], 'tat') or 0) == after then
+        redis.call('HSET', KEYS[i], 'tat', before)
+      else
+        undone = false
+      end
     end
+  end
+  if undone then
+    for _, w in ipairs(windows) do redis.call('LREM', w.key, -cost, ARGV[a + 5]) end
   end
 end
 
@@ -45,9 +64,18 @@ local hold = at_least(hold_t, hold_d)
 if hold > now then return {2, hold} end
 local wait = tat_t - taut - slack - now
 if Td > 0 then wait = at_least(wait, tat_d - taud - slack - now) end
+for _, w in ipairs(windows) do
+  -- Room for cost more sends: the one cost places from the end must have
+  -- left the window.
+  local size = redis.call('LLEN', w.key)
+  local out = size + cost - w.n
+  if out > 0 then
+    wait = at_least(wait, tonumber(redis.call('LINDEX', w.key, out - 1)) + w.len - now)
+  end
+end
 if wait > 0 then return {1, wait} end
 
-local out = {0, tat_t, 0, tat_d, tat_d}
+local out = {0, tat_t, 0, tat_d, tat_d, now}
 tat_t = at_least(tat_t, now) + cost * Tt
 redis.call('HSET', KEYS[1], 'tat', tat_t)
 redis.call('PEXPIRE', KEYS[1], math.floor((tat_t - now) / 1000) + idle_ms)
@@ -57,5 +85,10 @@ if Td > 0 then
   redis.call('HSET', KEYS[2], 'tat', tat_d)
   redis.call('PEXPIRE', KEYS[2], math.floor((tat_d - now) / 1000) + idle_ms)
   out[5] = tat_d
+end
+for _, w in ipairs(windows) do
+  for _ = 1, cost do redis.call('RPUSH', w.key, now) end
+  redis.call('LTRIM', w.key, -w.n, -1)
+  redis.call('PEXPIRE', w.key, math.floor(w.len / 1000) + idle_ms)
 end
 return out

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -38,6 +40,14 @@ type RedisStore struct {
 	timing   RedisTiming
 	expired  func(Job)
 	ownsConn bool
+
+	resumesMu sync.Mutex
+	resumes   map[string]chan struct{} // tenant -> closed when resumed here
+
+	// trouble is when this process last failed to reach Redis (unix ns):
+	// for a lease after it, it takes back no other worker's job (theirs
+	// may have lapsed only because Redis was away).
+	trouble atomic.Int64
 }
 
 // RedisTiming is how a Redis-backed store drives asynq. Zero fields take
@@ -114,6 +124,7 @@ func OpenRedis(ctx context.Context, opts RedisOptions) (*RedisStore, error) {
 		timing:   timing,
 		expired:  opts.OnExpired,
 		ownsConn: opts.OwnsClient,
+		resumes:  map[string]chan struct{}{},
 	}
 	if s.ceiling == nil {
 		s.ceiling = noCeiling
@@ -458,11 +469,6 @@ func (s *RedisStore) Retry(ctx context.Context, id string) (Admission, error) {
 	}
 	k := keysOf(shard)
 	p := s.policy(j.Tenant)
-	lives, err := s.rdb.HIncrBy(ctx, k.job(id), "lives", 1).Result()
-	if err != nil {
-		return Admission{}, unavailable(err)
-	}
-	task := id + "." + strconv.FormatInt(lives, 10)
 	keys := []string{k.tenant(j.Tenant), k.handoff(), k.active(), k.failed(j.Tenant)}
 	args := []any{s.now(), usCeil(s.lag), usCeil(p.Interval), p.Burst, p.Capacity, len(p.Windows)}
 	for _, w := range p.Windows {
@@ -470,7 +476,7 @@ func (s *RedisStore) Retry(ctx context.Context, id string) (Admission, error) {
 		args = append(args, w.N, usCeil(w.Length))
 	}
 	args = append(args, s.idle.Milliseconds(), s.retain.Milliseconds(), "retry", j.Tenant,
-		id, task, "", "", j.cost(), microsOf(j.Deadline))
+		id, "", "", "", j.cost(), microsOf(j.Deadline)) // the script names the new task
 	keys = append(keys, k.job(id), k.idemOf(j))
 	res, err := enqueueScript.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil {
@@ -487,6 +493,7 @@ func (s *RedisStore) Retry(ctx context.Context, id string) (Admission, error) {
 	}
 	if admitted != nil {
 		a.Job.EnqueuedAt, a.Job.Attempts = j.EnqueuedAt, 0
+		task := res[0].([]any)[7].(string)
 		if err := s.enqueueTask(ctx, id, j.Tenant, task, a.Job.DispatchAt); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 			s.log.Warn("job sent again, its asynq task not made yet: a worker will make it", "job", id, "err", err)
 		}
@@ -546,6 +553,9 @@ func (s *RedisStore) hold(ctx context.Context, tenant, op string) (TenantStatus,
 	}
 	if err := gateHoldScript.Run(ctx, s.rdb, []string{lane}, gateOp, 0, 0, time.Hour.Milliseconds()).Err(); err != nil {
 		return TenantStatus{}, unavailable(err)
+	}
+	if op == "resume" {
+		s.wakeResumed(tenant)
 	}
 	return s.Tenant(ctx, tenant)
 }
@@ -672,18 +682,28 @@ type GateAnswer struct {
 func (s *RedisStore) PassGate(ctx context.Context, r GateRequest) (GateAnswer, error) {
 	lane, dsLane := gateKeys(r.Downstream, r.Tenant)
 	var dsT, dsTau int64
+	var dsWindows []leaky.Window
 	if r.Ceiling != nil {
-		dsT, dsTau = usCeil(r.Ceiling.Interval), usCeil(r.Ceiling.Tolerance())
+		dsT, dsTau, dsWindows = usCeil(r.Ceiling.Interval), usCeil(r.Ceiling.Tolerance()), r.Ceiling.Windows
 	}
-	return s.passGate(ctx, []string{lane, dsLane}, []any{s.now(), usCeil(r.Policy.Interval), usCeil(r.Policy.Tolerance()),
-		dsT, dsTau, max(r.Cost, 1), r.Slack.Microseconds(), s.idle.Milliseconds()})
+	keys := []string{lane, dsLane}
+	args := []any{s.now(), usCeil(r.Policy.Interval), usCeil(r.Policy.Tolerance()),
+		dsT, dsTau, max(r.Cost, 1), r.Slack.Microseconds(), s.idle.Milliseconds(), len(r.Policy.Windows), len(dsWindows)}
+	for _, w := range r.Policy.Windows {
+		keys = append(keys, lane+":w:"+w.String())
+		args = append(args, w.N, usCeil(w.Length))
+	}
+	for _, w := range dsWindows {
+		keys = append(keys, dsLane+":w:"+w.String())
+		args = append(args, w.N, usCeil(w.Length))
+	}
+	return s.passGate(ctx, keys, args, nil)
 }
 
-// gateArgs is how many arguments gate.lua takes for a pass.
-const gateArgs = 8
-
-func (s *RedisStore) passGate(ctx context.Context, keys []string, args []any) (GateAnswer, error) {
-	v, err := gateScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+// passGate asks gate.lua with args, and giveBack (a grant to give back
+// first, or nil).
+func (s *RedisStore) passGate(ctx context.Context, keys []string, args, giveBack []any) (GateAnswer, error) {
+	v, err := gateScript.Run(ctx, s.rdb, keys, append(args[:len(args):len(args)], giveBack...)...).Int64Slice()
 	if err != nil {
 		return GateAnswer{}, unavailable(err)
 	}
@@ -694,9 +714,8 @@ func (s *RedisStore) passGate(ctx context.Context, keys []string, args []any) (G
 		return GateAnswer{HeldUntil: fromMicros(v[1])}, nil
 	}
 	again := func(ctx context.Context) (GateAnswer, error) {
-		// The grant's args, plus what to take back: one round trip.
-		base := args[:gateArgs:gateArgs] // without an earlier grant's "again"
-		return s.passGate(ctx, keys, append(base, "again", v[1], v[2], v[3], v[4]))
+		// The same question, and this grant to take back: one round trip.
+		return s.passGate(ctx, keys, args, []any{"again", v[1], v[2], v[3], v[4], v[5]})
 	}
 	return GateAnswer{Again: again}, nil
 }

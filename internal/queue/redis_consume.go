@@ -42,7 +42,7 @@ func (s *RedisStore) holdMax() time.Duration {
 // whose admitting process died before it could.
 func (s *RedisStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions) error {
 	lead := cmp.Or(opts.Lead, DefaultLead)
-	held := &heldJobs{ids: map[string]int{}}
+	held := &heldJobs{ids: map[string]heldJob{}}
 	// Jobs being sent (handed to h, not finished) are bounded by
 	// Concurrency across the shards, as on the embedded store; tasks that
 	// only wait for their slot are not (each shard's server holds that
@@ -110,21 +110,30 @@ func (s *RedisStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions
 	return nil
 }
 
-// heldJobs are the jobs this process is sending: their leases are renewed.
+// heldJobs are the jobs this process holds (waiting for their slot, or
+// being sent): their leases are renewed. Counted: two tasks of one job can
+// be held at once (an old one asynq runs again, and the job's new one).
 type heldJobs struct {
 	mu  sync.Mutex
-	ids map[string]int // job id -> shard
+	ids map[string]heldJob
 }
+
+type heldJob struct{ shard, n int }
 
 func (hj *heldJobs) add(id string, shard int) {
 	hj.mu.Lock()
-	hj.ids[id] = shard
+	h := hj.ids[id]
+	hj.ids[id] = heldJob{shard, h.n + 1}
 	hj.mu.Unlock()
 }
 
 func (hj *heldJobs) remove(id string) {
 	hj.mu.Lock()
-	delete(hj.ids, id)
+	if h := hj.ids[id]; h.n > 1 {
+		hj.ids[id] = heldJob{h.shard, h.n - 1}
+	} else {
+		delete(hj.ids, id)
+	}
 	hj.mu.Unlock()
 }
 
@@ -132,8 +141,8 @@ func (hj *heldJobs) byShard() map[int][]any {
 	hj.mu.Lock()
 	defer hj.mu.Unlock()
 	out := map[int][]any{}
-	for id, shard := range hj.ids {
-		out[shard] = append(out[shard], id)
+	for id, h := range hj.ids {
+		out[h.shard] = append(out[h.shard], id)
 	}
 	return out
 }
@@ -158,9 +167,10 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 			// Redis is away (a restart, a failover): keep the task and
 			// try again, rather than leave it to asynq's slower recovery
 			// of tasks it could not hand back meanwhile.
+			s.trouble.Store(time.Now().UnixNano())
 			s.log.Error("cannot claim a due job; trying again", "job", jobID, "err", err)
 			held.add(jobID, shard)
-			ok := s.sleep(stop, backoff)
+			ok := s.sleep(stop, backoff, nil)
 			held.remove(jobID)
 			if !ok || time.Now().After(gaveUp) {
 				return &notDue{wait: time.Second}
@@ -178,13 +188,19 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 				s.expired(j)
 			}
 			return nil
-		case 1:
+		case 4: // another worker is sending it: not ours to hold
+			return &notDue{wait: time.Duration(toInt(r[1])) * time.Microsecond}
+		case 1, 5:
 			wait := time.Duration(toInt(r[1])) * time.Microsecond
 			if wait > s.holdMax() {
 				return &notDue{wait: wait - s.timing.early()}
 			}
+			var resumed <-chan struct{}
+			if toInt(r[0]) == 5 { // held: a resume here wakes it at once
+				resumed = s.resumed(tenant)
+			}
 			held.add(jobID, shard) // its lease is renewed while it waits here
-			ok := s.sleep(stop, wait)
+			ok := s.sleep(stop, wait, resumed)
 			held.remove(jobID)
 			if !ok {
 				return &notDue{wait: 0}
@@ -217,8 +233,9 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 	}
 }
 
-// sleep waits d on the store's clock; false if stop came first.
-func (s *RedisStore) sleep(stop context.Context, d time.Duration) bool {
+// sleep waits d on the store's clock, or until wake is closed; false if
+// stop came first.
+func (s *RedisStore) sleep(stop context.Context, d time.Duration, wake <-chan struct{}) bool {
 	var after <-chan time.Time
 	if s.clock != nil {
 		after = s.clock.After(d)
@@ -230,8 +247,33 @@ func (s *RedisStore) sleep(stop context.Context, d time.Duration) bool {
 	select {
 	case <-after:
 		return true
+	case <-wake:
+		return true
 	case <-stop.Done():
 		return false
+	}
+}
+
+// resumed is closed when this process resumes tenant (other processes'
+// resumes are seen at the next recheck).
+func (s *RedisStore) resumed(tenant string) <-chan struct{} {
+	s.resumesMu.Lock()
+	defer s.resumesMu.Unlock()
+	ch, ok := s.resumes[tenant]
+	if !ok {
+		ch = make(chan struct{})
+		s.resumes[tenant] = ch
+	}
+	return ch
+}
+
+// wakeResumed wakes this process's tasks of tenant, waiting out a hold.
+func (s *RedisStore) wakeResumed(tenant string) {
+	s.resumesMu.Lock()
+	defer s.resumesMu.Unlock()
+	if ch, ok := s.resumes[tenant]; ok {
+		close(ch)
+		delete(s.resumes, tenant)
 	}
 }
 
@@ -422,6 +464,7 @@ func (s *RedisStore) renew(stop <-chan struct{}, held *heldJobs) {
 		for shard, ids := range held.byShard() {
 			args := append([]any{s.now(), s.timing.Lease.Microseconds()}, ids...)
 			if err := leaseScript.Run(ctx, s.rdb, []string{keysOf(shard).inflight()}, args...).Err(); err != nil {
+				s.trouble.Store(time.Now().UnixNano())
 				s.log.Warn("cannot renew the leases of jobs being sent", "err", err)
 			}
 		}
@@ -442,6 +485,7 @@ func (s *RedisStore) sweep(ctx context.Context) {
 		}
 		for shard := range RedisShards {
 			if err := s.sweepShard(ctx, shard); err != nil && ctx.Err() == nil {
+				s.trouble.Store(time.Now().UnixNano())
 				s.log.Warn("cannot sweep for crashed workers' jobs", "err", err)
 			}
 		}
@@ -455,9 +499,15 @@ const handoffAge = 5 * time.Second
 
 func (s *RedisStore) sweepShard(ctx context.Context, shard int) error {
 	k := keysOf(shard)
-	taken, err := recoverScript.Run(ctx, s.rdb, []string{k.inflight(), k.handoff()}, s.now(), k.tag, 100).StringSlice()
-	if err != nil {
-		return err
+	var taken []string
+	// After Redis was away, every lease may have lapsed meanwhile: wait a
+	// lease, so that live workers renew theirs before anything is taken.
+	if time.Since(time.Unix(0, s.trouble.Load())) > s.timing.Lease {
+		var err error
+		taken, err = recoverScript.Run(ctx, s.rdb, []string{k.inflight(), k.handoff()}, s.now(), k.tag, 100).StringSlice()
+		if err != nil {
+			return err
+		}
 	}
 	for i := 0; i+2 < len(taken); i += 3 {
 		s.log.Warn("took back a job whose worker stopped renewing its lease (it crashed?); it goes again with the same Idempotency-Key", "job", taken[i])

@@ -195,4 +195,23 @@ func TestSharedGate(t *testing.T) {
 	if r, err := s.PassGate(ctx, other); err != nil || !r.HeldUntil.IsZero() || r.Wait > T {
 		t.Fatalf("after resume: %+v %v, want a go, or a wait for beta's last interval", r, err)
 	}
+
+	// Windows count the grants, across processes: the fourth send in "3
+	// per 10 s" waits for the first to leave it; a grant given back
+	// leaves it at once.
+	win := GateRequest{Downstream: "sms", Tenant: "win", Policy: leaky.Policy{Interval: time.Millisecond, Burst: 3, Capacity: 10,
+		Windows: []leaky.Window{{N: 3, Length: 10 * time.Second}}}}
+	var last GateAnswer
+	for i := range 3 {
+		last, err = s.PassGate(ctx, win)
+		last = goes(fmt.Sprintf("send %d of 3 in the window", i+1), last, err)
+	}
+	if w, err := s.PassGate(ctx, win); err != nil || w.Wait < 9*time.Second {
+		t.Fatalf("a fourth send in the window: %+v %v, want a wait of about 10 s", w, err)
+	}
+	last, err = last.Again(ctx)
+	goes("the third send's grant given back and asked for again", last, err)
+	if w, err := s.PassGate(ctx, win); err != nil || w.Wait < 9*time.Second {
+		t.Fatalf("a fourth send after the give-back: %+v %v, want a wait of about 10 s", w, err)
+	}
 }
