@@ -10,8 +10,8 @@
 --       hash, and its idempotency key (its hash again if none)
 -- ARGV  1 now (0: the server's TIME), 2 lag, 3 interval, 4 burst,
 --       5 capacity, 6 number of windows, then n and length per window,
---       then idle ttl (ms), retention (ms), mode ('new', or 'retry' for a
---       failed job sent again), the tenant's name, then per job: id, task id, payload,
+--       then idle ttl (ms), mode ('new', or 'retry' for a failed job sent
+--       again), the tenant's name, then per job: id, task id, payload,
 --       idempotency key ('' none), cost, deadline (0 none)
 --
 -- Returns per job admit.lua's answer (for a retry admitted, with its new
@@ -20,7 +20,7 @@
 
 local nw = tonumber(ARGV[6])
 local a = 7 + 2 * nw
-local idle_ms, retention_ms, mode, tenant = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3]
+local idle_ms, mode, tenant = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2]
 local T = tonumber(ARGV[3])
 
 local now = server_now(ARGV[1])
@@ -36,8 +36,8 @@ end
 
 local out = {}
 local longest = 0 -- the latest dispatch time admitted, and its cost
-for j = 0, (#ARGV - a - 3) / 6 - 1 do
-  local b = a + 4 + j * 6
+for j = 0, (#ARGV - a - 2) / 6 - 1 do
+  local b = a + 3 + j * 6
   local id, task, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local cost, deadline = tonumber(ARGV[b + 4]), ARGV[b + 5]
   local jk, ik = KEYS[5 + nw + j * 2], KEYS[6 + nw + j * 2]
@@ -69,7 +69,7 @@ for j = 0, (#ARGV - a - 3) / 6 - 1 do
       redis.call('HSET', jk, 'id', id, 'tenant', tenant, 'state', 'queued', 'payload', payload, 'key', key,
         'cost', cost, 'deadline', deadline, 'enq', now, 'slot', slot, 'task', task,
         'delay', dispatch_at - now, 'depth', depth + 1, 'prompt', r[7], 'attempts', 0, 'failures', 0)
-      -- Kept while the job is, and retention_ms after it finishes.
+      -- Kept while the job is, and store.retention after it finishes.
       if key ~= '' then redis.call('SET', ik, id) end
     end
     if mode ~= 'retry' then redis.call('HINCRBY', KEYS[1], 'accepted', 1) end

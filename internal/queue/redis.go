@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -218,7 +217,7 @@ func (s *RedisStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJo
 		keys = append(keys, k.window(tenant, w))
 		args = append(args, w.N, usCeil(w.Length))
 	}
-	args = append(args, s.idle.Milliseconds(), s.retain.Milliseconds(), "new", tenant)
+	args = append(args, s.idle.Milliseconds(), "new", tenant)
 	var sent []int             // index in newJobs of each job in the script
 	inCall := map[string]int{} // idempotency key -> index of its first use
 	copies := map[int]int{}    // a repeat in this call -> its first
@@ -293,7 +292,7 @@ func (s *RedisStore) admission(ctx context.Context, tenant string, p leaky.Polic
 		return Admission{Impossible: &ImpossibleError{Tenant: tenant, Reason: ReasonWouldExpire, ExpectedDelay: at.Sub(now), Deadline: nj.Deadline}, QueueDepth: depth, Capacity: p.Capacity}, nil, nil
 	}
 	// The job's id is the one given with its arguments.
-	base := 6 + 2*len(p.Windows) + 4 + n*6
+	base := 6 + 2*len(p.Windows) + 3 + n*6
 	j := Job{
 		ID: args[base].(string), Tenant: tenant, State: StateQueued, Payload: nj.Payload,
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: now, DispatchAt: at, Slot: slot,
@@ -475,7 +474,7 @@ func (s *RedisStore) Retry(ctx context.Context, id string) (Admission, error) {
 		keys = append(keys, k.window(j.Tenant, w))
 		args = append(args, w.N, usCeil(w.Length))
 	}
-	args = append(args, s.idle.Milliseconds(), s.retain.Milliseconds(), "retry", j.Tenant,
+	args = append(args, s.idle.Milliseconds(), "retry", j.Tenant,
 		id, "", "", "", j.cost(), microsOf(j.Deadline)) // the script names the new task
 	keys = append(keys, k.job(id), k.idemOf(j))
 	res, err := enqueueScript.Run(ctx, s.rdb, keys, args...).Slice()
@@ -736,5 +735,3 @@ func (s *RedisStore) holdLanes(ctx context.Context, tenant string, until time.Ti
 }
 
 var _ Store = (*RedisStore)(nil)
-
-func (s *RedisStore) String() string { return fmt.Sprintf("redis store (%d shards)", RedisShards) }
