@@ -115,20 +115,8 @@ func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
 	file := redisConfig(t, srv.URL(), "standalone", "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
 	api := startProcess(t, file, "--role", "api")
 	w1 := startProcess(t, file, "--role", "worker")
-	var ids []string
-	for i := 0; i < 30; i++ {
-		st, _, body := call(t, "POST", api.base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
-		if st != http.StatusAccepted {
-			t.Fatalf("job %d: %d %v", i, st, body)
-		}
-		ids = append(ids, body["id"].(string))
-	}
-	var crashed string
-	select {
-	case crashed = <-inAttempt:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the third job never reached the downstream")
-	}
+	ids := enqueueN(t, api.base, "acme", 30)
+	crashed := awaitStalled(t, inAttempt)
 	w1.kill9(t) // mid-attempt, with jobs claimed and waiting in it
 	killed := time.Now()
 	w2 := startProcess(t, file, "--role", "worker")

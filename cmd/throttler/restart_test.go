@@ -227,20 +227,8 @@ func TestKill9DuringAnAttemptRepeatsWithTheSameKey(t *testing.T) {
 	inAttempt, carriedOut := stallThirdJob(t, ds)
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
 	p := startProcess(t, file)
-	var ids []string
-	for i := 0; i < 6; i++ {
-		st, _, body := call(t, "POST", p.base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
-		if st != 202 {
-			t.Fatalf("job %d: %d %v", i, st, body)
-		}
-		ids = append(ids, body["id"].(string))
-	}
-	var crashed string
-	select {
-	case crashed = <-inAttempt:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the third job never reached the downstream")
-	}
+	ids := enqueueN(t, p.base, "acme", 6)
+	crashed := awaitStalled(t, inAttempt)
 	p.kill9(t)
 
 	p = startProcess(t, file)
@@ -293,6 +281,19 @@ func stallThirdJob(t *testing.T, ds *downstreamtest.Server) (inAttempt <-chan st
 		mu.Lock()
 		defer mu.Unlock()
 		return maps.Clone(done)
+	}
+}
+
+// awaitStalled waits for the attempt stallThirdJob stalls and returns its
+// job's key.
+func awaitStalled(t *testing.T, inAttempt <-chan string) string {
+	t.Helper()
+	select {
+	case key := <-inAttempt:
+		return key
+	case <-time.After(10 * time.Second):
+		t.Fatal("the third job never reached the downstream")
+		return ""
 	}
 }
 
