@@ -7,10 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"throttler/internal/leaky"
-	"throttler/internal/redistest"
 )
 
 // The Lua admission and the Go one agree on every decision, slot, dispatch
@@ -18,9 +15,7 @@ import (
 // (leaky, token, burst, capacity, windows), random arrivals, random costs,
 // and pauses and holds coming and going.
 func TestLuaAdmitAgreesWithGo(t *testing.T) {
-	srv := redistest.Start(t, false)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer rdb.Close()
+	rdb := redisClient(t, 0)
 	ctx := context.Background()
 	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	us := func(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
@@ -120,9 +115,7 @@ func microsList(r leaky.Recent) []int64 {
 // A slot earlier than sends already counted (a pause wound tenant time
 // back) goes in place, in a window of many thousands.
 func TestLuaAdmitInsertsOutOfOrder(t *testing.T) {
-	srv := redistest.Start(t, false)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer rdb.Close()
+	rdb := redisClient(t, 0)
 	ctx := context.Background()
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	const n = 20000
@@ -150,9 +143,7 @@ func TestLuaAdmitInsertsOutOfOrder(t *testing.T) {
 // The Lua pause and leaky.Pause (with the store's TAT floor) agree on
 // random sequences of pushbacks, holds and resumes.
 func TestLuaPauseAgreesWithGo(t *testing.T) {
-	srv := redistest.Start(t, false)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer rdb.Close()
+	rdb := redisClient(t, 0)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(9, 9))
 	us := func(n int64) time.Duration { return time.Duration(n) * time.Microsecond }

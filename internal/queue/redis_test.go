@@ -17,11 +17,19 @@ import (
 	"throttler/internal/redistest"
 )
 
+// redisClient starts a redis-server of the test's own and returns a client
+// on it with poolSize connections (0: go-redis's default); both stop when
+// the test ends.
+func redisClient(t testing.TB, poolSize int) *redis.Client {
+	srv := redistest.Start(t, false)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: poolSize})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
 // redisOpener runs each test on a redis-server of its own.
 func redisOpener(t *testing.T) backend {
-	srv := redistest.Start(t, false)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := redisClient(t, 0)
 	return func(t *testing.T, clk clock.Clock, policy PolicyFunc) Store {
 		t.Helper()
 		s, err := OpenRedis(context.Background(), RedisOptions{Client: rdb, Clock: clk, Policy: policy, StartLag: -1,
@@ -42,9 +50,7 @@ func TestRedisConformance(t *testing.T) { runConformance(t, redisOpener) }
 // idle time has passed, no bucket state is left in Redis (tenant hashes,
 // gate lanes, active entries), so tenants that come and go do not fill it.
 func TestRedisIdleTenantsExpire(t *testing.T) {
-	srv := redistest.Start(t, false)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 128})
-	defer rdb.Close()
+	rdb := redisClient(t, 128)
 	ctx := context.Background()
 	s, err := OpenRedis(ctx, RedisOptions{Client: rdb, IdleTTL: time.Second, Policy: leaky20(10),
 		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
@@ -142,9 +148,7 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 // tenant an interval; the grant that is used stands; a pushback and an
 // operator's hold stop sends at the gate.
 func TestSharedGate(t *testing.T) {
-	srv := redistest.Start(t, false)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer rdb.Close()
+	rdb := redisClient(t, 0)
 	ctx := context.Background()
 	s, err := OpenRedis(ctx, RedisOptions{Client: rdb, Policy: leaky20(10),
 		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
