@@ -84,3 +84,25 @@ func (f *Fake) Waiters() int {
 	defer f.mu.Unlock()
 	return len(f.waiters)
 }
+
+// Never is the time of something that waits until told otherwise (an
+// operator hold with no end): far enough that nothing reaches it, near
+// enough that adding an interval to it cannot overflow.
+var Never = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Later is the later of a and b.
+func Later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// Earliest is the earlier of a and b, where the zero time means "none"
+// (so it loses to any real time).
+func Earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
