@@ -23,6 +23,7 @@ import (
 
 	"throttler/internal/downstreamtest"
 	"throttler/internal/servicetest"
+	"throttler/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -158,7 +159,7 @@ func runEnqueue(ctx context.Context, t *testing.T, stdin string, args ...string)
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	servicetest.WaitFor(t, timeout, what, cond)
+	testutil.WaitFor(t, timeout, what, cond)
 }
 
 // deliveredOnce waits until the downstream has seen n distinct jobs and

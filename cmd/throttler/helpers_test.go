@@ -11,12 +11,13 @@ import (
 
 	"throttler/internal/downstreamtest"
 	"throttler/internal/servicetest"
+	"throttler/internal/testutil"
 )
 
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	servicetest.WaitFor(t, timeout, what, cond)
+	testutil.WaitFor(t, timeout, what, cond)
 }
 
 func writeConfig(t testing.TB, body string, ds *downstreamtest.Server) string {
