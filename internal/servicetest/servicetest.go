@@ -83,4 +83,3 @@ func Start(t testing.TB, file string) string {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
-
