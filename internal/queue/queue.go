@@ -1,6 +1,10 @@
-// Package queue owns jobs and bucket state: the Store interface that the API
-// and the dispatcher use, the conformance suite every backend passes, and the
-// backends themselves (embedded: bbolt).
+// Package queue owns the seam between the service and its stores: the Store
+// interface that the API and the dispatcher use, its types and typed
+// errors, and the rules every backend shares (a tenant's record and its
+// windows, what an attempt's outcome does, dispatch time under a pause, the
+// cost bound, the pre-check of a batch). Nothing here is backend-specific:
+// the embedded store is queue/bolt, the Redis one queue/redis, and both pass
+// the conformance suite in queue/queuetest.
 //
 // A job's life:
 //
@@ -17,8 +21,6 @@ package queue
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"time"
 
 	"throttler/internal/leaky"
@@ -37,9 +39,9 @@ const (
 	StateExpired     JobState = "expired" // its deadline came before it could be sent
 )
 
-// slot is the job's place in its tenant's schedule (jobs stored before
-// pauses existed have only DispatchAt, which was their slot).
-func (j Job) slot() time.Time {
+// EffectiveSlot is the job's place in its tenant's schedule (jobs stored
+// before pauses existed have only DispatchAt, which was their slot).
+func (j Job) EffectiveSlot() time.Time {
 	if j.Slot.IsZero() {
 		return j.DispatchAt
 	}
@@ -92,8 +94,8 @@ type Job struct {
 	Prompt bool `json:"prompt,omitempty"`
 }
 
-// cost is the job's cost, 1 by default.
-func (j Job) cost() int { return max(j.Cost, 1) }
+// EffectiveCost is the job's cost, 1 by default.
+func (j Job) EffectiveCost() int { return max(j.Cost, 1) }
 
 // NewJob is a job as a producer sends it.
 type NewJob struct {
@@ -208,6 +210,10 @@ const DefaultLead = 100 * time.Millisecond
 // PolicyFunc gives the bucket policy of a tenant (config can change it).
 type PolicyFunc func(tenant string) leaky.Policy
 
+// CeilingFunc gives a tenant's downstream and that downstream's ceiling
+// (nil: none): its account-wide limit across all its tenants.
+type CeilingFunc func(tenant string) (downstream string, ceiling *leaky.Policy)
+
 // Store keeps jobs and bucket state. All methods are safe for concurrent use.
 type Store interface {
 	// Enqueue decides each job in order, atomically with respect to every
@@ -244,72 +250,3 @@ type Store interface {
 	Close() error
 }
 
-var (
-	// ErrNotFound: no such job.
-	ErrNotFound = errors.New("not found")
-	// ErrUnavailable: the store cannot be reached or cannot write.
-	ErrUnavailable = errors.New("store unavailable")
-)
-
-// Rejection reasons.
-const (
-	ReasonQueueFull   = "queue_full"   // leaky: the queue holds capacity jobs
-	ReasonRateLimited = "rate_limited" // token: no token left
-)
-
-// Reasons a job is impossible (422).
-const (
-	ReasonWouldExpire  = "would_expire"   // it would be sent after its deadline
-	ReasonCostTooLarge = "cost_too_large" // more slots than the bucket ever holds
-)
-
-// ImpossibleError is a job refused because it asks what the queue cannot
-// do: waiting and retrying would not help.
-type ImpossibleError struct {
-	Tenant string
-	Reason string // ReasonWouldExpire or ReasonCostTooLarge
-	// would_expire: the wait it would have had, and its deadline.
-	ExpectedDelay time.Duration
-	Deadline      time.Time
-	// cost_too_large: its cost and the most the tenant's bucket allows.
-	Cost, MaxCost int
-}
-
-func (e *ImpossibleError) Error() string {
-	if e.Reason == ReasonCostTooLarge {
-		return fmt.Sprintf("tenant %s: a job of cost %d can never be admitted: at most %d (capacity + burst, and every window)", e.Tenant, e.Cost, e.MaxCost)
-	}
-	return fmt.Sprintf("tenant %s: the job would wait %v and be sent after its deadline %s", e.Tenant, e.ExpectedDelay.Round(time.Millisecond), e.Deadline.UTC().Format(time.RFC3339Nano))
-}
-
-// RejectedError is a job refused because the tenant has no room.
-type RejectedError struct {
-	Tenant     string
-	Reason     string // ReasonQueueFull or ReasonRateLimited
-	RetryAfter time.Duration
-	QueueDepth int
-	Capacity   int
-}
-
-func (e *RejectedError) Error() string {
-	return fmt.Sprintf("tenant %s: %s; retry after %v", e.Tenant, e.Reason, e.RetryAfter)
-}
-
-// StateError is an operation refused because of the job's state.
-type StateError struct {
-	ID    string
-	State JobState
-	Op    string
-}
-
-func (e *StateError) Error() string {
-	return fmt.Sprintf("job %s is %s: cannot %s it", e.ID, e.State, e.Op)
-}
-
-func rejection(tenant string, p leaky.Policy, d leaky.Decision, depth int) *RejectedError {
-	reason := ReasonQueueFull
-	if p.Capacity == 0 {
-		reason = ReasonRateLimited
-	}
-	return &RejectedError{Tenant: tenant, Reason: reason, RetryAfter: d.RetryAfter, QueueDepth: depth, Capacity: p.Capacity}
-}

@@ -657,25 +657,6 @@ func (s *RedisStore) Tenants(ctx context.Context, offset, limit int) ([]TenantSt
 	return out, nil
 }
 
-// GateRequest is one send asking the shared gate to go.
-type GateRequest struct {
-	Downstream, Tenant string
-	Policy             leaky.Policy
-	Ceiling            *leaky.Policy // nil: none (the downstream lane holds only)
-	Cost               int
-	// Slack: how much earlier than its theoretical time a send may go.
-	Slack time.Duration
-}
-
-// GateAnswer is the shared gate's answer: go (both zero), wait, or held.
-type GateAnswer struct {
-	Wait      time.Duration
-	HeldUntil time.Time
-	// Again gives back a grant that will not be used (go only) and asks
-	// again, in one round trip.
-	Again func(context.Context) (GateAnswer, error)
-}
-
 // PassGate is the gate every process of one Redis shares: one atomic check
 // per send, right before it is written (gate.lua).
 func (s *RedisStore) PassGate(ctx context.Context, r GateRequest) (GateAnswer, error) {

@@ -7,10 +7,6 @@ import (
 	"throttler/internal/leaky"
 )
 
-// CeilingFunc gives a tenant's downstream and that downstream's ceiling
-// (nil: none): its account-wide limit across all its tenants.
-type CeilingFunc func(tenant string) (downstream string, ceiling *leaky.Policy)
-
 // fairQueue shares one downstream's ceiling between its tenants. Jobs due
 // for it wait here and are handed over one per ceiling slot, tenants taking
 // turns (round robin): a tenant with a deep backlog cannot starve one that

@@ -1,0 +1,36 @@
+package queue
+
+import (
+	"context"
+	"time"
+
+	"throttler/internal/leaky"
+)
+
+// SharedGate is a capability of a store that several processes share: a
+// check, in the store, that each send keeps the rate across all of them.
+// The dispatcher asks it right before each write (a store without it paces
+// in process only).
+type SharedGate interface {
+	PassGate(ctx context.Context, r GateRequest) (GateAnswer, error)
+}
+
+// GateRequest is one send asking the shared gate to go.
+type GateRequest struct {
+	Downstream, Tenant string
+	Policy             leaky.Policy
+	Ceiling            *leaky.Policy // nil: none (the downstream lane holds only)
+	Cost               int
+	// Slack: how much earlier than its theoretical time a send may go.
+	Slack time.Duration
+}
+
+// GateAnswer is the shared gate's answer: go (both zero), wait, or held.
+type GateAnswer struct {
+	Wait      time.Duration
+	HeldUntil time.Time
+	// Again gives back a grant that will not be used (go only) and asks
+	// again, in one round trip.
+	Again func(context.Context) (GateAnswer, error)
+}
+

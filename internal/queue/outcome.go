@@ -1,0 +1,83 @@
+package queue
+
+import (
+	"cmp"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
+)
+
+// ApplyOutcome is what an attempt's outcome does to its job (the one
+// claimed: nothing else changes a job the dispatcher holds) and to its
+// tenant's record, on either backend. paused reports a new pause.
+func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Policy) (cur Job, paused bool) {
+	cur = j
+	cur.Payload = nil
+	cur.ResponseStatus = cmp.Or(o.Status, cur.ResponseStatus)
+	cur.LastError = cmp.Or(o.Error, cur.LastError)
+	if !o.SentAt.IsZero() {
+		cur.SentAt = o.SentAt
+	}
+	if o.SentAt.After(rec.LastAttemptAt) {
+		rec.LastAttemptAt = o.SentAt
+	}
+	switch o.Result {
+	case Succeeded:
+		cur.State = StateSucceeded
+		cur.LastError = ""
+		cur.FinishedAt = now
+	case Failed:
+		cur.State = StateFailed
+		cur.FinishedAt = now
+	case Released: // with a pause: nothing was sent
+		cur.Attempts--
+		cur.State = StateQueued
+		if cur.Attempts > 0 {
+			cur.State = StateRetrying
+		}
+	case Expired: // nothing was sent: too late
+		cur.Attempts--
+		cur.State = StateExpired
+		cur.FinishedAt = now
+		cur.LastError = "expired: its deadline passed before it could be sent"
+	default: // Retry
+		cur.State = StateRetrying
+		if !o.PauseUntil.IsZero() && !o.PauseUntil.After(now) {
+			// A pushback already over: not a failure, but the job needs a
+			// new slot (its own has passed).
+			tnow := rec.Pause.TenantTime(now)
+			cur.Slot = rec.Reserve(p, tnow, tnow, cur.EffectiveCost())
+		} else if o.PauseUntil.IsZero() {
+			// A failure. The retry takes one interval of the schedule,
+			// like any job, and waits out its backoff too. Reserving at
+			// the end of the backoff instead would push the schedule
+			// seconds ahead and refuse new jobs as if the queue were full.
+			cur.Failures++
+			pz := rec.Pause
+			cur.Slot = rec.Reserve(p, pz.TenantTime(now), pz.TenantTime(o.NotBefore), cur.EffectiveCost())
+		} // pushback keeps its place: the pause moves it
+	}
+	if o.PauseUntil.After(now) && !cur.State.Finished() {
+		if o.Result == Retry {
+			// The resend keeps the slot, but it is a send of its own: the
+			// windows count it.
+			rec.Record(p, cur.Slot, cur.EffectiveCost())
+		}
+		rec.Pause = rec.Pause.PauseUntil(now, o.PauseUntil, cur.Slot)
+		// Jobs admitted during the pause go one interval apart after it,
+		// not as a burst.
+		rec.TAT = clock.Later(rec.TAT, rec.Pause.TenantTime(now).Add(p.Tolerance()))
+		paused = true
+	}
+	if !cur.State.Finished() {
+		cur.DispatchAt = DispatchAt(rec.Pause, cur.Slot, now)
+		if !cur.Deadline.IsZero() && cur.DispatchAt.After(cur.Deadline) {
+			// Its next attempt would come too late: it ends here.
+			cur.State, cur.FinishedAt = StateExpired, now
+			cur.LastError = "expired: its deadline passes before its next attempt; last attempt: " + cur.LastError
+		}
+	}
+	return cur, paused
+}
+
