@@ -1,0 +1,219 @@
+package queuetest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+)
+
+// Consume: hand-over at the slot, outcomes, retries.
+
+func testConsumeDeliversAtSlotsInOrder(t *testing.T, d Driver) {
+	t.Parallel()
+	clk := clock.NewFake(T0)
+	s := d.open(t, clk, Leaky20(10))
+	var ids []string
+	for i := 0; i < 5; i++ {
+		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
+	}
+	cancelled := EnqueueOne(t, s, "acme", Payload(99)).Job.ID
+	if _, err := s.Cancel(context.Background(), cancelled); err != nil {
+		t.Fatal(err)
+	}
+	lead := 20 * time.Millisecond
+	got := make(chan handed, 10)
+	stop := consume(t, s, lead, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- handed{j, clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
+	})
+	for i, id := range ids {
+		h := waitHanded(t, clk, got, 5*time.Millisecond)
+		if h.job.ID != id || h.job.Attempts != 1 || h.job.State != queue.StateDispatching {
+			t.Fatalf("handed %d: %+v, want %s attempt 1", i, h.job, id)
+		}
+		if early := h.job.DispatchAt.Sub(h.at); early < 0 || early > lead {
+			t.Fatalf("job %d handed %v before its slot, want within the lead %v", i, early, lead)
+		}
+	}
+	stop()
+	for _, id := range ids {
+		if j, _ := s.Job(context.Background(), id); j.State != queue.StateSucceeded || j.ResponseStatus != 200 || j.FinishedAt.IsZero() {
+			t.Fatalf("job %s after delivery: %+v", id, j)
+		}
+	}
+	st, _ := s.Tenant(context.Background(), "acme")
+	if st.Delivered != 5 || st.QueueDepth != 0 || st.InFlight != 0 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func testRetryFailAndRelease(t *testing.T, d Driver) {
+	t.Parallel()
+	clk := clock.NewFake(T0)
+	s := d.open(t, clk, Leaky20(10))
+	ctx := context.Background()
+	retry := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
+	fail := EnqueueOne(t, s, "acme", Payload(2)).Job.ID
+	got := make(chan handed, 10)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		mu.Lock()
+		calls[j.ID]++
+		n := calls[j.ID]
+		mu.Unlock()
+		got <- handed{j, clk.Now()}
+		switch {
+		case j.ID == retry && n == 1:
+			return queue.Outcome{Result: queue.Retry, Status: 502, Error: "bad gateway", NotBefore: clk.Now().Add(time.Second)}
+		case j.ID == fail:
+			return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 Bad Request: no"}
+		}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200}
+	})
+	first := waitHanded(t, clk, got, 5*time.Millisecond)
+	second := waitHanded(t, clk, got, 5*time.Millisecond)
+	if first.job.ID != retry || second.job.ID != fail {
+		t.Fatalf("order %s %s", first.job.ID, second.job.ID)
+	}
+	waitFor(t, func() bool { j, _ := s.Job(ctx, retry); return j.State == queue.StateRetrying })
+	j, _ := s.Job(ctx, retry)
+	if j.LastError != "bad gateway" || j.ResponseStatus != 502 || j.DispatchAt.Before(first.at.Add(time.Second)) {
+		t.Fatalf("retrying job %+v", j)
+	}
+	third := waitHanded(t, clk, got, 20*time.Millisecond)
+	if third.job.ID != retry || third.job.Attempts != 2 || third.at.Before(first.at.Add(time.Second-10*time.Millisecond)) {
+		t.Fatalf("retry handed %+v at %v", third.job, third.at.Sub(first.at))
+	}
+	stop()
+	if j, _ := s.Job(ctx, fail); j.State != queue.StateFailed || j.ResponseStatus != 400 || j.LastError == "" {
+		t.Fatalf("failed job %+v", j)
+	}
+	if j, _ := s.Job(ctx, retry); j.State != queue.StateSucceeded || j.Attempts != 2 || j.LastError != "" {
+		t.Fatalf("retried job %+v", j)
+	}
+	st, _ := s.Tenant(ctx, "acme")
+	if st.Delivered != 1 || st.Failed != 1 || st.QueueDepth != 0 {
+		t.Fatalf("status %+v", st)
+	}
+
+	// queue.Released: nothing was sent, so the attempt does not count.
+	rel := EnqueueOne(t, s, "acme", Payload(3)).Job.ID
+	stop = consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		select {
+		case got <- handed{j, clk.Now()}:
+		default:
+		}
+		return queue.Outcome{Result: queue.Released}
+	})
+	waitHanded(t, clk, got, 5*time.Millisecond)
+	stop()
+	if j, _ := s.Job(ctx, rel); j.State != queue.StateQueued || j.Attempts != 0 {
+		t.Fatalf("released job %+v", j)
+	}
+}
+
+func testRetryBackoffDoesNotFillTheQueue(t *testing.T, d Driver) {
+	t.Parallel()
+	clk := clock.NewFake(T0)
+	s := d.open(t, clk, Leaky20(3))
+	ctx := context.Background()
+	id := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
+	got := make(chan handed, 10)
+	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- handed{j, clk.Now()}
+		return queue.Outcome{Result: queue.Retry, Status: 503, Error: "busy", NotBefore: clk.Now().Add(10 * time.Second)}
+	})
+	waitHanded(t, clk, got, time.Millisecond)
+	waitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateRetrying })
+	stop()
+	j, _ := s.Job(ctx, id)
+	if j.DispatchAt.Before(T0.Add(10 * time.Second)) {
+		t.Fatalf("retry due at %v, before its backoff", j.DispatchAt.Sub(T0))
+	}
+	// The retry took one place of three; two more fit, not three.
+	for i := 0; i < 2; i++ {
+		if a := EnqueueOne(t, s, "acme", Payload(i)); a.Rejected != nil {
+			t.Fatalf("job %d refused while one job waits out a 10s backoff: %+v", i, a.Rejected)
+		}
+	}
+	if a := EnqueueOne(t, s, "acme", Payload(9)); a.Rejected == nil {
+		t.Fatal("a fourth waiting job admitted at capacity 3")
+	}
+	st, _ := s.Tenant(ctx, "acme")
+	if st.QueueDepth != 3 {
+		t.Fatalf("depth %d, want 3 (a retrying job counts)", st.QueueDepth)
+	}
+}
+
+func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
+	t.Parallel()
+	clk := clock.NewFake(T0)
+	s := d.open(t, clk, Leaky20(1))
+	ctx := context.Background()
+	id := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
+	other := EnqueueOne(t, s, "other", Payload(2)).Job.ID
+	got := make(chan handed, 10)
+	var mu sync.Mutex
+	fail := true
+	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- handed{j, clk.Now()}
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 Bad Request: invalid number", SentAt: clk.Now()}
+		}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
+	})
+	waitHanded(t, clk, got, time.Millisecond)
+	waitHanded(t, clk, got, time.Millisecond)
+	waitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateFailed })
+	waitFor(t, func() bool { j, _ := s.Job(ctx, other); return j.State == queue.StateFailed })
+	list, err := s.Failed(ctx, "acme", 10)
+	if err != nil || len(list) != 1 || list[0].ID != id || list[0].LastError == "" || list[0].ResponseStatus != 400 {
+		t.Fatalf("failed list %+v %v", list, err)
+	}
+	// Only failed jobs can be retried.
+	EnqueueOne(t, s, "third", Payload(3))
+	waiting := EnqueueOne(t, s, "third", Payload(4)).Job.ID // due an interval later
+	var se *queue.StateError
+	if _, err := s.Retry(ctx, waiting); !errors.As(err, &se) || se.State != queue.StateQueued {
+		t.Fatalf("retry of a waiting job: %v", err)
+	}
+	if _, err := s.Cancel(ctx, waiting); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Retry(ctx, waiting); !errors.As(err, &se) || se.State != queue.StateCancelled {
+		t.Fatalf("retry of a cancelled job: %v", err)
+	}
+	if _, err := s.Retry(ctx, queue.NewID(T0)); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("retry of an unknown job: %v", err)
+	}
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+	a, err := s.Retry(ctx, id)
+	if err != nil || a.Rejected != nil || a.Job.State != queue.StateQueued || a.Job.Attempts != 0 {
+		t.Fatalf("retry: %+v %v", a, err)
+	}
+	if list, _ := s.Failed(ctx, "acme", 10); len(list) != 0 {
+		t.Fatalf("still listed as failed: %+v", list)
+	}
+	for h := waitHanded(t, clk, got, time.Millisecond); h.job.ID != id; h = waitHanded(t, clk, got, time.Millisecond) {
+	}
+	waitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateSucceeded })
+	stop()
+	if j, _ := s.Job(ctx, id); j.Attempts != 1 || j.ResponseStatus != 200 {
+		t.Fatalf("after the retry: %+v", j)
+	}
+	if _, err := s.Retry(ctx, id); !errors.As(err, &se) || se.State != queue.StateSucceeded {
+		t.Fatalf("retry of a succeeded job: %v", err)
+	}
+}

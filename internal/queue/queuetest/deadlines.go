@@ -1,0 +1,70 @@
+package queuetest
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+)
+
+// Deadlines: refused when they cannot be met, expired when a pause pushes them past.
+
+func testDeadlines(t *testing.T, d Driver) {
+	t.Parallel()
+	clk := clock.NewFake(T0)
+	s := d.open(t, clk, Leaky20(10))
+	ctx := context.Background()
+	var ids []string
+	for i := 0; i < 5; i++ { // slots 0, T, ..., 4T
+		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
+	}
+	// Would wait 5T: refused at once, nothing taken.
+	a := EnqueueOne(t, s, "acme", queue.NewJob{Payload: json.RawMessage(`9`), Deadline: T0.Add(4 * T)})
+	if a.Impossible == nil || a.Impossible.Reason != queue.ReasonWouldExpire || a.Impossible.ExpectedDelay != 5*T {
+		t.Fatalf("would expire: %+v", a)
+	}
+	if st, _ := s.Tenant(ctx, "acme"); st.QueueDepth != 5 || st.ExpectedDelay != 5*T {
+		t.Fatalf("after a would_expire: %+v", st)
+	}
+	// Fits now (slot 5T, deadline 8T); a pause pushes it past.
+	late := EnqueueOne(t, s, "acme", queue.NewJob{Payload: json.RawMessage(`10`), Deadline: T0.Add(8 * T)}).Job.ID
+	after := EnqueueOne(t, s, "acme", Payload(11)).Job.ID
+	got := make(chan handed, 20)
+	var mu sync.Mutex
+	pushed := false
+	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- handed{j, clk.Now()}
+		mu.Lock()
+		defer mu.Unlock()
+		if !pushed { // the first job: come back in a second
+			pushed = true
+			return queue.Outcome{Result: queue.Retry, Status: 429, SentAt: clk.Now(), PauseUntil: clk.Now().Add(time.Second)}
+		}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
+	})
+	defer stop()
+	var handedIDs []string
+	for len(handedIDs) < 7 { // 6 jobs, the first twice
+		handedIDs = append(handedIDs, waitHanded(t, clk, got, 5*time.Millisecond).job.ID)
+	}
+	for _, id := range handedIDs {
+		if id == late {
+			t.Fatal("a job past its deadline was handed over")
+		}
+	}
+	waitFor(t, func() bool { j, _ := s.Job(ctx, late); return j.State == queue.StateExpired })
+	waitFor(t, func() bool { j, _ := s.Job(ctx, after); return j.State == queue.StateSucceeded })
+	st, _ := s.Tenant(ctx, "acme")
+	if st.Expired != 1 || st.Delivered != 6 || st.QueueDepth != 0 {
+		t.Fatalf("status %+v", st)
+	}
+	if _, err := s.Cancel(ctx, late); err == nil {
+		t.Fatal("cancelled an expired job")
+	}
+}

@@ -1,0 +1,104 @@
+package queuetest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+	"throttler/internal/testutil"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+	"throttler/internal/testutil"
+)
+
+// T0 is when every test's fake clock starts.
+var T0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// T is the interval of the suite's usual tenant (20/s).
+const T = 50 * time.Millisecond
+
+// Leaky20 is a leaky policy of 20/s and capacity for every tenant.
+func Leaky20(capacity int) queue.PolicyFunc {
+	return func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: capacity} }
+}
+
+// Payload is a job whose payload says n.
+func Payload(n int) queue.NewJob {
+	return queue.NewJob{Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, n))}
+}
+
+// EnqueueOne enqueues nj alone and returns its admission.
+func EnqueueOne(t *testing.T, s queue.Store, tenant string, nj queue.NewJob) queue.Admission {
+	t.Helper()
+	out, err := s.Enqueue(context.Background(), tenant, []queue.NewJob{nj})
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return out[0]
+}
+
+// handed is a job handed to the handler, and when (on the fake clock).
+type handed struct {
+	job queue.Job
+	at  time.Time
+}
+
+// consume runs s.Consume in the background; the returned func stops it and
+// waits for it to return.
+func consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Consume(ctx, h, queue.ConsumeOptions{Lead: lead, Concurrency: 16}) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Consume: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitHanded advances the fake clock by step until a job is handed over.
+func waitHanded(t *testing.T, clk *clock.Fake, got <-chan handed, step time.Duration) handed {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	// A backend that works in real time too (asynq's polls, a round trip
+	// per claim) must not see the clock run ahead of it: first a moment
+	// for what is due already, then steps far enough apart in real time
+	// (more so under the race detector, which slows it down) that jobs
+	// due one step apart are handed over in order.
+	step1, stepN := 25*time.Millisecond, 2*time.Millisecond
+	if testutil.Race {
+		step1, stepN = 100*time.Millisecond, 8*time.Millisecond
+	}
+	pause := step1
+	for time.Now().Before(deadline) {
+		select {
+		case h := <-got:
+			return h
+		case <-time.After(pause):
+			clk.Advance(step)
+		}
+		pause = stepN
+	}
+	t.Fatal("no job handed over within 10s")
+	return handed{}
+}
+
+// waitFor waits up to 10 s for cond.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	testutil.WaitFor(t, 10*time.Second, "condition", cond)
+}

@@ -1,0 +1,137 @@
+package queuetest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+)
+
+// Pauses: downstream pushback and operator holds.
+
+func testPushbackPausesTheTenantAndKeepsOrder(t *testing.T, d Driver) {
+	t.Parallel()
+	clk := clock.NewFake(T0)
+	s := d.open(t, clk, Leaky20(5))
+	ctx := context.Background()
+	var ids []string
+	for i := 0; i < 4; i++ {
+		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
+	}
+	until := T0.Add(2 * time.Second)
+	got := make(chan handed, 10)
+	var mu sync.Mutex
+	pushed := false
+	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- handed{j, clk.Now()}
+		mu.Lock()
+		defer mu.Unlock()
+		if !pushed {
+			pushed = true
+			return queue.Outcome{Result: queue.Retry, Status: 429, Error: "429 Too Many Requests", SentAt: clk.Now(), PauseUntil: until}
+		}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
+	})
+	if h := waitHanded(t, clk, got, time.Millisecond); h.job.ID != ids[0] {
+		t.Fatalf("first handed %s", h.job.ID)
+	}
+	waitFor(t, func() bool { j, _ := s.Job(ctx, ids[0]); return j.State == queue.StateRetrying })
+	st, _ := s.Tenant(ctx, "acme")
+	if !st.Paused || !st.PausedUntil.Equal(until) || st.Held || st.QueueDepth != 4 {
+		t.Fatalf("status during the pause %+v", st)
+	}
+	if j, _ := s.Job(ctx, ids[0]); j.Failures != 0 || j.Attempts != 1 || j.DispatchAt.Before(until) {
+		t.Fatalf("pushed-back job %+v: no failure counted, due after the pause", j)
+	}
+	// While paused the queue takes only what fits (4 wait, capacity 5),
+	// and what it says includes the rest of the pause.
+	a := EnqueueOne(t, s, "acme", Payload(4))
+	if a.Rejected != nil || a.ExpectedDelay < until.Sub(clk.Now())+4*T {
+		t.Fatalf("during the pause: %+v, want a delay past the pause plus 4 intervals", a)
+	}
+	ids = append(ids, a.Job.ID)
+	r := EnqueueOne(t, s, "acme", Payload(5)).Rejected
+	if r == nil || r.RetryAfter < until.Sub(clk.Now()) {
+		t.Fatalf("a sixth waiting job: %+v, want refused until after the pause", r)
+	}
+	// Then all of them in their original order, one interval apart,
+	// none before the pause ends.
+	var first time.Time
+	for i, id := range ids {
+		h := waitHanded(t, clk, got, 5*time.Millisecond)
+		if h.job.ID != id {
+			t.Fatalf("after the pause, handed %d is %s, want %s", i, h.job.ID, id)
+		}
+		if i == 0 {
+			first = h.job.DispatchAt
+			if first.Before(until) {
+				t.Fatalf("first after the pause due at %v, before its end", first.Sub(T0))
+			}
+		} else if want := first.Add(time.Duration(i) * T); !h.job.DispatchAt.Equal(want) {
+			t.Fatalf("job %d due at %v, want %v", i, h.job.DispatchAt.Sub(T0), want.Sub(T0))
+		}
+	}
+	waitFor(t, func() bool { st, _ := s.Tenant(ctx, "acme"); return st.Delivered == 5 })
+	stop()
+	if st, _ := s.Tenant(ctx, "acme"); st.Paused {
+		t.Fatalf("still paused: %+v", st)
+	}
+}
+
+func testOperatorHoldAndResume(t *testing.T, d Driver) {
+	t.Parallel()
+	clk := clock.NewFake(T0)
+	reopen := d.reopener(t)
+	s := reopen(t, clk, Leaky20(3))
+	ctx := context.Background()
+	var ids []string
+	for i := 0; i < 2; i++ {
+		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
+	}
+	st, err := s.Pause(ctx, "acme")
+	if err != nil || !st.Paused || !st.Held || !st.PausedUntil.IsZero() {
+		t.Fatalf("pause: %+v %v", st, err)
+	}
+	// Held: accepted while there is room (all of them wait: capacity 3
+	// holds 3), and kept across a restart.
+	ids = append(ids, EnqueueOne(t, s, "acme", Payload(2)).Job.ID)
+	if a := EnqueueOne(t, s, "acme", Payload(3)); a.Rejected == nil {
+		t.Fatal("a held tenant admitted past its capacity")
+	}
+	s.Close()
+	s = reopen(t, clk, Leaky20(3))
+	if st, _ := s.Tenant(ctx, "acme"); !st.Held || st.QueueDepth != 3 {
+		t.Fatalf("after a restart: %+v", st)
+	}
+	got := make(chan handed, 10)
+	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- handed{j, clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
+	})
+	for range 50 {
+		clk.Advance(100 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case h := <-got:
+		t.Fatalf("a held tenant's job was handed over: %+v", h.job)
+	case <-time.After(20 * time.Millisecond):
+	}
+	resumeAt := clk.Now()
+	if st, err := s.Resume(ctx, "acme"); err != nil || st.Paused || st.Held {
+		t.Fatalf("resume: %+v %v", st, err)
+	}
+	for i, id := range ids {
+		h := waitHanded(t, clk, got, 5*time.Millisecond)
+		want := resumeAt.Add(time.Duration(i) * T)
+		if h.job.ID != id || !h.job.DispatchAt.Equal(want) {
+			t.Fatalf("after resume, handed %d: %s due %v, want %s due %v", i, h.job.ID, h.job.DispatchAt.Sub(T0), id, want.Sub(T0))
+		}
+	}
+	stop()
+}
