@@ -6,9 +6,6 @@ import (
 	"errors"
 	"sync"
 	"testing"
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
 	"time"
 
 	"throttler/internal/clock"

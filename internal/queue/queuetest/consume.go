@@ -5,8 +5,6 @@ import (
 	"errors"
 	"sync"
 	"testing"
-	"throttler/internal/clock"
-	"throttler/internal/queue"
 	"time"
 
 	"throttler/internal/clock"

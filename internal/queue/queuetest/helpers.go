@@ -6,10 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/testutil"
 	"time"
 
 	"throttler/internal/clock"

@@ -4,8 +4,6 @@ import (
 	"context"
 	"sync"
 	"testing"
-	"throttler/internal/clock"
-	"throttler/internal/queue"
 	"time"
 
 	"throttler/internal/clock"

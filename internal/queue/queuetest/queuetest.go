@@ -13,8 +13,6 @@ package queuetest
 
 import (
 	"testing"
-	"throttler/internal/clock"
-	"throttler/internal/queue"
 
 	"throttler/internal/clock"
 	"throttler/internal/queue"

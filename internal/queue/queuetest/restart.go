@@ -3,8 +3,6 @@ package queuetest
 import (
 	"context"
 	"testing"
-	"throttler/internal/clock"
-	"throttler/internal/queue"
 	"time"
 
 	"throttler/internal/clock"

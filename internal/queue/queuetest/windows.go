@@ -4,9 +4,6 @@ import (
 	"context"
 	"slices"
 	"testing"
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
 	"time"
 
 	"throttler/internal/clock"
