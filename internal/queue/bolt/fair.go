@@ -1,9 +1,10 @@
-package queue
+package bolt
 
 import (
 	"slices"
 	"time"
 
+	"throttler/internal/clock"
 	"throttler/internal/leaky"
 )
 
@@ -19,7 +20,7 @@ type fairQueue struct {
 	recent  []leaky.Recent // of the ceiling's windows, in real time
 	version int            // counts changes to recent and pausedUntil
 	saved   int            // the version on disk
-	// pausedUntil: the downstream answered 429 (or 503) with Retry-After
+	// pausedUntil: the downstream answered 429 (or 503) with queue.Retry-After
 	// under this ceiling: no send of any tenant before then.
 	pausedUntil time.Time
 	ring        []string // tenants with entries, in turn order
@@ -81,7 +82,7 @@ func (q *fairQueue) take() {
 // ceilingSlot is the earliest the ceiling's rate lets any send go (a pause
 // of the ceiling raised its tat).
 func (q *fairQueue) ceilingSlot(now time.Time) time.Time {
-	return later(now, q.tat.Add(-q.policy.Tolerance()))
+	return clock.Later(now, q.tat.Add(-q.policy.Tolerance()))
 }
 
 // pass passes the turn on without taking anything.
@@ -90,13 +91,13 @@ func (q *fairQueue) pass() { q.turn++ }
 // slot is the earliest the ceiling (its rate and its windows) lets e go,
 // at or after now and e's own time.
 func (q *fairQueue) slot(now time.Time, e dueEntry) time.Time {
-	at := later(e.at, later(now, q.tat.Add(-q.policy.Tolerance())))
+	at := clock.Later(e.at, clock.Later(now, q.tat.Add(-q.policy.Tolerance())))
 	return leaky.WindowSlot(q.recent, q.policy, at, e.cost)
 }
 
 // use takes the ceiling's slot at for a send of cost.
 func (q *fairQueue) use(at time.Time, cost int) {
-	q.tat = later(q.tat, at).Add(time.Duration(max(cost, 1)) * q.policy.Interval)
+	q.tat = clock.Later(q.tat, at).Add(time.Duration(max(cost, 1)) * q.policy.Interval)
 	if len(q.policy.Windows) > 0 {
 		q.recent = leaky.Record(q.recent, q.policy, at, cost)
 		q.version++

@@ -1,4 +1,4 @@
-package queue
+package bolt
 
 import (
 	"context"
@@ -9,20 +9,23 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 
 	"throttler/internal/clock"
 	"throttler/internal/leaky"
+	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func boltOpener(t *testing.T) backend {
+// newBackend gives each conformance test a file of its own.
+func newBackend(t *testing.T) queuetest.Open {
 	path := filepath.Join(t.TempDir(), "throttler.db")
-	return func(t *testing.T, clk clock.Clock, policy PolicyFunc) Store {
+	return func(t *testing.T, c queuetest.Config) queue.Store {
 		t.Helper()
-		s, err := OpenBolt(path, BoltOptions{Clock: clk, Policy: policy})
+		s, err := Open(path, Options{Clock: c.Clock, Policy: c.Policy, Ceiling: c.Ceiling})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,9 +36,9 @@ func boltOpener(t *testing.T) backend {
 
 // openCeiling opens a store at path whose tenants all share the downstream
 // "sms" under ceiling; the caller closes it.
-func openCeiling(t *testing.T, path string, clk clock.Clock, policy PolicyFunc, ceiling *leaky.Policy) *BoltStore {
+func openCeiling(t *testing.T, path string, clk clock.Clock, policy queue.PolicyFunc, ceiling *leaky.Policy) *Store {
 	t.Helper()
-	s, err := OpenBolt(path, BoltOptions{
+	s, err := Open(path, Options{
 		Clock:   clk,
 		Policy:  policy,
 		Ceiling: func(string) (string, *leaky.Policy) { return "sms", ceiling },
@@ -46,28 +49,30 @@ func openCeiling(t *testing.T, path string, clk clock.Clock, policy PolicyFunc, 
 	return s
 }
 
-func TestBoltConformance(t *testing.T) { runConformance(t, boltOpener) }
+func TestConformance(t *testing.T) {
+	queuetest.Run(t, queuetest.Driver{New: newBackend, RestartRespaces: true})
+}
 
-func TestBoltFileInUse(t *testing.T) {
+func TestFileInUse(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "x.db")
-	policy := leaky20(1)
-	s, err := OpenBolt(path, BoltOptions{Policy: policy})
+	policy := queuetest.Leaky20(1)
+	s, err := Open(path, Options{Policy: policy})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	_, err = OpenBolt(path, BoltOptions{Policy: policy})
+	_, err = Open(path, Options{Policy: policy})
 	if err == nil || !strings.Contains(err.Error(), "locked by another process") {
 		t.Fatalf("second open: %v", err)
 	}
 }
 
 // Many concurrent enqueues share fsyncs and never oversubscribe a slot.
-func TestBoltConcurrentEnqueue(t *testing.T) {
+func TestConcurrentEnqueue(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	s := boltOpener(t)(t, clk, func(string) leaky.Policy { return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 500} })
+	clk := clock.NewFake(queuetest.T0)
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: func(string) leaky.Policy { return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 500} }})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	slots := map[time.Time]bool{}
@@ -77,7 +82,7 @@ func TestBoltConcurrentEnqueue(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 40; i++ {
-				out, err := s.Enqueue(context.Background(), "t", []NewJob{payload(i)})
+				out, err := s.Enqueue(context.Background(), "t", []queue.NewJob{queuetest.Payload(i)})
 				if err != nil {
 					t.Error(err)
 					return
@@ -104,12 +109,12 @@ func TestBoltConcurrentEnqueue(t *testing.T) {
 	}
 }
 
-func TestBoltReapsFinishedJobsAfterRetention(t *testing.T) {
+func TestReapsFinishedJobsAfterRetention(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	s := boltOpener(t)(t, clk, leaky20(10)).(*BoltStore)
+	clk := clock.NewFake(queuetest.T0)
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: queuetest.Leaky20(10)}).(*Store)
 	ctx := context.Background()
-	a := enqueueOne(t, s, "acme", NewJob{Payload: []byte(`1`), IdempotencyKey: "k"})
+	a := queuetest.EnqueueOne(t, s, "acme", queue.NewJob{Payload: []byte(`1`), IdempotencyKey: "k"})
 	if _, err := s.Cancel(ctx, a.Job.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -124,23 +129,23 @@ func TestBoltReapsFinishedJobsAfterRetention(t *testing.T) {
 		t.Fatal("reaped job still there")
 	}
 	// Its idempotency key is free again.
-	b := enqueueOne(t, s, "acme", NewJob{Payload: []byte(`1`), IdempotencyKey: "k"})
+	b := queuetest.EnqueueOne(t, s, "acme", queue.NewJob{Payload: []byte(`1`), IdempotencyKey: "k"})
 	if b.Duplicate || b.Job.ID == a.Job.ID {
 		t.Fatalf("key not freed: %+v", b)
 	}
 }
 
-func TestBoltForgetsIdleTenants(t *testing.T) {
+func TestForgetsIdleTenants(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	s := boltOpener(t)(t, clk, leaky20(10)).(*BoltStore)
-	enqueueOne(t, s, "acme", payload(1))
-	got := make(chan handed, 1)
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
-		got <- handed{j, clk.Now()}
-		return Outcome{Result: Succeeded, Status: 200}
+	clk := clock.NewFake(queuetest.T0)
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: queuetest.Leaky20(10)}).(*Store)
+	queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(1))
+	got := make(chan queuetest.Handed, 1)
+	stop := queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200}
 	})
-	waitHanded(t, clk, got, time.Millisecond)
+	queuetest.WaitHanded(t, clk, got, time.Millisecond)
 	stop()
 	clk.Advance(time.Second)
 	if err := s.flushDirty(); err != nil {
@@ -162,28 +167,28 @@ func TestBoltForgetsIdleTenants(t *testing.T) {
 // A crash leaves no record of which jobs were sent: any job whose slot has
 // passed may have gone at its slot. The restart spaces the first resend one
 // interval (and a margin) after the last such slot, never sooner.
-func TestBoltCrashRespacesFromPossiblySentSlots(t *testing.T) {
+func TestCrashRespacesFromPossiblySentSlots(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
+	clk := clock.NewFake(queuetest.T0)
 	dir := t.TempDir()
 	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Second, Burst: 1, Capacity: 10} }
-	s, err := OpenBolt(filepath.Join(dir, "live.db"), BoltOptions{Clock: clk, Policy: policy})
+	s, err := Open(filepath.Join(dir, "live.db"), Options{Clock: clk, Policy: policy})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	var ids []string
-	for i := 0; i < 4; i++ { // slots t0, t0+1s, t0+2s, t0+3s
-		ids = append(ids, enqueueOne(t, s, "acme", payload(i)).Job.ID)
+	for i := 0; i < 4; i++ { // slots queuetest.T0, queuetest.T0+1s, queuetest.T0+2s, queuetest.T0+3s
+		ids = append(ids, queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(i)).Job.ID)
 	}
-	// The process dies at t0+1.5s: the file as it is then is all that is left.
-	clk.Set(t0.Add(1500 * time.Millisecond))
+	// The process dies at queuetest.T0+1.5s: the file as it is then is all that is left.
+	clk.Set(queuetest.T0.Add(1500 * time.Millisecond))
 	crashed := filepath.Join(dir, "crashed.db")
-	if err := s.db.View(func(tx *bolt.Tx) error { return tx.CopyFile(crashed, 0o600) }); err != nil {
+	if err := s.db.View(func(tx *bbolt.Tx) error { return tx.CopyFile(crashed, 0o600) }); err != nil {
 		t.Fatal(err)
 	}
-	clk.Set(t0.Add(1600 * time.Millisecond)) // restarted 100 ms later
-	r, err := OpenBolt(crashed, BoltOptions{Clock: clk, Policy: policy})
+	clk.Set(queuetest.T0.Add(1600 * time.Millisecond)) // restarted 100 ms later
+	r, err := Open(crashed, Options{Clock: clk, Policy: policy})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,14 +196,14 @@ func TestBoltCrashRespacesFromPossiblySentSlots(t *testing.T) {
 	// Jobs 0 and 1 may have been sent at any moment before the crash (only
 	// "before the restart" is sure): the next send is one interval after
 	// the restart.
-	first := t0.Add(1600*time.Millisecond + time.Second)
+	first := queuetest.T0.Add(1600*time.Millisecond + time.Second)
 	for i, id := range ids {
 		j, err := r.Job(context.Background(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if want := first.Add(time.Duration(i) * time.Second); !j.DispatchAt.Equal(want) {
-			t.Fatalf("job %d slot %v, want %v", i, j.DispatchAt.Sub(t0), want.Sub(t0))
+			t.Fatalf("job %d slot %v, want %v", i, j.DispatchAt.Sub(queuetest.T0), want.Sub(queuetest.T0))
 		}
 	}
 }
@@ -206,14 +211,14 @@ func TestBoltCrashRespacesFromPossiblySentSlots(t *testing.T) {
 // Enqueue, dispatch, lookups and cancels all at once while the file grows
 // (every growth remaps it and waits for readers): nothing may deadlock, and
 // every job ends delivered or cancelled.
-func TestBoltStressNoDeadlock(t *testing.T) {
+func TestStressNoDeadlock(t *testing.T) {
 	t.Parallel()
-	s := boltOpener(t)(t, clock.Real{}, func(string) leaky.Policy {
+	s := newBackend(t)(t, queuetest.Config{Clock: clock.Real{}, Policy: func(string) leaky.Policy {
 		return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 100000}
-	})
+	}})
 	ctx := context.Background()
-	stop := consume(t, s, 5*time.Millisecond, func(ctx context.Context, j Job) Outcome {
-		return Outcome{Result: Succeeded, Status: 200, SentAt: time.Now()}
+	stop := queuetest.Consume(t, s, 5*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: time.Now()}
 	})
 	big := make([]byte, 4096)
 	for i := range big {
@@ -230,7 +235,7 @@ func TestBoltStressNoDeadlock(t *testing.T) {
 			defer wg.Done()
 			for i := 0; time.Now().Before(deadline); i++ {
 				// New tenants and idempotency keys: reads under the store's lock.
-				out, err := s.Enqueue(ctx, fmt.Sprintf("t%d-%d", w, i), []NewJob{{Payload: body, IdempotencyKey: fmt.Sprint(i)}})
+				out, err := s.Enqueue(ctx, fmt.Sprintf("t%d-%d", w, i), []queue.NewJob{{Payload: body, IdempotencyKey: fmt.Sprint(i)}})
 				if err != nil {
 					t.Error(err)
 					return
@@ -253,7 +258,7 @@ func TestBoltStressNoDeadlock(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("deadlocked")
 	}
-	waitFor(t, func() bool {
+	queuetest.WaitFor(t, func() bool {
 		for _, id := range ids {
 			if j, err := s.Job(ctx, id); err != nil || !j.State.Finished() {
 				return false
@@ -267,75 +272,78 @@ func TestBoltStressNoDeadlock(t *testing.T) {
 // After a restart, a new job is not sent sooner than one interval after the
 // last recorded send, even when that send was long after its slot (a retry
 // that waited out a long backoff): the gate that knew it is gone.
-func TestBoltRestartSpacesFromTheLastSend(t *testing.T) {
+func TestRestartSpacesFromTheLastSend(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	reopen := boltOpener(t)
+	clk := clock.NewFake(queuetest.T0)
+	open := newBackend(t)
+	reopen := func(t *testing.T, clk clock.Clock, p queue.PolicyFunc) queue.Store {
+		return open(t, queuetest.Config{Clock: clk, Policy: p})
+	}
 	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Minute, Burst: 1, Capacity: 10} }
 	s := reopen(t, clk, policy)
-	enqueueOne(t, s, "acme", payload(1))
-	lateSend := t0.Add(5 * time.Minute)
-	got := make(chan handed, 1)
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
-		got <- handed{j, clk.Now()}
-		return Outcome{Result: Succeeded, Status: 200, SentAt: lateSend}
+	queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(1))
+	lateSend := queuetest.T0.Add(5 * time.Minute)
+	got := make(chan queuetest.Handed, 1)
+	stop := queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: lateSend}
 	})
-	waitHanded(t, clk, got, time.Millisecond)
-	waitFor(t, func() bool { st, _ := s.Tenant(context.Background(), "acme"); return st.Delivered == 1 })
+	queuetest.WaitHanded(t, clk, got, time.Millisecond)
+	queuetest.WaitFor(t, func() bool { st, _ := s.Tenant(context.Background(), "acme"); return st.Delivered == 1 })
 	stop()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	clk.Set(lateSend.Add(2 * time.Second))
 	s = reopen(t, clk, policy)
-	a := enqueueOne(t, s, "acme", payload(2))
+	a := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(2))
 	if a.Rejected != nil || a.Job.DispatchAt.Before(lateSend.Add(time.Minute)) {
 		t.Fatalf("new job due %v after the last send, want at least a minute: %+v", a.Job.DispatchAt.Sub(lateSend), a)
 	}
 }
 
-// Under a downstream's ceiling, due jobs are handed over one per ceiling
+// Under a downstream's ceiling, due jobs are queuetest.Handed over one per ceiling
 // slot and tenants take turns: a tenant with one job waits behind at most
-// one of a deep backlog's jobs, and every handed-over time keeps the
+// one of a deep backlog's jobs, and every queuetest.Handed-over time keeps the
 // ceiling's spacing.
-func TestBoltCeilingTakesTurns(t *testing.T) {
+func TestCeilingTakesTurns(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
+	clk := clock.NewFake(queuetest.T0)
 	const ceilingT = 100 * time.Millisecond
 	ceiling := leaky.Policy{Interval: ceilingT, Burst: 1}
-	s := openCeiling(t, filepath.Join(t.TempDir(), "t.db"), clk, func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} }, &ceiling)
+	s := openCeiling(t, filepath.Join(t.TempDir(), "t.db"), clk, func(string) leaky.Policy { return leaky.Policy{Interval: queuetest.T, Burst: 1, Capacity: 100} }, &ceiling)
 	t.Cleanup(func() { s.Close() })
 	for i := 0; i < 20; i++ {
-		enqueueOne(t, s, "deep", payload(i))
+		queuetest.EnqueueOne(t, s, "deep", queuetest.Payload(i))
 	}
-	got := make(chan handed, 100)
-	stop := consume(t, s, 20*time.Millisecond, func(ctx context.Context, j Job) Outcome {
-		got <- handed{j, clk.Now()}
-		return Outcome{Result: Succeeded, Status: 200, SentAt: j.DispatchAt}
+	got := make(chan queuetest.Handed, 100)
+	stop := queuetest.Consume(t, s, 20*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
 	})
 	defer stop()
 	var prev time.Time
 	var small time.Time
 	var smallID string
 	for i := 0; i < 12; i++ {
-		h := waitHanded(t, clk, got, 5*time.Millisecond)
-		if !prev.IsZero() && h.job.DispatchAt.Sub(prev) < ceilingT {
-			t.Fatalf("handed %d due %v after the one before, under a ceiling of one per %v", i, h.job.DispatchAt.Sub(prev), ceilingT)
+		h := queuetest.WaitHanded(t, clk, got, 5*time.Millisecond)
+		if !prev.IsZero() && h.Job.DispatchAt.Sub(prev) < ceilingT {
+			t.Fatalf("queuetest.Handed %d due %v after the one before, under a ceiling of one per %v", i, h.Job.DispatchAt.Sub(prev), ceilingT)
 		}
-		prev = h.job.DispatchAt
-		if h.job.Tenant == "small" {
-			if wait := h.job.DispatchAt.Sub(small); wait > 2*ceilingT {
+		prev = h.Job.DispatchAt
+		if h.Job.Tenant == "small" {
+			if wait := h.Job.DispatchAt.Sub(small); wait > 2*ceilingT {
 				t.Fatalf("the small tenant's job goes %v after it was due, behind the deep backlog", wait)
 			}
-			smallID = h.job.ID
+			smallID = h.Job.ID
 		}
 		if i == 5 {
-			a := enqueueOne(t, s, "small", payload(100))
+			a := queuetest.EnqueueOne(t, s, "small", queuetest.Payload(100))
 			small = a.Job.DispatchAt
 		}
 	}
 	if smallID == "" {
-		t.Fatal("the small tenant's job was not handed over within 6 ceiling slots of being due")
+		t.Fatal("the small tenant's job was not queuetest.Handed over within 6 ceiling slots of being due")
 	}
 	st, _ := s.Tenant(context.Background(), "deep")
 	if st.ExpectedDelay < time.Duration(st.QueueDepth)*ceilingT {
@@ -345,34 +353,34 @@ func TestBoltCeilingTakesTurns(t *testing.T) {
 
 // A downstream ceiling's window ("3 per 10 s") holds across its tenants,
 // and across a restart: its bookkeeping is on disk.
-func TestBoltCeilingWindowSurvivesRestart(t *testing.T) {
+func TestCeilingWindowSurvivesRestart(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
+	clk := clock.NewFake(queuetest.T0)
 	w, _ := leaky.ParseWindow("3/10s")
 	ceiling := leaky.Policy{Interval: time.Millisecond, Burst: 1, Windows: []leaky.Window{w}}
 	path := filepath.Join(t.TempDir(), "t.db")
-	open := func() *BoltStore {
-		return openCeiling(t, path, clk, func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} }, &ceiling)
+	open := func() *Store {
+		return openCeiling(t, path, clk, func(string) leaky.Policy { return leaky.Policy{Interval: queuetest.T, Burst: 1, Capacity: 100} }, &ceiling)
 	}
 	s := open()
 	for i := 0; i < 2; i++ {
-		enqueueOne(t, s, "a", payload(i))
-		enqueueOne(t, s, "b", payload(i))
+		queuetest.EnqueueOne(t, s, "a", queuetest.Payload(i))
+		queuetest.EnqueueOne(t, s, "b", queuetest.Payload(i))
 	}
-	if a := enqueueOne(t, s, "a", NewJob{Payload: []byte(`9`), Cost: 4}); a.Impossible == nil || a.Impossible.MaxCost != 3 {
+	if a := queuetest.EnqueueOne(t, s, "a", queue.NewJob{Payload: []byte(`9`), Cost: 4}); a.Impossible == nil || a.Impossible.MaxCost != 3 {
 		t.Fatalf("cost 4 under a window of 3: %+v", a)
 	}
-	got := make(chan handed, 10)
-	h := func(ctx context.Context, j Job) Outcome {
-		got <- handed{j, clk.Now()}
-		return Outcome{Result: Succeeded, Status: 200, SentAt: j.DispatchAt}
+	got := make(chan queuetest.Handed, 10)
+	h := func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
 	}
-	stop := consume(t, s, 10*time.Millisecond, h)
+	stop := queuetest.Consume(t, s, 10*time.Millisecond, h)
 	var times []time.Time
 	for range 3 {
-		times = append(times, waitHanded(t, clk, got, 5*time.Millisecond).job.DispatchAt)
+		times = append(times, queuetest.WaitHanded(t, clk, got, 5*time.Millisecond).Job.DispatchAt)
 	}
-	waitFor(t, func() bool {
+	queuetest.WaitFor(t, func() bool {
 		st, _ := s.Tenant(context.Background(), "a")
 		sb, _ := s.Tenant(context.Background(), "b")
 		return st.Delivered+sb.Delivered == 3
@@ -382,9 +390,9 @@ func TestBoltCeilingWindowSurvivesRestart(t *testing.T) {
 
 	s = open()
 	defer s.Close()
-	stop = consume(t, s, 10*time.Millisecond, h)
+	stop = queuetest.Consume(t, s, 10*time.Millisecond, h)
 	defer stop()
-	fourth := waitHanded(t, clk, got, 100*time.Millisecond).job.DispatchAt
+	fourth := queuetest.WaitHanded(t, clk, got, 100*time.Millisecond).Job.DispatchAt
 	if fourth.Sub(times[0]) < 10*time.Second {
 		t.Fatalf("4th send %v after the 1st, under a window of 3 per 10s (sends at %v)", fourth.Sub(times[0]), times)
 	}
@@ -392,13 +400,13 @@ func TestBoltCeilingWindowSurvivesRestart(t *testing.T) {
 
 // Holds retime a tenant's jobs to "never" and back; the stale heap entries
 // they leave are compacted away, so memory follows the jobs waiting.
-func TestBoltHeapsStayBounded(t *testing.T) {
+func TestHeapsStayBounded(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	s := boltOpener(t)(t, clk, leaky20(1000)).(*BoltStore)
+	clk := clock.NewFake(queuetest.T0)
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: queuetest.Leaky20(1000)}).(*Store)
 	ctx := context.Background()
 	for i := 0; i < 200; i++ {
-		enqueueOne(t, s, "acme", NewJob{Payload: []byte(`1`), Deadline: t0.Add(time.Hour)})
+		queuetest.EnqueueOne(t, s, "acme", queue.NewJob{Payload: []byte(`1`), Deadline: queuetest.T0.Add(time.Hour)})
 	}
 	for range 50 {
 		if _, err := s.Pause(ctx, "acme"); err != nil {
@@ -419,40 +427,40 @@ func TestBoltHeapsStayBounded(t *testing.T) {
 // A pushback whose end has already passed when it is recorded is not a
 // free pass: the job takes a new slot (its own has gone), uncounted as a
 // failure.
-func TestBoltPushbackAlreadyOver(t *testing.T) {
+func TestPushbackAlreadyOver(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	s := boltOpener(t)(t, clk, leaky20(10)).(*BoltStore)
+	clk := clock.NewFake(queuetest.T0)
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: queuetest.Leaky20(10)}).(*Store)
 	ctx := context.Background()
-	first := enqueueOne(t, s, "acme", payload(0)).Job.ID
-	enqueueOne(t, s, "acme", payload(1)) // slot T
-	got := make(chan handed, 10)
+	first := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(0)).Job.ID
+	queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(1)) // slot queuetest.T
+	got := make(chan queuetest.Handed, 10)
 	var mu sync.Mutex
 	n := 0
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
-		got <- handed{j, clk.Now()}
+	stop := queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
 		mu.Lock()
 		defer mu.Unlock()
 		n++
 		if n == 1 {
-			return Outcome{Result: Retry, Status: 429, SentAt: clk.Now(), PauseUntil: clk.Now()}
+			return queue.Outcome{Result: queue.Retry, Status: 429, SentAt: clk.Now(), PauseUntil: clk.Now()}
 		}
-		return Outcome{Result: Succeeded, Status: 200, SentAt: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
 	})
 	defer stop()
-	waitHanded(t, clk, got, time.Millisecond)
-	waitFor(t, func() bool { j, _ := s.Job(ctx, first); return j.State == StateRetrying })
+	queuetest.WaitHanded(t, clk, got, time.Millisecond)
+	queuetest.WaitFor(t, func() bool { j, _ := s.Job(ctx, first); return j.State == queue.StateRetrying })
 	j, _ := s.Job(ctx, first)
-	if j.Failures != 0 || !j.DispatchAt.After(t0.Add(T)) {
+	if j.Failures != 0 || !j.DispatchAt.After(queuetest.T0.Add(queuetest.T)) {
 		t.Fatalf("after a pushback already over: %+v (want a slot after the next job's, no failure)", j)
 	}
 }
 
 // A tenant whose next job is not due yet does not hold up the ceiling for
 // the others: its turn passes to the next tenant.
-func TestBoltCeilingSkipsATenantNotDueYet(t *testing.T) {
+func TestCeilingSkipsATenantNotDueYet(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
+	clk := clock.NewFake(queuetest.T0)
 	ceiling := leaky.Policy{Interval: 2 * time.Millisecond, Burst: 1}
 	s := openCeiling(t, filepath.Join(t.TempDir(), "t.db"), clk, func(tenant string) leaky.Policy {
 		if tenant == "b" {
@@ -461,24 +469,24 @@ func TestBoltCeilingSkipsATenantNotDueYet(t *testing.T) {
 		return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 10}
 	}, &ceiling)
 	t.Cleanup(func() { s.Close() })
-	enqueueOne(t, s, "b", payload(0))
-	enqueueOne(t, s, "b", payload(1)) // due at 90 ms
+	queuetest.EnqueueOne(t, s, "b", queuetest.Payload(0))
+	queuetest.EnqueueOne(t, s, "b", queuetest.Payload(1)) // due at 90 ms
 	for i := 0; i < 10; i++ {
-		enqueueOne(t, s, "a", payload(i))
+		queuetest.EnqueueOne(t, s, "a", queuetest.Payload(i))
 	}
-	got := make(chan handed, 20)
-	stop := consume(t, s, 100*time.Millisecond, func(ctx context.Context, j Job) Outcome {
-		got <- handed{j, clk.Now()}
-		return Outcome{Result: Succeeded, Status: 200, SentAt: j.DispatchAt}
+	got := make(chan queuetest.Handed, 20)
+	stop := queuetest.Consume(t, s, 100*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
 	})
 	defer stop()
 	for seen := 0; seen < 10; {
-		h := waitHanded(t, clk, got, time.Millisecond)
-		if h.job.Tenant != "a" {
+		h := queuetest.WaitHanded(t, clk, got, time.Millisecond)
+		if h.Job.Tenant != "a" {
 			continue
 		}
 		seen++
-		if late := h.job.DispatchAt.Sub(t0); late > 30*time.Millisecond {
+		if late := h.Job.DispatchAt.Sub(queuetest.T0); late > 30*time.Millisecond {
 			t.Fatalf("a's job %d goes at %v: held up behind b's job due at 90ms", seen, late)
 		}
 	}
@@ -486,42 +494,42 @@ func TestBoltCeilingSkipsATenantNotDueYet(t *testing.T) {
 
 // A 429 under a downstream's ceiling pauses the downstream for all its
 // tenants, and the pause survives a restart.
-func TestBoltCeilingPauseSurvivesRestart(t *testing.T) {
+func TestCeilingPauseSurvivesRestart(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
+	clk := clock.NewFake(queuetest.T0)
 	ceiling := leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1}
 	path := filepath.Join(t.TempDir(), "t.db")
-	open := func() *BoltStore {
-		return openCeiling(t, path, clk, func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 1, Capacity: 100} }, &ceiling)
+	open := func() *Store {
+		return openCeiling(t, path, clk, func(string) leaky.Policy { return leaky.Policy{Interval: queuetest.T, Burst: 1, Capacity: 100} }, &ceiling)
 	}
 	s := open()
-	a := enqueueOne(t, s, "a", payload(0)).Job.ID
-	until := t0.Add(5 * time.Second)
-	got := make(chan handed, 10)
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
-		got <- handed{j, clk.Now()}
+	a := queuetest.EnqueueOne(t, s, "a", queuetest.Payload(0)).Job.ID
+	until := queuetest.T0.Add(5 * time.Second)
+	got := make(chan queuetest.Handed, 10)
+	stop := queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
 		if j.ID == a && j.Attempts == 1 {
-			return Outcome{Result: Retry, Status: 429, SentAt: clk.Now(), PauseUntil: until, PauseDownstream: true}
+			return queue.Outcome{Result: queue.Retry, Status: 429, SentAt: clk.Now(), PauseUntil: until, PauseDownstream: true}
 		}
-		return Outcome{Result: Succeeded, Status: 200, SentAt: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
 	})
-	waitHanded(t, clk, got, time.Millisecond)
-	waitFor(t, func() bool { j, _ := s.Job(context.Background(), a); return j.State == StateRetrying })
+	queuetest.WaitHanded(t, clk, got, time.Millisecond)
+	queuetest.WaitFor(t, func() bool { j, _ := s.Job(context.Background(), a); return j.State == queue.StateRetrying })
 	stop()
 	s.Close()
 
 	s = open()
 	defer s.Close()
-	b := enqueueOne(t, s, "b", payload(1)).Job.ID
-	stop = consume(t, s, 10*time.Millisecond, func(ctx context.Context, j Job) Outcome {
-		got <- handed{j, clk.Now()}
-		return Outcome{Result: Succeeded, Status: 200, SentAt: clk.Now()}
+	b := queuetest.EnqueueOne(t, s, "b", queuetest.Payload(1)).Job.ID
+	stop = queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
 	})
 	defer stop()
 	for range 2 {
-		h := waitHanded(t, clk, got, 50*time.Millisecond)
-		if h.job.DispatchAt.Before(until) {
-			t.Fatalf("job of %s (b is %s) due %v, before the downstream's pause ends at %v", h.job.Tenant, b, h.job.DispatchAt.Sub(t0), until.Sub(t0))
+		h := queuetest.WaitHanded(t, clk, got, 50*time.Millisecond)
+		if h.Job.DispatchAt.Before(until) {
+			t.Fatalf("job of %s (b is %s) due %v, before the downstream's pause ends at %v", h.Job.Tenant, b, h.Job.DispatchAt.Sub(queuetest.T0), until.Sub(queuetest.T0))
 		}
 	}
 }

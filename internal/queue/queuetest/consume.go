@@ -26,18 +26,18 @@ func testConsumeDeliversAtSlotsInOrder(t *testing.T, d Driver) {
 		t.Fatal(err)
 	}
 	lead := 20 * time.Millisecond
-	got := make(chan handed, 10)
-	stop := consume(t, s, lead, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- handed{j, clk.Now()}
+	got := make(chan Handed, 10)
+	stop := Consume(t, s, lead, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- Handed{Job: j, At: clk.Now()}
 		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
 	})
 	for i, id := range ids {
-		h := waitHanded(t, clk, got, 5*time.Millisecond)
-		if h.job.ID != id || h.job.Attempts != 1 || h.job.State != queue.StateDispatching {
-			t.Fatalf("handed %d: %+v, want %s attempt 1", i, h.job, id)
+		h := WaitHanded(t, clk, got, 5*time.Millisecond)
+		if h.Job.ID != id || h.Job.Attempts != 1 || h.Job.State != queue.StateDispatching {
+			t.Fatalf("Handed %d: %+v, want %s attempt 1", i, h.Job, id)
 		}
-		if early := h.job.DispatchAt.Sub(h.at); early < 0 || early > lead {
-			t.Fatalf("job %d handed %v before its slot, want within the lead %v", i, early, lead)
+		if early := h.Job.DispatchAt.Sub(h.At); early < 0 || early > lead {
+			t.Fatalf("job %d Handed %v before its slot, want within the lead %v", i, early, lead)
 		}
 	}
 	stop()
@@ -59,15 +59,15 @@ func testRetryFailAndRelease(t *testing.T, d Driver) {
 	ctx := context.Background()
 	retry := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
 	fail := EnqueueOne(t, s, "acme", Payload(2)).Job.ID
-	got := make(chan handed, 10)
+	got := make(chan Handed, 10)
 	var mu sync.Mutex
 	calls := map[string]int{}
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
 		mu.Lock()
 		calls[j.ID]++
 		n := calls[j.ID]
 		mu.Unlock()
-		got <- handed{j, clk.Now()}
+		got <- Handed{Job: j, At: clk.Now()}
 		switch {
 		case j.ID == retry && n == 1:
 			return queue.Outcome{Result: queue.Retry, Status: 502, Error: "bad gateway", NotBefore: clk.Now().Add(time.Second)}
@@ -76,19 +76,19 @@ func testRetryFailAndRelease(t *testing.T, d Driver) {
 		}
 		return queue.Outcome{Result: queue.Succeeded, Status: 200}
 	})
-	first := waitHanded(t, clk, got, 5*time.Millisecond)
-	second := waitHanded(t, clk, got, 5*time.Millisecond)
-	if first.job.ID != retry || second.job.ID != fail {
-		t.Fatalf("order %s %s", first.job.ID, second.job.ID)
+	first := WaitHanded(t, clk, got, 5*time.Millisecond)
+	second := WaitHanded(t, clk, got, 5*time.Millisecond)
+	if first.Job.ID != retry || second.Job.ID != fail {
+		t.Fatalf("order %s %s", first.Job.ID, second.Job.ID)
 	}
-	waitFor(t, func() bool { j, _ := s.Job(ctx, retry); return j.State == queue.StateRetrying })
+	WaitFor(t, func() bool { j, _ := s.Job(ctx, retry); return j.State == queue.StateRetrying })
 	j, _ := s.Job(ctx, retry)
-	if j.LastError != "bad gateway" || j.ResponseStatus != 502 || j.DispatchAt.Before(first.at.Add(time.Second)) {
+	if j.LastError != "bad gateway" || j.ResponseStatus != 502 || j.DispatchAt.Before(first.At.Add(time.Second)) {
 		t.Fatalf("retrying job %+v", j)
 	}
-	third := waitHanded(t, clk, got, 20*time.Millisecond)
-	if third.job.ID != retry || third.job.Attempts != 2 || third.at.Before(first.at.Add(time.Second-10*time.Millisecond)) {
-		t.Fatalf("retry handed %+v at %v", third.job, third.at.Sub(first.at))
+	third := WaitHanded(t, clk, got, 20*time.Millisecond)
+	if third.Job.ID != retry || third.Job.Attempts != 2 || third.At.Before(first.At.Add(time.Second-10*time.Millisecond)) {
+		t.Fatalf("retry Handed %+v at %v", third.Job, third.At.Sub(first.At))
 	}
 	stop()
 	if j, _ := s.Job(ctx, fail); j.State != queue.StateFailed || j.ResponseStatus != 400 || j.LastError == "" {
@@ -104,14 +104,14 @@ func testRetryFailAndRelease(t *testing.T, d Driver) {
 
 	// queue.Released: nothing was sent, so the attempt does not count.
 	rel := EnqueueOne(t, s, "acme", Payload(3)).Job.ID
-	stop = consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+	stop = Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
 		select {
-		case got <- handed{j, clk.Now()}:
+		case got <- Handed{Job: j, At: clk.Now()}:
 		default:
 		}
 		return queue.Outcome{Result: queue.Released}
 	})
-	waitHanded(t, clk, got, 5*time.Millisecond)
+	WaitHanded(t, clk, got, 5*time.Millisecond)
 	stop()
 	if j, _ := s.Job(ctx, rel); j.State != queue.StateQueued || j.Attempts != 0 {
 		t.Fatalf("released job %+v", j)
@@ -124,13 +124,13 @@ func testRetryBackoffDoesNotFillTheQueue(t *testing.T, d Driver) {
 	s := d.open(t, clk, Leaky20(3))
 	ctx := context.Background()
 	id := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
-	got := make(chan handed, 10)
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- handed{j, clk.Now()}
+	got := make(chan Handed, 10)
+	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- Handed{Job: j, At: clk.Now()}
 		return queue.Outcome{Result: queue.Retry, Status: 503, Error: "busy", NotBefore: clk.Now().Add(10 * time.Second)}
 	})
-	waitHanded(t, clk, got, time.Millisecond)
-	waitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateRetrying })
+	WaitHanded(t, clk, got, time.Millisecond)
+	WaitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateRetrying })
 	stop()
 	j, _ := s.Job(ctx, id)
 	if j.DispatchAt.Before(T0.Add(10 * time.Second)) {
@@ -158,11 +158,11 @@ func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
 	ctx := context.Background()
 	id := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
 	other := EnqueueOne(t, s, "other", Payload(2)).Job.ID
-	got := make(chan handed, 10)
+	got := make(chan Handed, 10)
 	var mu sync.Mutex
 	fail := true
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- handed{j, clk.Now()}
+	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- Handed{Job: j, At: clk.Now()}
 		mu.Lock()
 		defer mu.Unlock()
 		if fail {
@@ -170,10 +170,10 @@ func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
 		}
 		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
 	})
-	waitHanded(t, clk, got, time.Millisecond)
-	waitHanded(t, clk, got, time.Millisecond)
-	waitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateFailed })
-	waitFor(t, func() bool { j, _ := s.Job(ctx, other); return j.State == queue.StateFailed })
+	WaitHanded(t, clk, got, time.Millisecond)
+	WaitHanded(t, clk, got, time.Millisecond)
+	WaitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateFailed })
+	WaitFor(t, func() bool { j, _ := s.Job(ctx, other); return j.State == queue.StateFailed })
 	list, err := s.Failed(ctx, "acme", 10)
 	if err != nil || len(list) != 1 || list[0].ID != id || list[0].LastError == "" || list[0].ResponseStatus != 400 {
 		t.Fatalf("failed list %+v %v", list, err)
@@ -204,9 +204,9 @@ func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
 	if list, _ := s.Failed(ctx, "acme", 10); len(list) != 0 {
 		t.Fatalf("still listed as failed: %+v", list)
 	}
-	for h := waitHanded(t, clk, got, time.Millisecond); h.job.ID != id; h = waitHanded(t, clk, got, time.Millisecond) {
+	for h := WaitHanded(t, clk, got, time.Millisecond); h.Job.ID != id; h = WaitHanded(t, clk, got, time.Millisecond) {
 	}
-	waitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateSucceeded })
+	WaitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateSucceeded })
 	stop()
 	if j, _ := s.Job(ctx, id); j.Attempts != 1 || j.ResponseStatus != 200 {
 		t.Fatalf("after the retry: %+v", j)

@@ -33,11 +33,11 @@ func testDeadlines(t *testing.T, d Driver) {
 	// Fits now (slot 5T, deadline 8T); a pause pushes it past.
 	late := EnqueueOne(t, s, "acme", queue.NewJob{Payload: json.RawMessage(`10`), Deadline: T0.Add(8 * T)}).Job.ID
 	after := EnqueueOne(t, s, "acme", Payload(11)).Job.ID
-	got := make(chan handed, 20)
+	got := make(chan Handed, 20)
 	var mu sync.Mutex
 	pushed := false
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- handed{j, clk.Now()}
+	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- Handed{Job: j, At: clk.Now()}
 		mu.Lock()
 		defer mu.Unlock()
 		if !pushed { // the first job: come back in a second
@@ -49,15 +49,15 @@ func testDeadlines(t *testing.T, d Driver) {
 	defer stop()
 	var handedIDs []string
 	for len(handedIDs) < 7 { // 6 jobs, the first twice
-		handedIDs = append(handedIDs, waitHanded(t, clk, got, 5*time.Millisecond).job.ID)
+		handedIDs = append(handedIDs, WaitHanded(t, clk, got, 5*time.Millisecond).Job.ID)
 	}
 	for _, id := range handedIDs {
 		if id == late {
-			t.Fatal("a job past its deadline was handed over")
+			t.Fatal("a job past its deadline was Handed over")
 		}
 	}
-	waitFor(t, func() bool { j, _ := s.Job(ctx, late); return j.State == queue.StateExpired })
-	waitFor(t, func() bool { j, _ := s.Job(ctx, after); return j.State == queue.StateSucceeded })
+	WaitFor(t, func() bool { j, _ := s.Job(ctx, late); return j.State == queue.StateExpired })
+	WaitFor(t, func() bool { j, _ := s.Job(ctx, after); return j.State == queue.StateSucceeded })
 	st, _ := s.Tenant(ctx, "acme")
 	if st.Expired != 1 || st.Delivered != 6 || st.QueueDepth != 0 {
 		t.Fatalf("status %+v", st)

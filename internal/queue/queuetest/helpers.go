@@ -40,15 +40,15 @@ func EnqueueOne(t *testing.T, s queue.Store, tenant string, nj queue.NewJob) que
 	return out[0]
 }
 
-// handed is a job handed to the handler, and when (on the fake clock).
-type handed struct {
-	job queue.Job
-	at  time.Time
+// Handed is a job Handed to the handler, and when (on the fake clock).
+type Handed struct {
+	Job queue.Job
+	At  time.Time
 }
 
-// consume runs s.Consume in the background; the returned func stops it and
+// Consume runs s.Consume in the background; the returned func stops it and
 // waits for it to return.
-func consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) func() {
+func Consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) func() {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -66,15 +66,15 @@ func consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) f
 	return stop
 }
 
-// waitHanded advances the fake clock by step until a job is handed over.
-func waitHanded(t *testing.T, clk *clock.Fake, got <-chan handed, step time.Duration) handed {
+// WaitHanded advances the fake clock by step until a job is handed over.
+func WaitHanded(t *testing.T, clk *clock.Fake, got <-chan Handed, step time.Duration) Handed {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	// A backend that works in real time too (asynq's polls, a round trip
 	// per claim) must not see the clock run ahead of it: first a moment
 	// for what is due already, then steps far enough apart in real time
 	// (more so under the race detector, which slows it down) that jobs
-	// due one step apart are handed over in order.
+	// due one step apart are Handed over in order.
 	step1, stepN := 25*time.Millisecond, 2*time.Millisecond
 	if testutil.Race {
 		step1, stepN = 100*time.Millisecond, 8*time.Millisecond
@@ -89,12 +89,12 @@ func waitHanded(t *testing.T, clk *clock.Fake, got <-chan handed, step time.Dura
 		}
 		pause = stepN
 	}
-	t.Fatal("no job handed over within 10s")
-	return handed{}
+	t.Fatal("no job Handed over within 10s")
+	return Handed{}
 }
 
-// waitFor waits up to 10 s for cond.
-func waitFor(t *testing.T, cond func() bool) {
+// WaitFor waits up to 10 s for cond.
+func WaitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	testutil.WaitFor(t, 10*time.Second, "condition", cond)
 }

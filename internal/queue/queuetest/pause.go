@@ -22,11 +22,11 @@ func testPushbackPausesTheTenantAndKeepsOrder(t *testing.T, d Driver) {
 		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
 	}
 	until := T0.Add(2 * time.Second)
-	got := make(chan handed, 10)
+	got := make(chan Handed, 10)
 	var mu sync.Mutex
 	pushed := false
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- handed{j, clk.Now()}
+	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- Handed{Job: j, At: clk.Now()}
 		mu.Lock()
 		defer mu.Unlock()
 		if !pushed {
@@ -35,10 +35,10 @@ func testPushbackPausesTheTenantAndKeepsOrder(t *testing.T, d Driver) {
 		}
 		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
 	})
-	if h := waitHanded(t, clk, got, time.Millisecond); h.job.ID != ids[0] {
-		t.Fatalf("first handed %s", h.job.ID)
+	if h := WaitHanded(t, clk, got, time.Millisecond); h.Job.ID != ids[0] {
+		t.Fatalf("first Handed %s", h.Job.ID)
 	}
-	waitFor(t, func() bool { j, _ := s.Job(ctx, ids[0]); return j.State == queue.StateRetrying })
+	WaitFor(t, func() bool { j, _ := s.Job(ctx, ids[0]); return j.State == queue.StateRetrying })
 	st, _ := s.Tenant(ctx, "acme")
 	if !st.Paused || !st.PausedUntil.Equal(until) || st.Held || st.QueueDepth != 4 {
 		t.Fatalf("status during the pause %+v", st)
@@ -61,20 +61,20 @@ func testPushbackPausesTheTenantAndKeepsOrder(t *testing.T, d Driver) {
 	// none before the pause ends.
 	var first time.Time
 	for i, id := range ids {
-		h := waitHanded(t, clk, got, 5*time.Millisecond)
-		if h.job.ID != id {
-			t.Fatalf("after the pause, handed %d is %s, want %s", i, h.job.ID, id)
+		h := WaitHanded(t, clk, got, 5*time.Millisecond)
+		if h.Job.ID != id {
+			t.Fatalf("after the pause, Handed %d is %s, want %s", i, h.Job.ID, id)
 		}
 		if i == 0 {
-			first = h.job.DispatchAt
+			first = h.Job.DispatchAt
 			if first.Before(until) {
 				t.Fatalf("first after the pause due at %v, before its end", first.Sub(T0))
 			}
-		} else if want := first.Add(time.Duration(i) * T); !h.job.DispatchAt.Equal(want) {
-			t.Fatalf("job %d due at %v, want %v", i, h.job.DispatchAt.Sub(T0), want.Sub(T0))
+		} else if want := first.Add(time.Duration(i) * T); !h.Job.DispatchAt.Equal(want) {
+			t.Fatalf("job %d due at %v, want %v", i, h.Job.DispatchAt.Sub(T0), want.Sub(T0))
 		}
 	}
-	waitFor(t, func() bool { st, _ := s.Tenant(ctx, "acme"); return st.Delivered == 5 })
+	WaitFor(t, func() bool { st, _ := s.Tenant(ctx, "acme"); return st.Delivered == 5 })
 	stop()
 	if st, _ := s.Tenant(ctx, "acme"); st.Paused {
 		t.Fatalf("still paused: %+v", st)
@@ -106,9 +106,9 @@ func testOperatorHoldAndResume(t *testing.T, d Driver) {
 	if st, _ := s.Tenant(ctx, "acme"); !st.Held || st.QueueDepth != 3 {
 		t.Fatalf("after a restart: %+v", st)
 	}
-	got := make(chan handed, 10)
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- handed{j, clk.Now()}
+	got := make(chan Handed, 10)
+	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- Handed{Job: j, At: clk.Now()}
 		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
 	})
 	for range 50 {
@@ -117,7 +117,7 @@ func testOperatorHoldAndResume(t *testing.T, d Driver) {
 	}
 	select {
 	case h := <-got:
-		t.Fatalf("a held tenant's job was handed over: %+v", h.job)
+		t.Fatalf("a held tenant's job was Handed over: %+v", h.Job)
 	case <-time.After(20 * time.Millisecond):
 	}
 	resumeAt := clk.Now()
@@ -125,10 +125,10 @@ func testOperatorHoldAndResume(t *testing.T, d Driver) {
 		t.Fatalf("resume: %+v %v", st, err)
 	}
 	for i, id := range ids {
-		h := waitHanded(t, clk, got, 5*time.Millisecond)
+		h := WaitHanded(t, clk, got, 5*time.Millisecond)
 		want := resumeAt.Add(time.Duration(i) * T)
-		if h.job.ID != id || !h.job.DispatchAt.Equal(want) {
-			t.Fatalf("after resume, handed %d: %s due %v, want %s due %v", i, h.job.ID, h.job.DispatchAt.Sub(T0), id, want.Sub(T0))
+		if h.Job.ID != id || !h.Job.DispatchAt.Equal(want) {
+			t.Fatalf("after resume, Handed %d: %s due %v, want %s due %v", i, h.Job.ID, h.Job.DispatchAt.Sub(T0), id, want.Sub(T0))
 		}
 	}
 	stop()

@@ -36,21 +36,21 @@ func testWindowBesideTheRate(t *testing.T, d Driver) {
 	if st, _ := s.Tenant(context.Background(), "acme"); st.ExpectedDelay != 3*time.Minute {
 		t.Fatalf("expected delay for a 61st job %v, want 3m (the window)", st.ExpectedDelay)
 	}
-	got := make(chan handed, 100)
-	stop := consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- handed{j, clk.Now()}
+	got := make(chan Handed, 100)
+	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- Handed{Job: j, At: clk.Now()}
 		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
 	})
 	defer stop()
 	var sent []time.Time
 	for len(sent) < 60 {
-		h := waitHanded(t, clk, got, 100*time.Millisecond)
-		// (When it is handed over depends on how fast this test moves
+		h := WaitHanded(t, clk, got, 100*time.Millisecond)
+		// (When it is Handed over depends on how fast this test moves
 		// the fake clock; what it is due at does not.)
-		if !h.job.DispatchAt.Equal(promised[h.job.ID]) {
-			t.Fatalf("job due %v, promised %v", h.job.DispatchAt.Sub(T0), promised[h.job.ID].Sub(T0))
+		if !h.Job.DispatchAt.Equal(promised[h.Job.ID]) {
+			t.Fatalf("job due %v, promised %v", h.Job.DispatchAt.Sub(T0), promised[h.Job.ID].Sub(T0))
 		}
-		sent = append(sent, h.job.DispatchAt)
+		sent = append(sent, h.Job.DispatchAt)
 	}
 	slices.SortFunc(sent, func(a, b time.Time) int { return a.Compare(b) })
 	for i := range sent {

@@ -1,0 +1,229 @@
+package bolt
+
+import (
+	"cmp"
+	"container/heap"
+	"fmt"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+)
+
+// claimEvery is the longest a due job waits to be claimed once within the
+// lead; it lets one pass over the due index take every job due in that time.
+const claimEvery = 10 * time.Millisecond
+
+// pokeIfSooner wakes the dispatcher if a job due at slot is due before it
+// planned to wake.
+func (s *Store) pokeIfSooner(slot time.Time) {
+	if slot.Add(-queue.DefaultLead).UnixNano() < s.nextWake.Load() {
+		s.poke()
+	}
+}
+
+// poke wakes the dispatcher.
+func (s *Store) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// claimDue hands over up to limit waiting jobs due at or before horizon,
+// earliest first: they leave the schedule and are held in memory (nothing is
+// written), with their attempt counted in the job handed over. It also
+// returns the jobs whose deadline passed before they could go (out of the
+// schedule, to be expired), and the time of the next waiting job or
+// deadline (zero if none).
+//
+// Lock order: s.mu is never taken inside a read transaction. A commit that
+// grows the file waits for every reader to finish, and code that holds s.mu
+// opens read transactions: a reader waiting for s.mu would deadlock both.
+func (s *Store) claimDue(horizon time.Time, limit int) ([]queue.Job, []dueEntry, time.Time, error) {
+	var chosen []dueEntry
+	var next time.Time
+	s.mu.Lock()
+	expired := s.sched.expiring(s.clock.Now())
+	if d := s.sched.nextExpiry(); !d.IsZero() {
+		next = d.Add(horizon.Sub(s.clock.Now())) // Consume wakes a lead before next
+	}
+	for len(chosen) < limit {
+		e, ok := s.sched.peek()
+		if !ok {
+			break
+		}
+		if e.at.After(horizon) {
+			next = clock.Earliest(next, e.at)
+			break
+		}
+		heap.Pop(&s.sched.heap)
+		if ds, ceiling := s.ceiling(e.tenant); ceiling != nil {
+			// Still waiting: it takes its turn for the ceiling below.
+			s.fairQueue(ds, *ceiling).push(e)
+			continue
+		}
+		s.sched.remove(e.id)
+		s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant} // held while read
+		chosen = append(chosen, e)
+	}
+	if len(chosen) == limit {
+		if e, ok := s.sched.peek(); ok {
+			next = clock.Earliest(next, e.at)
+		}
+	}
+	now := s.clock.Now()
+	valid := func(e dueEntry) bool { w, ok := s.sched.waiting[e.id]; return ok && w.at.Equal(e.at) }
+	for ds, q := range s.fair {
+		skipped := 0 // tenants passed over in a row: their next job is not due yet
+		for len(chosen) < limit && skipped < len(q.ring) {
+			e, ok := q.next(valid)
+			if !ok {
+				if q.idle(now) {
+					delete(s.fair, ds)
+				}
+				break
+			}
+			slot := q.slot(now, e)
+			look := q.lookahead(horizon.Sub(now))
+			if slot.After(now.Add(look)) {
+				// Consume wakes a lead before next: make that look before
+				// the time that holds this job back.
+				wakeFor := func(at time.Time) { next = clock.Earliest(next, at.Add(horizon.Sub(now)-look)) }
+				c := q.ceilingSlot(now)
+				if c.After(now.Add(look)) {
+					wakeFor(c) // the ceiling itself: nobody goes sooner
+					break
+				}
+				wakeFor(slot)
+				q.pass() // this tenant is not due yet (or its window is full): the next may go
+				skipped++
+				continue
+			}
+			q.take()
+			skipped = 0
+			s.sched.remove(e.id)
+			if slot.After(e.at) {
+				e.at = slot
+				e.held = true
+			}
+			q.use(e.at, e.cost)
+			s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant}
+			chosen = append(chosen, e)
+		}
+	}
+	s.mu.Unlock()
+	if len(chosen) == 0 {
+		return nil, expired, next, nil
+	}
+	claimed := make([]queue.Job, 0, len(chosen))
+	var gone []queue.Job
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		claimed, gone = claimed[:0], gone[:0]
+		for _, e := range chosen {
+			j, ok, err := getJob(tx, e.id, true)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("job %s is scheduled but not stored", e.id)
+			}
+			if !j.State.Waiting() {
+				j.DispatchAt = e.at
+				gone = append(gone, j)
+				continue
+			}
+			j.State = queue.StateDispatching
+			j.Attempts++
+			j.Slot, j.DispatchAt = e.slot, e.at
+			if e.held {
+				j.Prompt = false // it waited for the ceiling: its start says nothing of startLag
+			}
+			claimed = append(claimed, j)
+		}
+		return nil
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		// Back in the schedule: nothing was handed over.
+		for _, e := range chosen {
+			delete(s.claims, e.id)
+			s.readd(e)
+		}
+		return nil, expired, time.Time{}, queue.Unavailable(err)
+	}
+	for _, j := range gone {
+		// Finished meanwhile (a failed write put it back): nothing to send.
+		delete(s.claims, j.ID)
+		s.giveBackCeiling(j)
+		if tm, ok := s.tenants[j.Tenant]; ok {
+			tm.depth--
+		}
+	}
+	for _, j := range claimed {
+		s.claims[j.ID] = j
+		if tm, ok := s.tenants[j.Tenant]; ok {
+			tm.depth--
+			tm.inFlight++
+		}
+	}
+	return claimed, expired, next, nil
+}
+
+// expire ends waiting jobs whose deadline passed before they could go: they
+// are never sent. On a write failure they go back to the schedule (and come
+// out again on the next pass).
+func (s *Store) expire(entries []dueEntry) {
+	if len(entries) == 0 {
+		return
+	}
+	now := s.clock.Now()
+	var done []queue.Job
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		done = done[:0]
+		for _, e := range entries {
+			j, ok, err := getJob(tx, e.id, false)
+			if err != nil {
+				return err
+			}
+			if !ok || !j.State.Waiting() {
+				continue
+			}
+			if err := tx.Bucket(bucketDue).Delete(dueKey(j.EffectiveSlot(), j.ID)); err != nil {
+				return err
+			}
+			j.State, j.FinishedAt = queue.StateExpired, now
+			j.LastError = cmp.Or(j.LastError, "expired: its deadline passed before it could be sent")
+			if err := putJob(tx, j); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketDone).Put(dueKey(now, j.ID), nil); err != nil {
+				return err
+			}
+			done = append(done, j)
+		}
+		return nil
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.log.Error("cannot record expired jobs; trying again", "err", err)
+		for _, e := range entries {
+			s.readd(e)
+		}
+		return
+	}
+	for _, j := range done {
+		if tm, ok := s.tenants[j.Tenant]; ok {
+			tm.depth--
+			tm.rec.Expired++
+			tm.dirty = true
+		}
+		if s.onExpired != nil {
+			s.onExpired(j)
+		}
+	}
+}

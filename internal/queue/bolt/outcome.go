@@ -1,0 +1,187 @@
+package bolt
+
+import (
+	"errors"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"throttler/internal/queue"
+)
+
+// finishWindow is how long the outcome of an attempt waits for others to
+// share its write. Outcomes are not waited for by anyone outside (the job is
+// held meanwhile), so they can share far more than admissions do: one commit
+// (two fsyncs) per window instead of per millisecond.
+const finishWindow = 10 * time.Millisecond
+
+type finishReq struct {
+	job  queue.Job
+	o    queue.Outcome
+	done chan error
+}
+
+// finish records the outcome of a claimed job, in a group with others.
+func (s *Store) finish(j queue.Job, o queue.Outcome) error {
+	if o.Result == queue.Released && o.PauseUntil.IsZero() {
+		// Nothing was sent and nothing was written: the job waits as it was.
+		s.mu.Lock()
+		delete(s.claims, j.ID)
+		s.giveBackCeiling(j)
+		at := j.DispatchAt
+		if tm, ok := s.tenants[j.Tenant]; ok {
+			tm.inFlight--
+			tm.depth++
+			at = queue.RealAt(tm.rec.Pause, j.Slot) // the tenant may have paused meanwhile
+		}
+		s.sched.add(entryOf(j, at))
+		s.mu.Unlock()
+		s.pokeIfSooner(at)
+		return nil
+	}
+	r := finishReq{job: j, o: o, done: make(chan error, 1)}
+	select {
+	case s.finishQ <- r:
+	case <-s.stop:
+		return errors.New("store closed")
+	}
+	return <-r.done
+}
+
+// finisher writes outcomes in groups until the store closes.
+func (s *Store) finisher() {
+	defer s.maintWG.Done()
+	for {
+		var group []finishReq
+		select {
+		case r := <-s.finishQ:
+			group = append(group, r)
+		case <-s.stop:
+			return
+		}
+		window := time.NewTimer(finishWindow)
+	collect:
+		for len(group) < 1000 {
+			select {
+			case r := <-s.finishQ:
+				group = append(group, r)
+			case <-window.C:
+				break collect
+			}
+		}
+		window.Stop()
+		err := s.writeOutcomes(group)
+		for _, r := range group {
+			r.done <- err
+		}
+	}
+}
+
+// writeOutcomes records a group of outcomes in one transaction.
+func (s *Store) writeOutcomes(group []finishReq) error {
+	now := s.clock.Now()
+	results := make([]queue.Job, len(group))
+	paused := map[string]bool{} // tenants whose pause changed
+	var markSaved func()
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		clear(paused)
+		touched := map[string]bool{}
+		for i, r := range group {
+			j, o := r.job, r.o
+			// The claimed job is the stored one: nothing else changes a job
+			// the dispatcher holds.
+			oldDue := dueKey(j.Slot, j.ID)
+			s.mu.Lock()
+			tm, err := s.loadTenantTx(tx, j.Tenant)
+			if err != nil {
+				s.mu.Unlock()
+				return err
+			}
+			if o.Result == queue.Released || o.Result == queue.Expired {
+				s.giveBackCeiling(j)
+			}
+			if o.PauseDownstream && o.PauseUntil.After(now) {
+				s.pauseCeiling(j.Tenant, o.PauseUntil)
+			}
+			cur, pausedNow := queue.ApplyOutcome(&tm.rec, j, o, now, s.policy(j.Tenant))
+			if pausedNow {
+				paused[j.Tenant] = true
+			}
+			s.mu.Unlock()
+			if err := putJob(tx, cur); err != nil {
+				return err
+			}
+			due := tx.Bucket(bucketDue)
+			if err := due.Delete(oldDue); err != nil {
+				return err
+			}
+			if cur.State.Finished() {
+				if err := tx.Bucket(bucketDone).Put(dueKey(cur.FinishedAt, cur.ID), nil); err != nil {
+					return err
+				}
+				if cur.State == queue.StateFailed {
+					if err := tx.Bucket(bucketFailed).Put(failedKey(cur), nil); err != nil {
+						return err
+					}
+				}
+			} else if err := due.Put(dueKey(cur.Slot, cur.ID), []byte(cur.Tenant)); err != nil {
+				return err
+			}
+			results[i] = cur
+			touched[j.Tenant] = true
+		}
+		for name := range touched {
+			if err := s.putTenant(tx, name); err != nil {
+				return err
+			}
+		}
+		var err error
+		markSaved, err = s.saveCeilingWindows(tx)
+		return err
+	})
+	if err != nil {
+		return queue.Unavailable(err)
+	}
+	s.mu.Lock()
+	markSaved()
+	for name := range paused {
+		if tm, ok := s.tenants[name]; ok {
+			s.sched.retime(name, tm.rec.Pause)
+		}
+	}
+	var soonest time.Time
+	for _, result := range results {
+		s.observeStart(result)
+		delete(s.claims, result.ID)
+		tm, ok := s.tenants[result.Tenant]
+		if !result.State.Finished() {
+			at := result.DispatchAt
+			if ok {
+				at = queue.RealAt(tm.rec.Pause, result.Slot)
+			}
+			s.sched.add(entryOf(result, at))
+			if soonest.IsZero() || at.Before(soonest) {
+				soonest = at
+			}
+		}
+		if ok {
+			tm.inFlight--
+			switch result.State {
+			case queue.StateSucceeded:
+				tm.rec.Delivered++
+			case queue.StateFailed:
+				tm.rec.Failed++
+			case queue.StateExpired:
+				tm.rec.Expired++
+			default:
+				tm.depth++
+			}
+			tm.dirty = true
+		}
+	}
+	s.mu.Unlock()
+	if !soonest.IsZero() {
+		s.pokeIfSooner(soonest)
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package bolt
+
+import (
+	"bytes"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"throttler/internal/queue"
+)
+
+// reap deletes up to limit finished jobs that finished before cutoff, with
+// their idempotency keys.
+func (s *Store) reap(cutoff time.Time, limit int) (int, error) {
+	n := 0
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		n = 0
+		jobs, done, idem := tx.Bucket(bucketJobs), tx.Bucket(bucketDone), tx.Bucket(bucketIdem)
+		c := done.Cursor()
+		for k, _ := c.First(); k != nil && n < limit; k, _ = c.First() {
+			at, id := parseDueKey(k)
+			if !at.Before(cutoff) {
+				break
+			}
+			if j, ok, _ := getJob(tx, id, false); ok {
+				if j.IdempotencyKey != "" && bytes.Equal(idem.Get(idemKey(j.Tenant, j.IdempotencyKey)), []byte(id)) {
+					if err := idem.Delete(idemKey(j.Tenant, j.IdempotencyKey)); err != nil {
+						return err
+					}
+				}
+				if j.State == queue.StateFailed {
+					if err := tx.Bucket(bucketFailed).Delete(failedKey(j)); err != nil {
+						return err
+					}
+				}
+			}
+			if err := jobs.Delete([]byte(id)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketPayloads).Delete([]byte(id)); err != nil {
+				return err
+			}
+			if err := done.Delete(k); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	return n, err
+}

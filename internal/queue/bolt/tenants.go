@@ -1,0 +1,137 @@
+package bolt
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+)
+
+type tenantMem struct {
+	rec      queue.TenantRecord
+	depth    int
+	inFlight int
+	// pending counts Enqueue calls holding this tenant between decision and
+	// commit: the tenant must not be evicted meanwhile.
+	pending int
+	dirty   bool
+}
+
+// loadTenantTx returns the in-memory tenant, reading it from tx if needed.
+// Callers hold s.mu or run before the store is shared.
+func (s *Store) loadTenantTx(tx *bbolt.Tx, name string) (*tenantMem, error) {
+	if tm, ok := s.tenants[name]; ok {
+		return tm, nil
+	}
+	tm := &tenantMem{}
+	if _, err := getJSON(tx.Bucket(bucketTenants), []byte(name), &tm.rec); err != nil {
+		return nil, err
+	}
+	// The next send may not come sooner than one interval after the last
+	// recorded one, even if the schedule says so (a retry sent long after its
+	// reserved slot, a late write): in a running process the gate knows,
+	// after a restart or an eviction only this does.
+	if !tm.rec.LastAttemptAt.IsZero() {
+		p := s.policy(name)
+		// In tenant time: its real time is LastAttemptAt + Interval.
+		if floor := tm.rec.LastAttemptAt.Add(p.Interval + p.Tolerance() - tm.rec.Pause.Shift); tm.rec.TAT.Before(floor) {
+			tm.rec.TAT = floor
+		}
+	}
+	s.tenants[name] = tm
+	return tm, nil
+}
+
+// loadTenant is loadTenantTx in its own read transaction (s.mu held).
+func (s *Store) loadTenant(name string) (*tenantMem, error) {
+	if tm, ok := s.tenants[name]; ok {
+		return tm, nil
+	}
+	var tm *tenantMem
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		tm, err = s.loadTenantTx(tx, name)
+		return err
+	})
+	return tm, queue.Unavailable(err)
+}
+
+// putTenant writes the tenant's current in-memory record.
+func (s *Store) putTenant(tx *bbolt.Tx, name string) error {
+	s.mu.Lock()
+	tm, ok := s.tenants[name]
+	var rec queue.TenantRecord
+	if ok {
+		rec = tm.rec
+	}
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return putJSON(tx.Bucket(bucketTenants), []byte(name), rec)
+}
+
+// Tenant implements queue.Store.
+func (s *Store) Tenant(ctx context.Context, name string) (queue.TenantStatus, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tm, err := s.loadTenant(name)
+	if err != nil {
+		return queue.TenantStatus{}, err
+	}
+	return s.status(name, tm, s.clock.Now()), nil
+}
+
+func (s *Store) status(name string, tm *tenantMem, now time.Time) queue.TenantStatus {
+	_, ceiling := s.ceiling(name)
+	pz := tm.rec.Pause
+	tnow := pz.TenantTime(now)
+	p := s.policy(name)
+	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: tm.rec.TAT}, tnow, p))
+	slot = leaky.WindowSlot(tm.rec.Recent(p), p, slot, 1)
+	paused, until := pz.Paused(now)
+	return queue.TenantStatus{
+		Tenant:        name,
+		QueueDepth:    tm.depth,
+		InFlight:      tm.inFlight,
+		ExpectedDelay: max(queue.DispatchAt(pz, slot, now).Sub(now), queue.CeilingDelay(ceiling, tm.depth)),
+		Expired:       tm.rec.Expired,
+		Paused:        paused,
+		PausedUntil:   until,
+		Held:          !pz.Held.IsZero(),
+		Accepted:      tm.rec.Accepted,
+		Rejected:      tm.rec.Rejected,
+		Delivered:     tm.rec.Delivered,
+		Failed:        tm.rec.Failed,
+		Cancelled:     tm.rec.Cancelled,
+	}
+}
+
+// Tenants implements queue.Store.
+func (s *Store) Tenants(ctx context.Context, offset, limit int) ([]queue.TenantStatus, error) {
+	now := s.clock.Now()
+	s.mu.Lock()
+	var all []queue.TenantStatus
+	for name, tm := range s.tenants {
+		if tm.depth > 0 || tm.inFlight > 0 {
+			all = append(all, s.status(name, tm, now))
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(all, func(a, b queue.TenantStatus) int {
+		return cmp.Or(cmp.Compare(b.QueueDepth, a.QueueDepth), cmp.Compare(b.InFlight, a.InFlight), cmp.Compare(a.Tenant, b.Tenant))
+	})
+	if offset >= len(all) {
+		return nil, nil
+	}
+	all = all[offset:]
+	if limit > 0 && len(all) > limit {
+		all = all[:limit]
+	}
+	return all, nil
+}
