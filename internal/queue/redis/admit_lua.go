@@ -1,10 +1,10 @@
-package queue
+package redis
 
 import (
 	_ "embed"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // admitLua is the admission decision as one Redis script: the Redis
@@ -14,7 +14,7 @@ import (
 //go:embed admit.lua
 var admitLua string
 
-var admitScript = redis.NewScript(admitLua)
+var admitScript = goredis.NewScript(admitLua)
 
 // pauseLua changes a tenant's pause (leaky.Pause) and floors its TAT, as
 // the embedded store does.
@@ -22,7 +22,7 @@ var admitScript = redis.NewScript(admitLua)
 //go:embed pause.lua
 var pauseLua string
 
-var pauseScript = redis.NewScript(pauseLua)
+var pauseScript = goredis.NewScript(pauseLua)
 
 // enqueueLua admits and keeps a batch of jobs; admit.lua is its decision,
 // loaded as a function (its KEYS and ARGV become the function's own).
@@ -35,7 +35,7 @@ var enqueueLua string
 //go:embed lib.lua
 var libLua string
 
-var enqueueScript = redis.NewScript(libLua + "local function admit_decision(KEYS, ARGV)\n" + admitLua + "\nend\n" + enqueueLua)
+var enqueueScript = goredis.NewScript(libLua + "local function admit_decision(KEYS, ARGV)\n" + admitLua + "\nend\n" + enqueueLua)
 
 var (
 	//go:embed claim.lua
@@ -57,15 +57,15 @@ var (
 	//go:embed settle.lua
 	settleLua string
 
-	claimScript    = redis.NewScript(libLua + claimLua)
-	cancelScript   = redis.NewScript(libLua + cancelLua)
-	gateScript     = redis.NewScript(gateLua)
-	gateHoldScript = redis.NewScript(gateHoldLua)
-	recoverScript  = redis.NewScript(libLua + recoverLua)
-	leaseScript    = redis.NewScript(libLua + leaseLua)
-	finishScript   = redis.NewScript(libLua + finishLua)
-	handoffScript  = redis.NewScript(handoffLua)
-	settleScript   = redis.NewScript(libLua + settleLua)
+	claimScript    = goredis.NewScript(libLua + claimLua)
+	cancelScript   = goredis.NewScript(libLua + cancelLua)
+	gateScript     = goredis.NewScript(gateLua)
+	gateHoldScript = goredis.NewScript(gateHoldLua)
+	recoverScript  = goredis.NewScript(libLua + recoverLua)
+	leaseScript    = goredis.NewScript(libLua + leaseLua)
+	finishScript   = goredis.NewScript(libLua + finishLua)
+	handoffScript  = goredis.NewScript(handoffLua)
+	settleScript   = goredis.NewScript(libLua + settleLua)
 )
 
 // micros is t in whole microseconds since 1970: the scripts' time unit.

@@ -1,4 +1,4 @@
-package queue
+package redis
 
 import (
 	"context"
@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"throttler/internal/clock"
 	"throttler/internal/leaky"
+	"throttler/internal/queue"
 )
 
 // The Lua admission and the Go one agree on every decision, slot, dispatch
-// time and Retry-After, on thousands of random sequences: random policies
+// time and queue.Retry-After, on thousands of random sequences: random policies
 // (leaky, token, burst, capacity, windows), random arrivals, random costs,
 // and pauses and holds coming and going.
 func TestLuaAdmitAgreesWithGo(t *testing.T) {
@@ -37,7 +39,7 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 		for i := range p.Windows {
 			keys = append(keys, fmt.Sprintf("%s:w%d", tenant, i))
 		}
-		var rec tenantRecord
+		var rec queue.TenantRecord
 		var sent []time.Time // slots (tenant time) of admitted jobs: the waiting ones are after now
 		now := base
 		for step := 0; step < 40; step++ {
@@ -64,7 +66,7 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 			cost := min(1+rng.IntN(3), p.MaxCost()) // the store refuses more first
 			lag := us(rng.Int64N(5000))
 			arrival := tnow.Add(lag)
-			d, st, recent := admit(rec, waiting, arrival, now, p, cost)
+			d, st, recent := goAdmit(rec, waiting, arrival, now, p, cost)
 			args := []any{micros(now), lag.Microseconds(), p.Interval.Microseconds(), p.Burst, p.Capacity, cost, waiting, 1, 0}
 			for _, w := range p.Windows {
 				args = append(args, w.N, w.Length.Microseconds())
@@ -80,15 +82,15 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 			decisions++
 			if !d.Admitted {
 				if us(got[3]) != d.RetryAfter {
-					t.Fatalf("%s: Retry-After Lua %v, Go %v", where, us(got[3]), d.RetryAfter)
+					t.Fatalf("%s: queue.Retry-After Lua %v, Go %v", where, us(got[3]), d.RetryAfter)
 				}
 				continue
 			}
-			if got[1] != micros(d.Slot) || got[2] != micros(dispatchAt(pz, d.Slot, now)) {
-				t.Fatalf("%s: slot Lua %d dispatch %d, Go %d dispatch %d", where, got[1], got[2], micros(d.Slot), micros(dispatchAt(pz, d.Slot, now)))
+			if got[1] != micros(d.Slot) || got[2] != micros(queue.DispatchAt(pz, d.Slot, now)) {
+				t.Fatalf("%s: slot Lua %d dispatch %d, Go %d dispatch %d", where, got[1], got[2], micros(d.Slot), micros(queue.DispatchAt(pz, d.Slot, now)))
 			}
 			rec.TAT = st.TAT
-			rec.setRecent(p, recent)
+			rec.SetRecent(p, recent)
 			sent = append(sent, d.Slot)
 			if tat, _ := rdb.HGet(ctx, keys[0], "tat").Int64(); tat != micros(st.TAT) {
 				t.Fatalf("%s: TAT Lua %d, Go %d", where, tat, micros(st.TAT))
@@ -102,6 +104,26 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 		}
 	}
 	t.Logf("%d decisions agree", decisions)
+}
+
+// goAdmit is the embedded store's admission (internal/queue/bolt's admit):
+// leaky.Decide under the tenant's pause, with the store's own bound (a
+// paused tenant sends nothing at once) and a refusal's Retry-After in real
+// time. The Lua is checked against it.
+func goAdmit(rec queue.TenantRecord, depth int, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
+	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), arrival, p, cost, depth)
+	room := p.Capacity + p.Burst
+	if paused, _ := rec.Pause.Paused(now); paused {
+		room = p.Capacity
+	}
+	if d.Admitted && depth >= room {
+		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
+	}
+	if !d.Admitted {
+		tnow := rec.Pause.TenantTime(now)
+		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), now).Sub(now)
+	}
+	return d, st, recent
 }
 
 func microsList(r leaky.Recent) []int64 {
@@ -167,12 +189,12 @@ func TestLuaPauseAgreesWithGo(t *testing.T) {
 				args = []any{"until", micros(now), tau.Microseconds(), micros(until), microsOf(from)}
 				if until.After(now) {
 					pz = pz.PauseUntil(now, until, from)
-					tat = later(tat, pz.TenantTime(now).Add(tau))
+					tat = clock.Later(tat, pz.TenantTime(now).Add(tau))
 				}
 			case 1:
 				args = []any{"hold", micros(now), tau.Microseconds()}
 				pz = pz.Hold(now)
-				tat = later(tat, pz.TenantTime(now).Add(tau))
+				tat = clock.Later(tat, pz.TenantTime(now).Add(tau))
 			default:
 				args = []any{"resume", micros(now), tau.Microseconds()}
 				pz = pz.Resume(now)

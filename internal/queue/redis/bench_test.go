@@ -1,4 +1,4 @@
-package queue
+package redis
 
 import (
 	"context"
@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/leaky"
+	"throttler/internal/queue"
 	"throttler/internal/redistest"
 )
 
@@ -21,17 +22,17 @@ import (
 // transaction is one).
 type roundTrips struct{ n atomic.Int64 }
 
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { r.n.Add(1); return next(ctx, cmd) }
+func (r *roundTrips) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (r *roundTrips) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error { r.n.Add(1); return next(ctx, cmd) }
 }
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { r.n.Add(1); return next(ctx, cmds) }
+func (r *roundTrips) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error { r.n.Add(1); return next(ctx, cmds) }
 }
 
 // commands is the server's count of commands run so far (INFO
 // commandstats), scripts' own calls included.
-func commands(b *testing.B, rdb *redis.Client) int64 {
+func commands(b *testing.B, rdb *goredis.Client) int64 {
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
@@ -62,13 +63,13 @@ func BenchmarkRedisAgainstPlainAsynq(b *testing.B) {
 	srv := redistest.Start(b, false)
 	for range b.N {
 		// plain asynq
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 300})
+		rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: 300})
 		rdb.FlushAll(context.Background())
 		before := commands(b, rdb)
 		var handled atomic.Int64
 		done := make(chan struct{})
 		qs := map[string]int{}
-		for shard := range RedisShards {
+		for shard := range Shards {
 			qs[queueName(shard)] = 1
 		}
 		server := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: workers, Queues: qs,
@@ -95,17 +96,17 @@ func BenchmarkRedisAgainstPlainAsynq(b *testing.B) {
 		// the Redis store, same jobs
 		// An API process and a worker process, as it were: the admissions'
 		// round trips are counted on the API's own connection.
-		rdb = redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 300})
+		rdb = goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: 300})
 		rdb.FlushAll(context.Background())
-		apiConn := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 100})
+		apiConn := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: 100})
 		rt := &roundTrips{}
 		apiConn.AddHook(rt)
 		fast := func(string) leaky.Policy { return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 1000} }
-		s, err := OpenRedis(context.Background(), RedisOptions{Client: rdb, StartLag: -1, Policy: fast})
+		s, err := Open(context.Background(), Options{Client: rdb, StartLag: -1, Policy: fast})
 		if err != nil {
 			b.Fatal(err)
 		}
-		api, err := OpenRedis(context.Background(), RedisOptions{Client: apiConn, StartLag: -1, Policy: fast})
+		api, err := Open(context.Background(), Options{Client: apiConn, StartLag: -1, Policy: fast})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -116,11 +117,11 @@ func BenchmarkRedisAgainstPlainAsynq(b *testing.B) {
 		consumed := make(chan struct{})
 		go func() {
 			defer close(consumed)
-			s.Consume(ctx, func(ctx context.Context, j Job) Outcome {
+			s.Consume(ctx, func(ctx context.Context, j queue.Job) queue.Outcome {
 				for {
-					ans, err := s.PassGate(ctx, GateRequest{Downstream: "d", Tenant: j.Tenant, Policy: leaky.Policy{Interval: time.Millisecond, Burst: 1}})
+					ans, err := s.PassGate(ctx, queue.GateRequest{Downstream: "d", Tenant: j.Tenant, Policy: leaky.Policy{Interval: time.Millisecond, Burst: 1}})
 					if err != nil {
-						return Outcome{Result: Released}
+						return queue.Outcome{Result: queue.Released}
 					}
 					if ans.Wait == 0 {
 						break
@@ -130,13 +131,13 @@ func BenchmarkRedisAgainstPlainAsynq(b *testing.B) {
 				if handled.Add(1) == jobs {
 					close(done)
 				}
-				return Outcome{Result: Succeeded, Status: 200, SentAt: time.Now()}
-			}, ConsumeOptions{Concurrency: workers})
+				return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: time.Now()}
+			}, queue.ConsumeOptions{Concurrency: workers})
 		}()
 		began = time.Now()
 		trips := rt.n.Load()
 		produce(b, producers, jobs, func(i int) error {
-			out, err := api.Enqueue(context.Background(), fmt.Sprint("t", i%tenants), []NewJob{payload(i)})
+			out, err := api.Enqueue(context.Background(), fmt.Sprint("t", i%tenants), []queue.NewJob{payload(i)})
 			if err == nil && !out[0].Admitted() {
 				err = fmt.Errorf("refused: %+v", out[0])
 			}

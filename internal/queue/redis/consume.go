@@ -1,4 +1,4 @@
-package queue
+package redis
 
 import (
 	"cmp"
@@ -10,9 +10,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/leaky"
+	"throttler/internal/queue"
 )
 
 // notDue is a handler's answer for a task whose job must wait longer than
@@ -26,7 +27,7 @@ func (e *notDue) Error() string { return fmt.Sprintf("not due for %v", e.wait) }
 // holdMax is how long a worker holds a claimed task waiting for its job's
 // claim time, rather than handing it back to asynq: a task comes up to
 // early() before its slot, so a worker holds it about that long.
-func (s *RedisStore) holdMax() time.Duration {
+func (s *Store) holdMax() time.Duration {
 	if s.clock != nil {
 		return time.Duration(1 << 62) // a test clock: asynq cannot wait on it
 	}
@@ -40,8 +41,8 @@ func (s *RedisStore) holdMax() time.Duration {
 // them, a worker renews the leases of the jobs it holds, takes back the
 // jobs of workers that died holding them, and makes the tasks of jobs
 // whose admitting process died before it could.
-func (s *RedisStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions) error {
-	lead := cmp.Or(opts.Lead, DefaultLead)
+func (s *Store) Consume(ctx context.Context, h queue.Handler, opts queue.ConsumeOptions) error {
+	lead := cmp.Or(opts.Lead, queue.DefaultLead)
 	held := &heldJobs{ids: map[string]heldJob{}}
 	// Jobs being sent (handed to h, not finished) are bounded by
 	// Concurrency across the shards, as on the embedded store; tasks that
@@ -59,7 +60,7 @@ func (s *RedisStore) Consume(ctx context.Context, h Handler, opts ConsumeOptions
 			srv.Shutdown()
 		}
 	}()
-	for shard := range RedisShards {
+	for shard := range Shards {
 		srv := asynq.NewServerFromRedisClient(s.rdb, asynq.Config{
 			Concurrency:              cmp.Or(opts.Concurrency, 1024),
 			Queues:                   map[string]int{queueName(shard): 1},
@@ -150,7 +151,7 @@ func (hj *heldJobs) byShard() map[int][]any {
 // runTask carries one task: claim its job, send it, record how it went;
 // again while the job's next attempt is near; otherwise hand the task back
 // to asynq for later.
-func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration, held *heldJobs, sending chan struct{}, jobID, tenant, taskID string) error {
+func (s *Store) runTask(stop context.Context, h queue.Handler, lead time.Duration, held *heldJobs, sending chan struct{}, jobID, tenant, taskID string) error {
 	shard, ok := shardOfID(jobID)
 	if !ok {
 		s.log.Error("an asynq task that is not a throttler job; dropped", "payload", jobID)
@@ -214,17 +215,17 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 		j := jobFromHash(fields)
 		j.DispatchAt = fromMicros(toInt(r[1]))
 		held.add(jobID, shard) // claimed: its lease is renewed until it is recorded
-		var o Outcome
+		var o queue.Outcome
 		select { // a place to send from: claimed jobs wait here, leased
 		case sending <- struct{}{}:
 			o = h(stop, j)
 			<-sending
 		case <-stop.Done():
-			o = Outcome{Result: Released}
+			o = queue.Outcome{Result: queue.Released}
 		}
 		s.recordOutcome(stop, k, j, taskID, o)
 		held.remove(jobID)
-		if wait := time.Until(o.NotBefore); o.Result == Released && wait > 0 {
+		if wait := time.Until(o.NotBefore); o.Result == queue.Released && wait > 0 {
 			// Given back until then (the shared gate was busy): the job
 			// keeps its place, and its task goes back to asynq meanwhile,
 			// where a crash of this worker cannot strand it.
@@ -235,7 +236,7 @@ func (s *RedisStore) runTask(stop context.Context, h Handler, lead time.Duration
 
 // sleep waits d on the store's clock, or until wake is closed; false if
 // stop came first.
-func (s *RedisStore) sleep(stop context.Context, d time.Duration, wake <-chan struct{}) bool {
+func (s *Store) sleep(stop context.Context, d time.Duration, wake <-chan struct{}) bool {
 	var after <-chan time.Time
 	if s.clock != nil {
 		after = s.clock.After(d)
@@ -256,7 +257,7 @@ func (s *RedisStore) sleep(stop context.Context, d time.Duration, wake <-chan st
 
 // resumed is closed when this process resumes tenant (other processes'
 // resumes are seen at the next recheck).
-func (s *RedisStore) resumed(tenant string) <-chan struct{} {
+func (s *Store) resumed(tenant string) <-chan struct{} {
 	s.resumesMu.Lock()
 	defer s.resumesMu.Unlock()
 	ch, ok := s.resumes[tenant]
@@ -268,7 +269,7 @@ func (s *RedisStore) resumed(tenant string) <-chan struct{} {
 }
 
 // wakeResumed wakes this process's tasks of tenant, waiting out a hold.
-func (s *RedisStore) wakeResumed(tenant string) {
+func (s *Store) wakeResumed(tenant string) {
 	s.resumesMu.Lock()
 	defer s.resumesMu.Unlock()
 	if ch, ok := s.resumes[tenant]; ok {
@@ -277,7 +278,7 @@ func (s *RedisStore) wakeResumed(tenant string) {
 	}
 }
 
-func (s *RedisStore) claim(ctx context.Context, k shardKeys, jobID, tenant, taskID string, lead time.Duration) ([]any, error) {
+func (s *Store) claim(ctx context.Context, k shardKeys, jobID, tenant, taskID string, lead time.Duration) ([]any, error) {
 	return claimScript.Run(ctx, s.rdb, []string{k.job(jobID), k.tenant(tenant), k.handoff(), k.active(), k.inflight()},
 		s.now(), taskID, lead.Microseconds(), s.timing.Lease.Microseconds(), s.retain.Milliseconds(),
 		(5 * time.Second).Microseconds(), s.holdMax().Microseconds(), k.tag, s.idle.Milliseconds()).Slice()
@@ -287,7 +288,7 @@ func (s *RedisStore) claim(ctx context.Context, k shardKeys, jobID, tenant, task
 // (its lease renewed) until it is recorded. Once the service is stopping it
 // gives up after a few tries; the lease then runs out and another worker
 // sends the job again with the same Idempotency-Key.
-func (s *RedisStore) recordOutcome(stop context.Context, k shardKeys, j Job, taskID string, o Outcome) {
+func (s *Store) recordOutcome(stop context.Context, k shardKeys, j queue.Job, taskID string, o queue.Outcome) {
 	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		err := s.finish(context.WithoutCancel(stop), k, j, taskID, o)
@@ -305,18 +306,18 @@ func (s *RedisStore) recordOutcome(stop context.Context, k shardKeys, j Job, tas
 
 // finish records an attempt's outcome (applyOutcome, the embedded store's
 // rule) in one optimistic transaction on the job and its tenant.
-func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID string, o Outcome) error {
+func (s *Store) finish(ctx context.Context, k shardKeys, j queue.Job, taskID string, o queue.Outcome) error {
 	tk, jk := k.tenant(j.Tenant), k.job(j.ID)
-	if o.Result == Succeeded || (o.Result == Failed && o.PauseUntil.IsZero()) {
+	if o.Result == queue.Succeeded || (o.Result == queue.Failed && o.PauseUntil.IsZero()) {
 		// Done for good: nothing of the tenant's schedule changes.
-		state, msg := StateSucceeded, ""
-		if o.Result == Failed {
-			state, msg = StateFailed, cmp.Or(o.Error, j.LastError)
+		state, msg := queue.StateSucceeded, ""
+		if o.Result == queue.Failed {
+			state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
 		}
 		ok, err := finishScript.Run(ctx, s.rdb, []string{jk, tk, k.inflight(), k.active(), k.failed(j.Tenant), k.idemOf(j)},
 			s.now(), taskID, string(state), microsOf(o.SentAt), o.Status, msg, s.retain.Milliseconds(), s.idle.Milliseconds()).Int()
 		if err != nil {
-			return unavailable(err)
+			return queue.Unavailable(err)
 		}
 		if ok == 0 {
 			s.log.Warn("an attempt's outcome came after its lease ran out: another worker has the job", "job", j.ID, "result", o.Result)
@@ -329,23 +330,23 @@ func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID stri
 		watch = append(watch, k.window(j.Tenant, w))
 	}
 	var paused bool
-	txf := func(tx *redis.Tx) error {
+	txf := func(tx *goredis.Tx) error {
 		paused = false
 		pipe := tx.Pipeline()
 		tcmd := pipe.HMGet(ctx, tk, tenantFields...)
 		jcmd := pipe.HMGet(ctx, jk, "state", "task")
-		var timeCmd *redis.TimeCmd
+		var timeCmd *goredis.TimeCmd
 		if s.clock == nil {
 			timeCmd = pipe.Time(ctx)
 		}
-		wcmds := make([]*redis.StringSliceCmd, len(p.Windows))
+		wcmds := make([]*goredis.StringSliceCmd, len(p.Windows))
 		for i, w := range p.Windows {
 			wcmds[i] = pipe.LRange(ctx, k.window(j.Tenant, w), 0, -1)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			return err
 		}
-		if st := jcmd.Val(); st[0] != string(StateDispatching) || st[1] != taskID {
+		if st := jcmd.Val(); st[0] != string(queue.StateDispatching) || st[1] != taskID {
 			s.log.Warn("an attempt's outcome came after its lease ran out: another worker has the job", "job", j.ID, "result", o.Result)
 			return nil
 		}
@@ -365,12 +366,12 @@ func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID stri
 					recent[i] = append(recent[i], time.UnixMicro(n))
 				}
 			}
-			rec.setRecent(p, recent)
+			rec.SetRecent(p, recent)
 		}
 		before := rec
-		cur, pausedNow := applyOutcome(&rec, j, o, now, p)
+		cur, pausedNow := queue.ApplyOutcome(&rec, j, o, now, p)
 		paused = pausedNow
-		_, err := tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		_, err := tx.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
 			fields := []any{"state", string(cur.State), "attempts", cur.Attempts, "failures", cur.Failures,
 				"slot", microsOf(cur.Slot), "dispatch", microsOf(cur.DispatchAt), "sent", microsOf(cur.SentAt),
 				"fin", microsOf(cur.FinishedAt), "err", cur.LastError, "status", cur.ResponseStatus}
@@ -385,23 +386,23 @@ func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID stri
 				key := k.window(j.Tenant, w)
 				pipe.Del(ctx, key)
 				var list []any
-				for _, t := range rec.recent(p)[i] {
+				for _, t := range rec.Recent(p)[i] {
 					list = append(list, micros(t))
 				}
 				if len(list) > 0 {
 					pipe.RPush(ctx, key, list...)
-					pipe.PExpire(ctx, key, max(dispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+w.Length+s.idle)
+					pipe.PExpire(ctx, key, max(queue.DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+w.Length+s.idle)
 				}
 			}
 			switch cur.State {
-			case StateSucceeded:
+			case queue.StateSucceeded:
 				pipe.HIncrBy(ctx, tk, "delivered", 1)
-			case StateFailed:
+			case queue.StateFailed:
 				pipe.HIncrBy(ctx, tk, "failed", 1)
-				pipe.ZAdd(ctx, k.failed(j.Tenant), redis.Z{Score: float64(micros(now)), Member: j.ID})
+				pipe.ZAdd(ctx, k.failed(j.Tenant), goredis.Z{Score: float64(micros(now)), Member: j.ID})
 				pipe.ZRemRangeByScore(ctx, k.failed(j.Tenant), "-inf", strconv.FormatInt(micros(now.Add(-s.retain)), 10))
 				pipe.PExpire(ctx, k.failed(j.Tenant), s.retain)
-			case StateExpired:
+			case queue.StateExpired:
 				pipe.HIncrBy(ctx, tk, "expired", 1)
 			default:
 				pipe.HIncrBy(ctx, tk, "depth", 1)
@@ -419,11 +420,11 @@ func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID stri
 			if jobs > 0 || !rec.Pause.Held.IsZero() {
 				pipe.Persist(ctx, tk)
 			} else {
-				pipe.PExpire(ctx, tk, max(dispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+s.idle)
+				pipe.PExpire(ctx, tk, max(queue.DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+s.idle)
 			}
 			return nil
 		})
-		if err == nil && cur.State == StateExpired {
+		if err == nil && cur.State == queue.StateExpired {
 			cur.Tenant = j.Tenant
 			s.expired(cur)
 		}
@@ -432,12 +433,12 @@ func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID stri
 	var err error
 	for range 100 {
 		err = s.rdb.Watch(ctx, txf, watch...)
-		if !errors.Is(err, redis.TxFailedErr) {
+		if !errors.Is(err, goredis.TxFailedErr) {
 			break
 		}
 	}
 	if err != nil {
-		return unavailable(err)
+		return queue.Unavailable(err)
 	}
 	if paused {
 		// Sends other processes hold stop at the gate.
@@ -451,7 +452,7 @@ func (s *RedisStore) finish(ctx context.Context, k shardKeys, j Job, taskID stri
 // renew renews the leases of the jobs this process holds until stop is
 // closed: after its asynq servers have shut down, so that a send that
 // outlives the stop is never taken back while it is still being written.
-func (s *RedisStore) renew(stop <-chan struct{}, held *heldJobs) {
+func (s *Store) renew(stop <-chan struct{}, held *heldJobs) {
 	t := time.NewTicker(s.timing.Lease / 4)
 	defer t.Stop()
 	for {
@@ -474,7 +475,7 @@ func (s *RedisStore) renew(stop <-chan struct{}, held *heldJobs) {
 
 // sweep, until ctx is done, takes back the jobs of workers whose leases ran
 // out and makes the tasks of jobs left in the hand-off set.
-func (s *RedisStore) sweep(ctx context.Context) {
+func (s *Store) sweep(ctx context.Context) {
 	t := time.NewTicker(max(s.timing.Lease/4, time.Second))
 	defer t.Stop()
 	for {
@@ -483,7 +484,7 @@ func (s *RedisStore) sweep(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for shard := range RedisShards {
+		for shard := range Shards {
 			if err := s.sweepShard(ctx, shard); err != nil && ctx.Err() == nil {
 				s.trouble.Store(time.Now().UnixNano())
 				s.log.Warn("cannot sweep for crashed workers' jobs", "err", err)
@@ -497,7 +498,7 @@ func (s *RedisStore) sweep(ctx context.Context) {
 // script and asynq's enqueue.
 const handoffAge = 5 * time.Second
 
-func (s *RedisStore) sweepShard(ctx context.Context, shard int) error {
+func (s *Store) sweepShard(ctx context.Context, shard int) error {
 	k := keysOf(shard)
 	var taken []string
 	// After Redis was away, every lease may have lapsed meanwhile: wait a
@@ -519,15 +520,15 @@ func (s *RedisStore) sweepShard(ctx context.Context, shard int) error {
 	if err != nil {
 		return err
 	}
-	entries, err := s.rdb.ZRangeByScoreWithScores(ctx, k.handoff(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(micros(now.Add(-handoffAge)), 10), Count: 500}).Result()
+	entries, err := s.rdb.ZRangeByScoreWithScores(ctx, k.handoff(), &goredis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(micros(now.Add(-handoffAge)), 10), Count: 500}).Result()
 	if err != nil || len(entries) == 0 {
 		return err
 	}
 	// One pipeline reads the jobs and whether their tasks exist.
 	q := queueName(shard)
-	jobs := make([]*redis.SliceCmd, len(entries))
-	tasks := make([]*redis.IntCmd, len(entries))
-	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	jobs := make([]*goredis.SliceCmd, len(entries))
+	tasks := make([]*goredis.IntCmd, len(entries))
+	if _, err := s.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for i, e := range entries {
 			jobs[i] = p.HMGet(ctx, k.job(e.Member.(string)), "task", "state", "tenant")
 		}
@@ -535,7 +536,7 @@ func (s *RedisStore) sweepShard(ctx context.Context, shard int) error {
 	}); err != nil {
 		return err
 	}
-	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	if _, err := s.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for i := range entries {
 			task, _ := jobs[i].Val()[0].(string)
 			// asynq's key of a task (asynq:{queue}:t:<id>): read only.
@@ -551,7 +552,7 @@ func (s *RedisStore) sweepShard(ctx context.Context, shard int) error {
 		v := jobs[i].Val()
 		task, _ := v[0].(string)
 		tenant, _ := v[2].(string)
-		waiting := v[1] == string(StateQueued) || v[1] == string(StateRetrying)
+		waiting := v[1] == string(queue.StateQueued) || v[1] == string(queue.StateRetrying)
 		if waiting && tasks[i].Val() == 0 {
 			// Due at once: the claim tells the task how long to wait.
 			err := s.enqueueTask(ctx, id, tenant, task, time.Time{})
@@ -569,17 +570,19 @@ func (s *RedisStore) sweepShard(ctx context.Context, shard int) error {
 
 // splitTaskPayload reads a task's payload: its job's id, then its tenant.
 func splitTaskPayload(b []byte) (jobID, tenant string) {
-	if len(b) < idLen {
+	if len(b) < jobIDLen {
 		return string(b), ""
 	}
-	return string(b[:idLen]), string(b[idLen:])
+	return string(b[:jobIDLen]), string(b[jobIDLen:])
 }
 
 // asynqLogger sends asynq's log lines to the store's logger.
-type asynqLogger struct{ s *RedisStore }
+type asynqLogger struct{ s *Store }
 
 func (l asynqLogger) Debug(args ...any) { l.s.log.Debug(fmt.Sprint(args...), "from", "asynq") }
 func (l asynqLogger) Info(args ...any)  { l.s.log.Info(fmt.Sprint(args...), "from", "asynq") }
 func (l asynqLogger) Warn(args ...any)  { l.s.log.Warn(fmt.Sprint(args...), "from", "asynq") }
 func (l asynqLogger) Error(args ...any) { l.s.log.Error(fmt.Sprint(args...), "from", "asynq") }
 func (l asynqLogger) Fatal(args ...any) { l.s.log.Error(fmt.Sprint(args...), "from", "asynq") }
+
+const jobIDLen = 26

@@ -1,28 +1,27 @@
-package queue
+package redis
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"strconv"
 	"time"
 
 	"throttler/internal/leaky"
+	"throttler/internal/queue"
 )
 
-// RedisShards is how many asynq queues a Redis-backed throttler spreads its
+// Shards is how many asynq queues a Redis-backed throttler spreads its
 // tenants over. A tenant's state, its jobs and their asynq tasks share one
 // hash tag (the queue's name), so every script touches one Cluster slot;
 // several shards spread the load over a Cluster's masters. Changing it
 // re-homes every tenant: it is fixed.
-const RedisShards = 8
+const Shards = 8
 
 // shardOf is the shard a tenant lives in.
 func shardOf(tenant string) int {
 	h := fnv.New32a()
 	h.Write([]byte(tenant))
-	return int(h.Sum32() % RedisShards)
+	return int(h.Sum32() % Shards)
 }
 
 // queueName is the asynq queue of a shard, and its hash tag.
@@ -30,26 +29,15 @@ func queueName(shard int) string { return fmt.Sprintf("throttler-%d", shard) }
 
 // newRedisID is a job id (the same form as newID) that carries its tenant's
 // shard in its last byte, so a job is found by id alone.
-func newRedisID(now time.Time, shard int) string {
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
-	if _, err := rand.Read(b[6:15]); err != nil {
-		panic(err) // crypto/rand never fails on supported platforms
-	}
-	b[15] = byte(shard)
-	return idEncoding.EncodeToString(b[:])
-}
+func newRedisID(now time.Time, shard int) string { return queue.NewTaggedID(now, byte(shard)) }
 
 // shardOfID is the shard of a job id made by newRedisID (false: not one).
 func shardOfID(id string) (int, bool) {
-	if !validID(id) {
+	tag, ok := queue.IDTag(id)
+	if !ok || int(tag) >= Shards {
 		return 0, false
 	}
-	b, _ := idEncoding.DecodeString(id)
-	if int(b[15]) >= RedisShards {
-		return 0, false
-	}
-	return int(b[15]), true
+	return int(tag), true
 }
 
 // shardKeys names the Redis keys of one shard. Every key carries the
@@ -87,7 +75,7 @@ func gateKeys(downstream, tenant string) (tenantLane, downstreamLane string) {
 
 // idemOf is job j's idempotency key's key, or its hash's if it has none
 // (scripts take a key either way).
-func (k shardKeys) idemOf(j Job) string {
+func (k shardKeys) idemOf(j queue.Job) string {
 	if j.IdempotencyKey == "" {
 		return k.job(j.ID)
 	}

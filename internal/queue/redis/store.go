@@ -1,4 +1,4 @@
-package queue
+package redis
 
 import (
 	"cmp"
@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/clock"
 	"throttler/internal/leaky"
+	"throttler/internal/queue"
 )
 
-// RedisStore is the Store of many throttler processes sharing one Redis
+// Store is the queue.Store of many throttler processes sharing one Redis
 // (standalone, Sentinel or Cluster). Bucket state and jobs are Redis
 // hashes changed by Lua scripts (one round trip per decision, atomic
 // across processes, in the server's clock); each waiting job is an asynq
@@ -26,18 +27,18 @@ import (
 // when its task runs, waits for the exact slot, and passes a gate in Redis
 // (PassGate) right before the request is written: the schedule predicts,
 // the gate enforces.
-type RedisStore struct {
-	rdb      redis.UniversalClient
+type Store struct {
+	rdb      goredis.UniversalClient
 	tasks    *asynq.Client
-	policy   PolicyFunc
+	policy   queue.PolicyFunc
 	ceiling  func(tenant string) (string, *leaky.Policy)
 	clock    clock.Clock // nil: the Redis server's TIME
 	log      *slog.Logger
 	retain   time.Duration
 	idle     time.Duration
 	lag      time.Duration
-	timing   RedisTiming
-	expired  func(Job)
+	timing   Timing
+	expired  func(queue.Job)
 	ownsConn bool
 
 	resumesMu sync.Mutex
@@ -49,9 +50,9 @@ type RedisStore struct {
 	trouble atomic.Int64
 }
 
-// RedisTiming is how a Redis-backed store drives asynq. Zero fields take
+// Timing is how a Redis-backed store drives asynq. Zero fields take
 // the defaults.
-type RedisTiming struct {
+type Timing struct {
 	// Poll is asynq's TaskCheckInterval: how often an idle worker looks for
 	// a due task (it sleeps 0.5x to 1.5x this). Default 20 ms: a job that
 	// can go at once waits about that long for a worker.
@@ -65,7 +66,7 @@ type RedisTiming struct {
 	Lease time.Duration
 }
 
-func (t RedisTiming) withDefaults() RedisTiming {
+func (t Timing) withDefaults() Timing {
 	t.Poll = cmp.Or(t.Poll, 20*time.Millisecond)
 	t.Forward = cmp.Or(t.Forward, 100*time.Millisecond)
 	t.Lease = cmp.Or(t.Lease, 10*time.Second)
@@ -75,15 +76,15 @@ func (t RedisTiming) withDefaults() RedisTiming {
 // early is how long before its slot a job's task is made due: asynq
 // stores due times in whole seconds (a task can start up to 1 s early,
 // never late on that account) and moves due tasks every Forward.
-func (t RedisTiming) early() time.Duration { return time.Second + 2*t.Forward }
+func (t Timing) early() time.Duration { return time.Second + 2*t.Forward }
 
-// RedisOptions configure OpenRedis.
-type RedisOptions struct {
+// Options configure Open.
+type Options struct {
 	// Client is the connection, shared with asynq. Required.
-	Client redis.UniversalClient
+	Client goredis.UniversalClient
 	// OwnsClient: Close closes Client too.
 	OwnsClient bool
-	Policy     PolicyFunc
+	Policy     queue.PolicyFunc
 	// Ceiling names a tenant's downstream and its ceiling (nil: none).
 	Ceiling func(tenant string) (string, *leaky.Policy)
 	// Clock, if set, decides instead of the Redis server's TIME (tests).
@@ -99,18 +100,18 @@ type RedisOptions struct {
 	// slot to a worker having claimed it. Default Timing.Poll + 20 ms;
 	// negative: none.
 	StartLag  time.Duration
-	Timing    RedisTiming
-	OnExpired func(Job)
+	Timing    Timing
+	OnExpired func(queue.Job)
 	Logger    *slog.Logger
 }
 
-// OpenRedis returns a store on opts.Client. It checks that Redis answers.
-func OpenRedis(ctx context.Context, opts RedisOptions) (*RedisStore, error) {
+// Open returns a store on opts.Client. It checks that Redis answers.
+func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Client == nil {
-		return nil, errors.New("queue: OpenRedis needs a client")
+		return nil, errors.New("queue: Open needs a client")
 	}
 	timing := opts.Timing.withDefaults()
-	s := &RedisStore{
+	s := &Store{
 		rdb:      opts.Client,
 		tasks:    asynq.NewClientFromRedisClient(opts.Client),
 		policy:   opts.Policy,
@@ -126,13 +127,13 @@ func OpenRedis(ctx context.Context, opts RedisOptions) (*RedisStore, error) {
 		resumes:  map[string]chan struct{}{},
 	}
 	if s.ceiling == nil {
-		s.ceiling = noCeiling
+		s.ceiling = func(string) (string, *leaky.Policy) { return "", nil }
 	}
 	if s.expired == nil {
-		s.expired = func(Job) {}
+		s.expired = func(queue.Job) {}
 	}
 	if s.policy == nil {
-		return nil, errors.New("queue: OpenRedis needs a policy")
+		return nil, errors.New("queue: Open needs a policy")
 	}
 	if err := s.Ping(ctx); err != nil {
 		return nil, err
@@ -141,7 +142,7 @@ func OpenRedis(ctx context.Context, opts RedisOptions) (*RedisStore, error) {
 }
 
 // now is the time scripts are told: 0 asks them for the server's TIME.
-func (s *RedisStore) now() int64 {
+func (s *Store) now() int64 {
 	if s.clock == nil {
 		return 0
 	}
@@ -149,13 +150,13 @@ func (s *RedisStore) now() int64 {
 }
 
 // serverNow is the current time of the decisions' clock.
-func (s *RedisStore) serverNow(ctx context.Context) (time.Time, error) {
+func (s *Store) serverNow(ctx context.Context) (time.Time, error) {
 	if s.clock != nil {
 		return s.clock.Now(), nil
 	}
 	t, err := s.rdb.Time(ctx).Result()
 	if err != nil {
-		return time.Time{}, unavailable(err)
+		return time.Time{}, queue.Unavailable(err)
 	}
 	return t, nil
 }
@@ -164,16 +165,16 @@ func (s *RedisStore) serverNow(ctx context.Context) (time.Time, error) {
 // that rounded down would send a little faster than the rate.
 func usCeil(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.Microsecond) }
 
-// Ping implements Store.
-func (s *RedisStore) Ping(ctx context.Context) error {
+// Ping implements queue.Store.
+func (s *Store) Ping(ctx context.Context) error {
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
-		return unavailable(err)
+		return queue.Unavailable(err)
 	}
 	return nil
 }
 
-// Close implements Store.
-func (s *RedisStore) Close() error {
+// Close implements queue.Store.
+func (s *Store) Close() error {
 	if s.ownsConn {
 		return s.rdb.Close()
 	}
@@ -181,7 +182,7 @@ func (s *RedisStore) Close() error {
 }
 
 // maxCost is the largest cost a tenant can ever be admitted with.
-func (s *RedisStore) maxCost(tenant string, p leaky.Policy) int {
+func (s *Store) maxCost(tenant string, p leaky.Policy) int {
 	most := p.MaxCost()
 	if _, c := s.ceiling(tenant); c != nil {
 		for _, w := range c.Windows { // a ceiling spaces, it never refuses: only its windows bound a cost
@@ -195,14 +196,14 @@ func (s *RedisStore) maxCost(tenant string, p leaky.Policy) int {
 // (nothing is admitted if it fails), then each admitted job becomes an
 // asynq task. A job whose task cannot be made (Redis went away just then)
 // is still admitted: it is in the hand-off set, and a worker makes its task.
-func (s *RedisStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJob) ([]Admission, error) {
+func (s *Store) Enqueue(ctx context.Context, tenant string, newJobs []queue.NewJob) ([]queue.Admission, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	p := s.policy(tenant)
 	shard := shardOf(tenant)
 	k := keysOf(shard)
-	out := make([]Admission, len(newJobs))
+	out := make([]queue.Admission, len(newJobs))
 	most := s.maxCost(tenant, p)
 	var idNow time.Time
 	if s.clock != nil {
@@ -231,7 +232,7 @@ func (s *RedisStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJo
 		}
 		cost := max(nj.Cost, 1)
 		if cost > most {
-			out[i] = Admission{Impossible: &ImpossibleError{Tenant: tenant, Reason: ReasonCostTooLarge, Cost: cost, MaxCost: most}, Capacity: p.Capacity}
+			out[i] = queue.Admission{Impossible: &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonCostTooLarge, Cost: cost, MaxCost: most}, Capacity: p.Capacity}
 			continue
 		}
 		id := newRedisID(idNow, shard)
@@ -246,9 +247,9 @@ func (s *RedisStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJo
 	if len(sent) > 0 {
 		res, err := enqueueScript.Run(ctx, s.rdb, keys, args...).Slice()
 		if err != nil {
-			return nil, unavailable(err)
+			return nil, queue.Unavailable(err)
 		}
-		var tasks []Job
+		var tasks []queue.Job
 		for n, i := range sent {
 			a, j, err := s.admission(ctx, tenant, p, newJobs[i], args, n, res[n].([]any))
 			if err != nil {
@@ -272,36 +273,36 @@ func (s *RedisStore) Enqueue(ctx context.Context, tenant string, newJobs []NewJo
 
 // admission reads the script's answer for the n-th job it was given; for
 // a job admitted now, it also returns the job (its task is to be made).
-func (s *RedisStore) admission(ctx context.Context, tenant string, p leaky.Policy, nj NewJob, args []any, n int, r []any) (Admission, *Job, error) {
+func (s *Store) admission(ctx context.Context, tenant string, p leaky.Policy, nj queue.NewJob, args []any, n int, r []any) (queue.Admission, *queue.Job, error) {
 	kind := toInt(r[0])
 	switch kind {
 	case 2: // a repeated idempotency key
 		prev, err := s.Job(ctx, r[1].(string))
 		if err != nil {
-			return Admission{}, nil, err
+			return queue.Admission{}, nil, err
 		}
-		return Admission{Job: prev, Duplicate: true, ExpectedDelay: prev.AdmitDelay, QueueDepth: prev.AdmitDepth, Capacity: p.Capacity}, nil, nil
-	case 4: // Retry of a job no longer failed
-		return Admission{}, nil, &StateError{State: JobState(r[1].(string)), Op: "retry"}
+		return queue.Admission{Job: prev, Duplicate: true, ExpectedDelay: prev.AdmitDelay, QueueDepth: prev.AdmitDepth, Capacity: p.Capacity}, nil, nil
+	case 4: // queue.Retry of a job no longer failed
+		return queue.Admission{}, nil, &queue.StateError{State: queue.JobState(r[1].(string)), Op: "retry"}
 	}
 	slot, at, retry, depth, now := fromMicros(toInt(r[1])), fromMicros(toInt(r[2])), time.Duration(toInt(r[3]))*time.Microsecond, int(toInt(r[4])), fromMicros(toInt(r[5]))
 	switch kind {
 	case 0:
-		return Admission{Rejected: rejection(tenant, p, leaky.Decision{RetryAfter: retry}, depth), QueueDepth: depth, Capacity: p.Capacity}, nil, nil
+		return queue.Admission{Rejected: queue.Rejection(tenant, p, leaky.Decision{RetryAfter: retry}, depth), QueueDepth: depth, Capacity: p.Capacity}, nil, nil
 	case 3:
-		return Admission{Impossible: &ImpossibleError{Tenant: tenant, Reason: ReasonWouldExpire, ExpectedDelay: at.Sub(now), Deadline: nj.Deadline}, QueueDepth: depth, Capacity: p.Capacity}, nil, nil
+		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: at.Sub(now), Deadline: nj.Deadline}, QueueDepth: depth, Capacity: p.Capacity}, nil, nil
 	}
 	// The job's id is the one given with its arguments.
 	base := 6 + 2*len(p.Windows) + 3 + n*6
-	j := Job{
-		ID: args[base].(string), Tenant: tenant, State: StateQueued, Payload: nj.Payload,
+	j := queue.Job{
+		ID: args[base].(string), Tenant: tenant, State: queue.StateQueued, Payload: nj.Payload,
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: now, DispatchAt: at, Slot: slot,
 		AdmitDelay: at.Sub(now), AdmitDepth: depth + 1, Prompt: toInt(r[6]) == 1, Deadline: nj.Deadline,
 	}
 	if c := max(nj.Cost, 1); c > 1 {
 		j.Cost = c
 	}
-	return Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: j.AdmitDepth, Capacity: p.Capacity}, &j, nil
+	return queue.Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: j.AdmitDepth, Capacity: p.Capacity}, &j, nil
 }
 
 func toInt(v any) int64 {
@@ -326,13 +327,13 @@ const maxTaskRetry = 1000
 // makeTask makes the asynq task that carries job j's next attempt, due a
 // little before its dispatch time. If that fails, the job stays in the
 // hand-off set and a worker makes the task later.
-func (s *RedisStore) makeTask(ctx context.Context, j Job) {
+func (s *Store) makeTask(ctx context.Context, j queue.Job) {
 	if err := s.enqueueTask(ctx, j.ID, j.Tenant, j.ID, j.DispatchAt); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		s.log.Warn("job admitted, its asynq task not made yet: a worker will make it", "job", j.ID, "err", err)
 	}
 }
 
-func (s *RedisStore) enqueueTask(ctx context.Context, jobID, tenant, taskID string, dispatchAt time.Time) error {
+func (s *Store) enqueueTask(ctx context.Context, jobID, tenant, taskID string, dispatchAt time.Time) error {
 	shard, _ := shardOfID(jobID)
 	opts := []asynq.Option{asynq.TaskID(taskID), asynq.Queue(queueName(shard)), asynq.MaxRetry(maxTaskRetry)}
 	if s.clock == nil { // with a test clock, due at once: the worker waits on that clock
@@ -346,7 +347,7 @@ func (s *RedisStore) enqueueTask(ctx context.Context, jobID, tenant, taskID stri
 
 // tenantState is a tenant's hash, read.
 type tenantState struct {
-	rec             tenantRecord
+	rec             queue.TenantRecord
 	depth, inFlight int
 }
 
@@ -360,7 +361,7 @@ func parseTenant(v []any) tenantState {
 		return toInt(v[i])
 	}
 	return tenantState{
-		rec: tenantRecord{
+		rec: queue.TenantRecord{
 			TAT:      fromMicros(n(0)),
 			Pause:    leaky.Pause{Shift: time.Duration(n(1)) * time.Microsecond, Until: fromMicros(n(2)), Held: fromMicros(n(3))},
 			Accepted: n(6), Rejected: n(7), Delivered: n(8), Failed: n(9), Cancelled: n(10), Expired: n(11),
@@ -369,40 +370,40 @@ func parseTenant(v []any) tenantState {
 	}
 }
 
-// Job implements Store.
-func (s *RedisStore) Job(ctx context.Context, id string) (Job, error) {
+// queue.Job implements queue.Store.
+func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	shard, ok := shardOfID(id)
 	if !ok {
-		return Job{}, ErrNotFound
+		return queue.Job{}, queue.ErrNotFound
 	}
 	h, err := s.rdb.HGetAll(ctx, keysOf(shard).job(id)).Result()
 	if err != nil {
-		return Job{}, unavailable(err)
+		return queue.Job{}, queue.Unavailable(err)
 	}
 	if len(h) == 0 {
-		return Job{}, ErrNotFound
+		return queue.Job{}, queue.ErrNotFound
 	}
 	j := jobFromHash(h)
 	if j.State.Waiting() {
 		// Its dispatch time moves with its tenant's pauses.
 		v, err := s.rdb.HMGet(ctx, keysOf(shard).tenant(j.Tenant), tenantFields...).Result()
 		if err != nil {
-			return Job{}, unavailable(err)
+			return queue.Job{}, queue.Unavailable(err)
 		}
 		now, err := s.serverNow(ctx)
 		if err != nil {
-			return Job{}, err
+			return queue.Job{}, err
 		}
-		j.DispatchAt = dispatchAt(parseTenant(v).rec.Pause, j.Slot, now)
+		j.DispatchAt = queue.DispatchAt(parseTenant(v).rec.Pause, j.Slot, now)
 	}
 	return j, nil
 }
 
 // jobFromHash is a job's hash, read.
-func jobFromHash(h map[string]string) Job {
+func jobFromHash(h map[string]string) queue.Job {
 	n := func(f string) int64 { v, _ := strconv.ParseInt(h[f], 10, 64); return v }
-	j := Job{
-		ID: h["id"], Tenant: h["tenant"], State: JobState(h["state"]), Payload: []byte(h["payload"]),
+	j := queue.Job{
+		ID: h["id"], Tenant: h["tenant"], State: queue.JobState(h["state"]), Payload: []byte(h["payload"]),
 		IdempotencyKey: h["key"], Attempts: int(n("attempts")), Failures: int(n("failures")),
 		EnqueuedAt: fromMicros(n("enq")), Slot: fromMicros(n("slot")), DispatchAt: fromMicros(n("dispatch")),
 		Deadline: fromMicros(n("deadline")), SentAt: fromMicros(n("sent")), FinishedAt: fromMicros(n("fin")),
@@ -418,19 +419,19 @@ func jobFromHash(h map[string]string) Job {
 	return j
 }
 
-// Cancel implements Store.
-func (s *RedisStore) Cancel(ctx context.Context, id string) (Job, error) {
+// Cancel implements queue.Store.
+func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 	shard, ok := shardOfID(id)
 	if !ok {
-		return Job{}, ErrNotFound
+		return queue.Job{}, queue.ErrNotFound
 	}
 	k := keysOf(shard)
 	j, err := s.Job(ctx, id)
 	if err != nil {
-		return Job{}, err
+		return queue.Job{}, err
 	}
 	if !j.State.Waiting() {
-		return Job{}, &StateError{ID: id, State: j.State, Op: "cancel"}
+		return queue.Job{}, &queue.StateError{ID: id, State: j.State, Op: "cancel"}
 	}
 	p := s.policy(j.Tenant)
 	giveBack := 0
@@ -440,31 +441,31 @@ func (s *RedisStore) Cancel(ctx context.Context, id string) (Job, error) {
 	r, err := cancelScript.Run(ctx, s.rdb, []string{k.job(id), k.tenant(j.Tenant), k.handoff(), k.active(), k.idemOf(j)},
 		s.now(), s.retain.Milliseconds(), usCeil(p.Interval), giveBack, s.idle.Milliseconds()).Slice()
 	if err != nil {
-		return Job{}, unavailable(err)
+		return queue.Job{}, queue.Unavailable(err)
 	}
 	switch toInt(r[0]) {
 	case 0:
-		return Job{}, ErrNotFound
+		return queue.Job{}, queue.ErrNotFound
 	case 1:
-		return Job{}, &StateError{ID: id, State: JobState(r[1].(string)), Op: "cancel"}
+		return queue.Job{}, &queue.StateError{ID: id, State: queue.JobState(r[1].(string)), Op: "cancel"}
 	}
-	j.State, j.FinishedAt, j.Payload = StateCancelled, fromMicros(toInt(r[1])), nil
+	j.State, j.FinishedAt, j.Payload = queue.StateCancelled, fromMicros(toInt(r[1])), nil
 	return j, nil
 }
 
-// Retry implements Store: the failed job takes a new slot like a new job,
+// queue.Retry implements Store: the failed job takes a new slot like a new job,
 // under a new task id (its old task is gone).
-func (s *RedisStore) Retry(ctx context.Context, id string) (Admission, error) {
+func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	shard, ok := shardOfID(id)
 	if !ok {
-		return Admission{}, ErrNotFound
+		return queue.Admission{}, queue.ErrNotFound
 	}
 	j, err := s.Job(ctx, id)
 	if err != nil {
-		return Admission{}, err
+		return queue.Admission{}, err
 	}
-	if j.State != StateFailed {
-		return Admission{}, &StateError{ID: id, State: j.State, Op: "retry"}
+	if j.State != queue.StateFailed {
+		return queue.Admission{}, &queue.StateError{ID: id, State: j.State, Op: "retry"}
 	}
 	k := keysOf(shard)
 	p := s.policy(j.Tenant)
@@ -475,20 +476,20 @@ func (s *RedisStore) Retry(ctx context.Context, id string) (Admission, error) {
 		args = append(args, w.N, usCeil(w.Length))
 	}
 	args = append(args, s.idle.Milliseconds(), "retry", j.Tenant,
-		id, "", "", "", j.cost(), microsOf(j.Deadline)) // the script names the new task
+		id, "", "", "", j.EffectiveCost(), microsOf(j.Deadline)) // the script names the new task
 	keys = append(keys, k.job(id), k.idemOf(j))
 	res, err := enqueueScript.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil {
-		return Admission{}, unavailable(err)
+		return queue.Admission{}, queue.Unavailable(err)
 	}
-	nj := NewJob{Payload: j.Payload, IdempotencyKey: j.IdempotencyKey, Cost: j.Cost, Deadline: j.Deadline}
+	nj := queue.NewJob{Payload: j.Payload, IdempotencyKey: j.IdempotencyKey, Cost: j.Cost, Deadline: j.Deadline}
 	a, admitted, err := s.admission(ctx, j.Tenant, p, nj, args, 0, res[0].([]any))
 	if err != nil {
-		var se *StateError
+		var se *queue.StateError
 		if errors.As(err, &se) {
 			se.ID = id
 		}
-		return Admission{}, err
+		return queue.Admission{}, err
 	}
 	if admitted != nil {
 		a.Job.EnqueuedAt, a.Job.Attempts = j.EnqueuedAt, 0
@@ -500,20 +501,20 @@ func (s *RedisStore) Retry(ctx context.Context, id string) (Admission, error) {
 	return a, nil
 }
 
-// Failed implements Store.
-func (s *RedisStore) Failed(ctx context.Context, tenant string, limit int) ([]Job, error) {
+// queue.Failed implements queue.Store.
+func (s *Store) Failed(ctx context.Context, tenant string, limit int) ([]queue.Job, error) {
 	k := keysOf(shardOf(tenant))
 	ids, err := s.rdb.ZRevRange(ctx, k.failed(tenant), 0, int64(max(limit, 1))-1).Result()
 	if err != nil {
-		return nil, unavailable(err)
+		return nil, queue.Unavailable(err)
 	}
-	out := make([]Job, 0, len(ids))
+	out := make([]queue.Job, 0, len(ids))
 	for _, id := range ids {
 		h, err := s.rdb.HGetAll(ctx, k.job(id)).Result()
 		if err != nil {
-			return nil, unavailable(err)
+			return nil, queue.Unavailable(err)
 		}
-		if len(h) == 0 || h["state"] != string(StateFailed) {
+		if len(h) == 0 || h["state"] != string(queue.StateFailed) {
 			s.rdb.ZRem(ctx, k.failed(tenant), id) // past retention, or retried
 			continue
 		}
@@ -524,25 +525,25 @@ func (s *RedisStore) Failed(ctx context.Context, tenant string, limit int) ([]Jo
 	return out, nil
 }
 
-// Pause implements Store.
-func (s *RedisStore) Pause(ctx context.Context, tenant string) (TenantStatus, error) {
+// Pause implements queue.Store.
+func (s *Store) Pause(ctx context.Context, tenant string) (queue.TenantStatus, error) {
 	return s.hold(ctx, tenant, "hold")
 }
 
-// Resume implements Store.
-func (s *RedisStore) Resume(ctx context.Context, tenant string) (TenantStatus, error) {
+// Resume implements queue.Store.
+func (s *Store) Resume(ctx context.Context, tenant string) (queue.TenantStatus, error) {
 	return s.hold(ctx, tenant, "resume")
 }
 
-func (s *RedisStore) hold(ctx context.Context, tenant, op string) (TenantStatus, error) {
+func (s *Store) hold(ctx context.Context, tenant, op string) (queue.TenantStatus, error) {
 	k := keysOf(shardOf(tenant))
 	p := s.policy(tenant)
 	_, err := pauseScript.Run(ctx, s.rdb, []string{k.tenant(tenant)}, op, s.now(), usCeil(p.Tolerance())).Int64Slice()
 	if err != nil {
-		return TenantStatus{}, unavailable(err)
+		return queue.TenantStatus{}, queue.Unavailable(err)
 	}
 	if err := settleScript.Run(ctx, s.rdb, []string{k.tenant(tenant)}, s.now(), s.idle.Milliseconds()).Err(); err != nil {
-		return TenantStatus{}, unavailable(err)
+		return queue.TenantStatus{}, queue.Unavailable(err)
 	}
 	ds, _ := s.ceiling(tenant)
 	lane, _ := gateKeys(ds, tenant)
@@ -551,7 +552,7 @@ func (s *RedisStore) hold(ctx context.Context, tenant, op string) (TenantStatus,
 		gateOp = "free"
 	}
 	if err := gateHoldScript.Run(ctx, s.rdb, []string{lane}, gateOp, 0, 0, time.Hour.Milliseconds()).Err(); err != nil {
-		return TenantStatus{}, unavailable(err)
+		return queue.TenantStatus{}, queue.Unavailable(err)
 	}
 	if op == "resume" {
 		s.wakeResumed(tenant)
@@ -559,20 +560,20 @@ func (s *RedisStore) hold(ctx context.Context, tenant, op string) (TenantStatus,
 	return s.Tenant(ctx, tenant)
 }
 
-// Tenant implements Store.
-func (s *RedisStore) Tenant(ctx context.Context, tenant string) (TenantStatus, error) {
+// Tenant implements queue.Store.
+func (s *Store) Tenant(ctx context.Context, tenant string) (queue.TenantStatus, error) {
 	v, err := s.rdb.HMGet(ctx, keysOf(shardOf(tenant)).tenant(tenant), tenantFields...).Result()
 	if err != nil {
-		return TenantStatus{}, unavailable(err)
+		return queue.TenantStatus{}, queue.Unavailable(err)
 	}
 	now, err := s.serverNow(ctx)
 	if err != nil {
-		return TenantStatus{}, err
+		return queue.TenantStatus{}, err
 	}
 	return s.status(ctx, tenant, parseTenant(v), now)
 }
 
-func (s *RedisStore) status(ctx context.Context, name string, ts tenantState, now time.Time) (TenantStatus, error) {
+func (s *Store) status(ctx context.Context, name string, ts tenantState, now time.Time) (queue.TenantStatus, error) {
 	p := s.policy(name)
 	pz := ts.rec.Pause
 	tnow := pz.TenantTime(now)
@@ -583,7 +584,7 @@ func (s *RedisStore) status(ctx context.Context, name string, ts tenantState, no
 		for i, w := range p.Windows {
 			l, err := s.rdb.LRange(ctx, k.window(name, w), 0, -1).Result()
 			if err != nil {
-				return TenantStatus{}, unavailable(err)
+				return queue.TenantStatus{}, queue.Unavailable(err)
 			}
 			for _, us := range l {
 				n, _ := strconv.ParseInt(us, 10, 64)
@@ -593,26 +594,26 @@ func (s *RedisStore) status(ctx context.Context, name string, ts tenantState, no
 		slot = leaky.WindowSlot(recent, p, slot, 1)
 	}
 	paused, until := pz.Paused(now)
-	return TenantStatus{
+	return queue.TenantStatus{
 		Tenant: name, QueueDepth: max(ts.depth, 0), InFlight: max(ts.inFlight, 0),
-		ExpectedDelay: dispatchAt(pz, slot, now).Sub(now),
+		ExpectedDelay: queue.DispatchAt(pz, slot, now).Sub(now),
 		Paused:        paused, PausedUntil: until, Held: !pz.Held.IsZero(),
 		Accepted: ts.rec.Accepted, Rejected: ts.rec.Rejected, Delivered: ts.rec.Delivered,
 		Failed: ts.rec.Failed, Cancelled: ts.rec.Cancelled, Expired: ts.rec.Expired,
 	}, nil
 }
 
-// Tenants implements Store.
-func (s *RedisStore) Tenants(ctx context.Context, offset, limit int) ([]TenantStatus, error) {
+// Tenants implements queue.Store.
+func (s *Store) Tenants(ctx context.Context, offset, limit int) ([]queue.TenantStatus, error) {
 	type entry struct {
 		name string
 		n    float64
 	}
 	var all []entry
-	for shard := range RedisShards {
+	for shard := range Shards {
 		zs, err := s.rdb.ZRangeWithScores(ctx, keysOf(shard).active(), 0, -1).Result()
 		if err != nil {
-			return nil, unavailable(err)
+			return nil, queue.Unavailable(err)
 		}
 		for _, z := range zs {
 			if z.Score > 0 {
@@ -632,21 +633,21 @@ func (s *RedisStore) Tenants(ctx context.Context, offset, limit int) ([]TenantSt
 	}
 	// One pipeline for the page: a scrape of /metrics reads every busy
 	// tenant.
-	cmds := make([]*redis.SliceCmd, len(all))
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	cmds := make([]*goredis.SliceCmd, len(all))
+	_, err := s.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for i, e := range all {
 			cmds[i] = p.HMGet(ctx, keysOf(shardOf(e.name)).tenant(e.name), tenantFields...)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, unavailable(err)
+		return nil, queue.Unavailable(err)
 	}
 	now, err := s.serverNow(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]TenantStatus, 0, len(all))
+	out := make([]queue.TenantStatus, 0, len(all))
 	for i, e := range all {
 		st, err := s.status(ctx, e.name, parseTenant(cmds[i].Val()), now)
 		if err != nil {
@@ -659,7 +660,7 @@ func (s *RedisStore) Tenants(ctx context.Context, offset, limit int) ([]TenantSt
 
 // PassGate is the gate every process of one Redis shares: one atomic check
 // per send, right before it is written (gate.lua).
-func (s *RedisStore) PassGate(ctx context.Context, r GateRequest) (GateAnswer, error) {
+func (s *Store) PassGate(ctx context.Context, r queue.GateRequest) (queue.GateAnswer, error) {
 	lane, dsLane := gateKeys(r.Downstream, r.Tenant)
 	var dsT, dsTau int64
 	var dsWindows []leaky.Window
@@ -682,27 +683,27 @@ func (s *RedisStore) PassGate(ctx context.Context, r GateRequest) (GateAnswer, e
 
 // passGate asks gate.lua with args, and giveBack (a grant to give back
 // first, or nil).
-func (s *RedisStore) passGate(ctx context.Context, keys []string, args, giveBack []any) (GateAnswer, error) {
+func (s *Store) passGate(ctx context.Context, keys []string, args, giveBack []any) (queue.GateAnswer, error) {
 	v, err := gateScript.Run(ctx, s.rdb, keys, append(args[:len(args):len(args)], giveBack...)...).Int64Slice()
 	if err != nil {
-		return GateAnswer{}, unavailable(err)
+		return queue.GateAnswer{}, queue.Unavailable(err)
 	}
 	switch v[0] {
 	case 1:
-		return GateAnswer{Wait: time.Duration(v[1]) * time.Microsecond}, nil
+		return queue.GateAnswer{Wait: time.Duration(v[1]) * time.Microsecond}, nil
 	case 2:
-		return GateAnswer{HeldUntil: fromMicros(v[1])}, nil
+		return queue.GateAnswer{HeldUntil: fromMicros(v[1])}, nil
 	}
-	again := func(ctx context.Context) (GateAnswer, error) {
+	again := func(ctx context.Context) (queue.GateAnswer, error) {
 		// The same question, and this grant to take back: one round trip.
 		return s.passGate(ctx, keys, args, []any{"again", v[1], v[2], v[3], v[4], v[5]})
 	}
-	return GateAnswer{Again: again}, nil
+	return queue.GateAnswer{Again: again}, nil
 }
 
 // holdLanes holds a tenant's gate lane (and its downstream's) after a
 // pushback, so that sends other processes already hold stop too.
-func (s *RedisStore) holdLanes(ctx context.Context, tenant string, until time.Time, downstreamToo bool) error {
+func (s *Store) holdLanes(ctx context.Context, tenant string, until time.Time, downstreamToo bool) error {
 	ds, ceiling := s.ceiling(tenant)
 	lane, dsLane := gateKeys(ds, tenant)
 	p := s.policy(tenant)
@@ -715,4 +716,4 @@ func (s *RedisStore) holdLanes(ctx context.Context, tenant string, until time.Ti
 	return nil
 }
 
-var _ Store = (*RedisStore)(nil)
+var _ queue.Store = (*Store)(nil)

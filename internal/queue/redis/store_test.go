@@ -1,4 +1,4 @@
-package queue
+package redis
 
 import (
 	"context"
@@ -10,41 +10,45 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/clock"
 	"throttler/internal/leaky"
+	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
 	"throttler/internal/redistest"
+	"throttler/internal/testutil"
 )
 
 // redisClient starts a redis-server of the test's own and returns a client
 // on it with poolSize connections (0: go-redis's default); both stop when
 // the test ends.
-func redisClient(t testing.TB, poolSize int) *redis.Client {
+func redisClient(t testing.TB, poolSize int) *goredis.Client {
 	srv := redistest.Start(t, false)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: poolSize})
+	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: poolSize})
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }
 
-// redisOpener runs each test on a redis-server of its own.
-func redisOpener(t *testing.T) backend {
-	rdb := redisClient(t, 0)
-	return func(t *testing.T, clk clock.Clock, policy PolicyFunc) Store {
-		t.Helper()
-		s, err := OpenRedis(context.Background(), RedisOptions{Client: rdb, Clock: clk, Policy: policy, StartLag: -1,
-			// asynq works in real time: quick polls keep a fake clock that the test
-			// advances from running far ahead of a hand-over.
-			Timing: RedisTiming{Poll: time.Millisecond}})
-		if err != nil {
-			t.Fatal(err)
+// TestRedisConformance runs the shared suite, each test on a redis-server
+// of its own.
+func TestRedisConformance(t *testing.T) {
+	queuetest.Run(t, queuetest.Driver{New: func(t *testing.T) queuetest.Open {
+		rdb := redisClient(t, 0)
+		return func(t *testing.T, c queuetest.Config) queue.Store {
+			t.Helper()
+			s, err := Open(context.Background(), Options{Client: rdb, Clock: c.Clock, Policy: c.Policy, Ceiling: c.Ceiling, StartLag: -1,
+				// asynq works in real time: quick polls keep a fake clock
+				// that the test advances from running far ahead of a
+				// hand-over.
+				Timing: Timing{Poll: time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
 		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
+	}})
 }
-
-func TestRedisConformance(t *testing.T) { runConformance(t, redisOpener) }
 
 // 100,000 tenants (10,000 under -race) each send one job: once the jobs are delivered and the
 // idle time has passed, no bucket state is left in Redis (tenant hashes,
@@ -52,7 +56,7 @@ func TestRedisConformance(t *testing.T) { runConformance(t, redisOpener) }
 func TestRedisIdleTenantsExpire(t *testing.T) {
 	rdb := redisClient(t, 128)
 	ctx := context.Background()
-	s, err := OpenRedis(ctx, RedisOptions{Client: rdb, IdleTTL: time.Second, Policy: leaky20(10),
+	s, err := Open(ctx, Options{Client: rdb, IdleTTL: time.Second, Policy: leaky20(10),
 		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +72,7 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 		return 0
 	}
 	tenants := 100_000
-	if raceEnabled {
+	if testutil.Race {
 		tenants = 10_000 // the same path, without ten minutes of race detection
 	}
 	bucketKeys := func() int {
@@ -79,7 +83,7 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 				n++
 			}
 		}
-		for shard := range RedisShards {
+		for shard := range Shards {
 			n += int(rdb.ZCard(ctx, keysOf(shard).active()).Val())
 		}
 		return n
@@ -93,7 +97,7 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := next.Add(1) - 1; i < int64(tenants); i = next.Add(1) - 1 {
-				out, err := s.Enqueue(ctx, fmt.Sprintf("tenant-%d", i), []NewJob{payload(int(i))})
+				out, err := s.Enqueue(ctx, fmt.Sprintf("tenant-%d", i), []queue.NewJob{payload(int(i))})
 				if err != nil || !out[0].Admitted() {
 					t.Errorf("tenant %d: %+v %v", i, out, err)
 					return
@@ -114,13 +118,13 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 
 	var delivered atomic.Int64
 	began = time.Now()
-	stop := consume(t, s, DefaultLead, func(ctx context.Context, j Job) Outcome {
+	stop := consume(t, s, queue.DefaultLead, func(ctx context.Context, j queue.Job) queue.Outcome {
 		// Through the shared gate too: its lanes must expire as well.
-		if _, err := s.PassGate(ctx, GateRequest{Downstream: "sms", Tenant: j.Tenant, Policy: leaky20(10)(j.Tenant)}); err != nil {
-			return Outcome{Result: Released}
+		if _, err := s.PassGate(ctx, queue.GateRequest{Downstream: "sms", Tenant: j.Tenant, Policy: leaky20(10)(j.Tenant)}); err != nil {
+			return queue.Outcome{Result: queue.Released}
 		}
 		delivered.Add(1)
-		return Outcome{Result: Succeeded, Status: 200, SentAt: time.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: time.Now()}
 	})
 	deadline := time.Now().Add(3 * time.Minute)
 	for delivered.Load() < int64(tenants) {
@@ -150,14 +154,14 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 func TestSharedGate(t *testing.T) {
 	rdb := redisClient(t, 0)
 	ctx := context.Background()
-	s, err := OpenRedis(ctx, RedisOptions{Client: rdb, Policy: leaky20(10),
+	s, err := Open(ctx, Options{Client: rdb, Policy: leaky20(10),
 		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	const T = 100 * time.Millisecond
-	req := GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}}
-	goes := func(what string, a GateAnswer, err error) GateAnswer {
+	req := queue.GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}}
+	goes := func(what string, a queue.GateAnswer, err error) queue.GateAnswer {
 		t.Helper()
 		if err != nil || a.Wait != 0 || !a.HeldUntil.IsZero() || a.Again == nil {
 			t.Fatalf("%s: %+v %v, want go", what, a, err)
@@ -203,9 +207,9 @@ func TestSharedGate(t *testing.T) {
 	// Windows count the grants, across processes: the fourth send in "3
 	// per 10 s" waits for the first to leave it; a grant given back
 	// leaves it at once.
-	win := GateRequest{Downstream: "sms", Tenant: "win", Policy: leaky.Policy{Interval: time.Millisecond, Burst: 3, Capacity: 10,
+	win := queue.GateRequest{Downstream: "sms", Tenant: "win", Policy: leaky.Policy{Interval: time.Millisecond, Burst: 3, Capacity: 10,
 		Windows: []leaky.Window{{N: 3, Length: 10 * time.Second}}}}
-	var last GateAnswer
+	var last queue.GateAnswer
 	for i := range 3 {
 		last, err = s.PassGate(ctx, win)
 		last = goes(fmt.Sprintf("send %d of 3 in the window", i+1), last, err)
