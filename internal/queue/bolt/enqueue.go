@@ -6,187 +6,251 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
 )
 
-// Enqueue implements queue.Store.
+// Enqueue implements queue.Store: the jobs are decided in memory under
+// s.mu, made durable in one group commit, and only then scheduled.
 func (s *Store) Enqueue(ctx context.Context, tenant string, newJobs []queue.NewJob) ([]queue.Admission, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	policy := s.policy(tenant)
-	out := make([]queue.Admission, len(newJobs))
-	var admitted []queue.Job
-	var claimedKeys []string
-
 	s.mu.Lock()
 	tm, err := s.waitKeysAndLoad(tenant, newJobs)
 	if err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
-	now := s.clock.Now()
-	pz := tm.rec.Pause
-	paused, _ := pz.Paused(now)
-	// Decide as if the job arrived when it can first be sent: a job sent at
-	// once is late by the time a send takes to start (the commit, the
-	// hand-over, the connection), and every job queued behind it inherits
-	// that lateness. Scheduling from there keeps the promises true. All in
-	// tenant time: a paused tenant's clock stands still.
-	arrival := pz.TenantTime(now).Add(s.startLag())
-	_, ceiling := s.ceiling(tenant)
-	most := policy.MaxCost() // the largest cost that can ever be admitted
-	if ceiling != nil {
-		for _, w := range ceiling.Windows { // a ceiling spaces, it never refuses: only its windows bound a cost
-			most = min(most, w.N)
+	c := s.newCall(tenant, tm, len(newJobs))
+	plan := queue.Precheck(tenant, newJobs, queue.MaxCost(c.policy, c.ceiling), c.policy.Capacity, c.out)
+	for _, i := range plan.Decide {
+		if err := s.decide(c, i, newJobs[i]); err != nil {
+			// Nothing of this call is admitted (the slots taken so far
+			// stay taken: a gap is safe).
+			s.undoAdmitted(c)
+			s.mu.Unlock()
+			return nil, err
 		}
 	}
-	inCall := map[string]int{} // idempotency key -> index of its first use in this call
-	for i, nj := range newJobs {
-		if nj.IdempotencyKey != "" {
-			if first, ok := inCall[nj.IdempotencyKey]; ok {
-				out[i] = out[first]
-				out[i].Duplicate = out[first].Admitted()
-				continue
-			}
-			inCall[nj.IdempotencyKey] = i
-			prev, found, err := s.jobByKey(tenant, nj.IdempotencyKey)
-			if err != nil {
-				// Nothing of this call is admitted (the slots taken so far
-				// stay taken: a gap is safe).
-				tm.depth -= len(admitted)
-				tm.rec.Accepted -= int64(len(admitted))
-				s.releaseKeys(claimedKeys)
-				s.mu.Unlock()
-				return nil, err
-			}
-			if found {
-				out[i] = queue.Admission{Job: prev, Duplicate: true, ExpectedDelay: prev.AdmitDelay, QueueDepth: prev.AdmitDepth, Capacity: policy.Capacity}
-				continue
-			}
-		}
-		cost := max(nj.Cost, 1)
-		if cost > most {
-			out[i] = queue.Admission{Impossible: &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonCostTooLarge, Cost: cost, MaxCost: most}, QueueDepth: tm.depth, Capacity: policy.Capacity}
-			continue
-		}
-		d, st, recent := admit(tm.rec, tm.depth, arrival, now, policy, cost)
-		if !d.Admitted {
-			tm.rec.Rejected++
-			tm.dirty = true
-			out[i] = queue.Admission{Rejected: queue.Rejection(tenant, policy, d, tm.depth), QueueDepth: tm.depth, Capacity: policy.Capacity}
-			continue
-		}
-		at := queue.DispatchAt(pz, d.Slot, now)
-		delay := max(at.Sub(now), queue.CeilingDelay(ceiling, tm.depth))
-		if !nj.Deadline.IsZero() && now.Add(delay).After(nj.Deadline) {
-			// Worthless by the time it would go: say so now, take nothing.
-			out[i] = queue.Admission{Impossible: &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: delay, Deadline: nj.Deadline}, QueueDepth: tm.depth, Capacity: policy.Capacity}
-			continue
-		}
-		tm.rec.TAT = st.TAT
-		tm.rec.SetRecent(policy, recent)
-		tm.rec.Accepted++
-		tm.depth++
-		j := queue.Job{
-			ID: queue.NewID(now), Tenant: tenant, State: queue.StateQueued, Payload: nj.Payload,
-			IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: now, DispatchAt: at, Slot: d.Slot,
-			AdmitDelay: delay, AdmitDepth: tm.depth, Prompt: d.Delay == 0 && !paused,
-			Deadline: nj.Deadline,
-		}
-		if cost > 1 {
-			j.Cost = cost
-		}
-		admitted = append(admitted, j)
-		out[i] = queue.Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: tm.depth, Capacity: policy.Capacity}
-		if nj.IdempotencyKey != "" {
-			k := string(idemKey(tenant, nj.IdempotencyKey))
-			s.idemWait[k] = make(chan struct{})
-			claimedKeys = append(claimedKeys, k)
-		}
+	plan.FillRepeats(c.out)
+	if len(c.admitted) == 0 {
+		s.mu.Unlock()
+		return c.out, nil
 	}
-	if len(admitted) > 0 {
-		tm.pending++
-	}
+	tm.pending++
 	s.mu.Unlock()
 
-	if len(admitted) == 0 {
-		return out, nil
+	err = s.db.Batch(func(tx *bbolt.Tx) error { return s.putAdmitted(tx, c) })
+	if err := s.settle(c, err); err != nil {
+		return nil, err
 	}
-	err = s.db.Batch(func(tx *bbolt.Tx) error {
-		payloads, due, idem := tx.Bucket(bucketPayloads), tx.Bucket(bucketDue), tx.Bucket(bucketIdem)
-		for _, j := range admitted {
-			if err := putJob(tx, j); err != nil {
+	return c.out, nil
+}
+
+// call is one Enqueue's decisions, made under s.mu.
+type call struct {
+	tenant   string
+	tm       *tenantMem
+	policy   leaky.Policy
+	ceiling  *leaky.Policy
+	now      time.Time
+	arrival  time.Time // in tenant time
+	paused   bool
+	out      []queue.Admission
+	admitted []queue.Job
+	keys     []string // idempotency keys this call admits, claimed in s.idemWait
+}
+
+func (s *Store) newCall(tenant string, tm *tenantMem, n int) *call {
+	now := s.clock.Now()
+	_, ceiling := s.ceiling(tenant)
+	paused, _ := tm.rec.Pause.Paused(now)
+	return &call{
+		tenant: tenant, tm: tm, policy: s.policy(tenant), ceiling: ceiling, now: now, paused: paused,
+		// Decide as if the job arrived when it can first be sent: a job
+		// sent at once is late by the time a send takes to start (the
+		// commit, the hand-over, the connection), and every job queued
+		// behind it inherits that lateness. Scheduling from there keeps the
+		// promises true. All in tenant time: a paused tenant's clock
+		// stands still.
+		arrival: tm.rec.Pause.TenantTime(now).Add(s.startLag()),
+		out:     make([]queue.Admission, n),
+	}
+}
+
+// decide answers the i-th job of the call (s.mu held): a repeat of a stored
+// idempotency key, a refusal, or an admission (in memory only: see settle).
+func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
+	tm, p := c.tm, c.policy
+	if nj.IdempotencyKey != "" {
+		prev, found, err := s.jobByKey(c.tenant, nj.IdempotencyKey)
+		if err != nil {
+			return err
+		}
+		if found {
+			c.out[i] = queue.Admission{Job: prev, Duplicate: true, ExpectedDelay: prev.AdmitDelay, QueueDepth: prev.AdmitDepth, Capacity: p.Capacity}
+			return nil
+		}
+	}
+	cost := max(nj.Cost, 1)
+	d, st, recent := s.admit(c, cost)
+	if !d.Admitted {
+		tm.rec.Rejected++
+		tm.dirty = true
+		c.out[i] = queue.Admission{Rejected: queue.Rejection(c.tenant, p, d, tm.depth), QueueDepth: tm.depth, Capacity: p.Capacity}
+		return nil
+	}
+	at := queue.DispatchAt(tm.rec.Pause, d.Slot, c.now)
+	delay := max(at.Sub(c.now), queue.CeilingDelay(c.ceiling, tm.depth))
+	if !nj.Deadline.IsZero() && c.now.Add(delay).After(nj.Deadline) {
+		// Worthless by the time it would go: say so now, take nothing.
+		c.out[i] = queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: delay, Deadline: nj.Deadline}, QueueDepth: tm.depth, Capacity: p.Capacity}
+		return nil
+	}
+	tm.rec.TAT = st.TAT
+	tm.rec.SetRecent(p, recent)
+	tm.rec.Accepted++
+	tm.depth++
+	j := queue.Job{
+		ID: queue.NewID(c.now), Tenant: c.tenant, State: queue.StateQueued, Payload: nj.Payload,
+		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: c.now, DispatchAt: at, Slot: d.Slot,
+		AdmitDelay: delay, AdmitDepth: tm.depth, Prompt: d.Delay == 0 && !c.paused,
+		Deadline: nj.Deadline,
+	}
+	if cost > 1 {
+		j.Cost = cost
+	}
+	c.admitted = append(c.admitted, j)
+	c.out[i] = queue.Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: tm.depth, Capacity: p.Capacity}
+	if nj.IdempotencyKey != "" {
+		k := string(idemKey(c.tenant, nj.IdempotencyKey))
+		s.idemWait[k] = make(chan struct{})
+		c.keys = append(c.keys, k)
+	}
+	return nil
+}
+
+// undoAdmitted takes back the call's admissions from the tenant's counts
+// (s.mu held): they were not made durable. The slots stay taken: a gap in
+// the schedule is safe, a second job in one slot is not.
+func (s *Store) undoAdmitted(c *call) {
+	c.tm.depth -= len(c.admitted)
+	c.tm.rec.Accepted -= int64(len(c.admitted))
+	c.tm.dirty = true
+	s.releaseKeys(c.keys)
+}
+
+// putAdmitted writes the call's admitted jobs and the tenant's record.
+func (s *Store) putAdmitted(tx *bbolt.Tx, c *call) error {
+	payloads, due, idem := tx.Bucket(bucketPayloads), tx.Bucket(bucketDue), tx.Bucket(bucketIdem)
+	for _, j := range c.admitted {
+		if err := putJob(tx, j); err != nil {
+			return err
+		}
+		if err := payloads.Put([]byte(j.ID), j.Payload); err != nil {
+			return err
+		}
+		if err := due.Put(dueKey(j.Slot, j.ID), []byte(c.tenant)); err != nil {
+			return err
+		}
+		if j.IdempotencyKey != "" {
+			if err := idem.Put(idemKey(c.tenant, j.IdempotencyKey), []byte(j.ID)); err != nil {
 				return err
-			}
-			if err := payloads.Put([]byte(j.ID), j.Payload); err != nil {
-				return err
-			}
-			if err := due.Put(dueKey(j.Slot, j.ID), []byte(tenant)); err != nil {
-				return err
-			}
-			if j.IdempotencyKey != "" {
-				if err := idem.Put(idemKey(tenant, j.IdempotencyKey), []byte(j.ID)); err != nil {
-					return err
-				}
 			}
 		}
-		return s.putTenant(tx, tenant)
-	})
+	}
+	return s.putTenant(tx, c.tenant)
+}
 
+// settle ends a call once its commit is done: the admitted jobs join the
+// schedule, or, if the commit failed, are taken back.
+func (s *Store) settle(c *call, commitErr error) error {
 	s.mu.Lock()
-	tm.pending--
-	if err != nil {
-		// Nothing was admitted after all. The slots stay taken: a gap in the
-		// schedule is safe, a second job in one slot is not.
-		tm.depth -= len(admitted)
-		tm.rec.Accepted -= int64(len(admitted))
-		tm.dirty = true
+	c.tm.pending--
+	if commitErr != nil {
+		s.undoAdmitted(c)
+		s.mu.Unlock()
+		return queue.Unavailable(commitErr)
 	}
 	var soonest time.Time
-	if err == nil {
+	for _, j := range c.admitted {
 		// The tenant's pause may have changed since the decision: schedule
 		// by the current one.
-		for _, j := range admitted {
-			e := entryOf(j, queue.RealAt(tm.rec.Pause, j.Slot))
-			s.sched.add(e)
-			if soonest.IsZero() || e.at.Before(soonest) {
-				soonest = e.at
-			}
-		}
+		e := entryOf(j, queue.RealAt(c.tm.rec.Pause, j.Slot))
+		s.sched.add(e)
+		soonest = clock.Earliest(soonest, e.at)
 	}
-	s.releaseKeys(claimedKeys)
+	s.releaseKeys(c.keys)
 	s.mu.Unlock()
-	if err != nil {
-		return nil, queue.Unavailable(err)
-	}
 	s.pokeIfSooner(soonest)
-	return out, nil
+	return nil
 }
 
 // admit decides one job of cost in the tenant's time (leaky.Decide: the
-// rate and every window), with a refusal's queue.Retry-After in real time (it
-// includes what is left of a pause). It also refuses a job when depth jobs
-// already wait and the bucket could not hold one more. The schedule alone
-// would admit one too many while the tenant is paused (the job at the
-// frozen "now" looks as if it goes at once, but it waits), and past
-// capacity when sends are slower than the tenant's rate (a downstream's
-// ceiling shared with others).
-func admit(rec queue.TenantRecord, depth int, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
-	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), arrival, p, cost, depth)
+// rate and every window), with a refusal's Retry-After in real time (it
+// includes what is left of a pause). Beside the schedule it bounds the
+// queue by count where the schedule alone does not:
+//   - while paused, nothing goes at once: capacity jobs wait, no more (the
+//     job at the frozen "now" looks as if it goes at once, but it waits);
+//   - under a downstream's ceiling shared with others, sends are slower
+//     than the tenant's rate, so jobs wait past their slots;
+//   - with windows, a job waits for room in a window, not only for its
+//     slot: capacity jobs may wait however long that is (see waiting).
+func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
+	rec, p, depth := c.tm.rec, c.policy, c.tm.depth
+	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), c.arrival, p, cost, depth)
 	room := p.Capacity + p.Burst // waiting, and going at once
-	if paused, _ := rec.Pause.Paused(now); paused {
+	if c.paused {
 		room = p.Capacity // nothing goes at once: all of them wait
 	}
 	if d.Admitted && depth >= room {
 		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
 	}
+	tnow := rec.Pause.TenantTime(c.now)
+	if d.Admitted && len(p.Windows) > 0 && p.Capacity > 0 && (c.paused || d.Slot.After(c.arrival)) {
+		// It would wait: only if fewer than capacity jobs wait already.
+		// (Depth alone is not that count: jobs leave it when handed to the
+		// dispatcher, a lead before their slot.)
+		if n, next := s.waiting(c.tenant, tnow, c.ceiling != nil); n >= p.Capacity {
+			d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
+			if next.After(tnow) {
+				d.RetryAfter = next.Sub(tnow) // the first of them stops waiting
+			}
+		}
+	}
 	if !d.Admitted {
-		tnow := rec.Pause.TenantTime(now)
-		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), now).Sub(now)
+		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), c.now).Sub(c.now)
 	}
 	return d, st, recent
+}
+
+// waiting counts a tenant's jobs that wait at tenant time tnow (s.mu held):
+// admitted, not being sent, and due later than tnow, or held back by a
+// ceiling (withCeiling: due ones wait for their turn). It also returns the
+// earliest slot after tnow among them: when the first stops waiting.
+// O(jobs of the tenant waiting): it is asked only for tenants with windows.
+func (s *Store) waiting(tenant string, tnow time.Time, withCeiling bool) (int, time.Time) {
+	n := 0
+	var next time.Time
+	count := func(slot time.Time, dueWaits bool) {
+		if slot.After(tnow) {
+			n++
+			next = clock.Earliest(next, slot)
+		} else if dueWaits {
+			n++
+		}
+	}
+	for id := range s.sched.byTenant[tenant] {
+		count(s.sched.waiting[id].slot, withCeiling)
+	}
+	for _, j := range s.claims {
+		if j.Tenant == tenant && !j.Slot.IsZero() {
+			count(j.Slot, false) // handed over: waiting in the dispatcher until its slot
+		}
+	}
+	return n, next
 }
 
 // waitKeysAndLoad waits (s.mu held, released while waiting) until none of

@@ -20,7 +20,7 @@ type fairQueue struct {
 	recent  []leaky.Recent // of the ceiling's windows, in real time
 	version int            // counts changes to recent and pausedUntil
 	saved   int            // the version on disk
-	// pausedUntil: the downstream answered 429 (or 503) with queue.Retry-After
+	// pausedUntil: the downstream answered 429 (or 503) with Retry-After
 	// under this ceiling: no send of any tenant before then.
 	pausedUntil time.Time
 	ring        []string // tenants with entries, in turn order

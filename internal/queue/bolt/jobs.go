@@ -11,7 +11,7 @@ import (
 	"throttler/internal/queue"
 )
 
-// queue.Job implements queue.Store.
+// Job implements queue.Store.
 func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	if !queue.ValidID(id) {
 		return queue.Job{}, queue.ErrNotFound
@@ -108,15 +108,68 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 	return j, nil
 }
 
-// queue.Retry implements queue.Store.
+// Retry implements queue.Store.
 func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	if !queue.ValidID(id) {
 		return queue.Admission{}, queue.ErrNotFound
 	}
 	s.mu.Lock()
-	if _, held := s.claims[id]; held {
+	failed, tm, err := s.failedJob(id)
+	if err != nil {
 		s.mu.Unlock()
-		return queue.Admission{}, &queue.StateError{ID: id, State: queue.StateDispatching, Op: "retry"}
+		return queue.Admission{}, err
+	}
+	c := s.newCall(failed.Tenant, tm, 1)
+	d, st, recent := s.admit(c, failed.EffectiveCost())
+	at := queue.DispatchAt(tm.rec.Pause, d.Slot, c.now)
+	switch {
+	case !d.Admitted:
+		tm.rec.Rejected++
+		tm.dirty = true
+		s.mu.Unlock()
+		return queue.Admission{Rejected: queue.Rejection(c.tenant, c.policy, d, tm.depth), QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
+	case !failed.Deadline.IsZero() && at.After(failed.Deadline):
+		s.mu.Unlock()
+		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: at.Sub(c.now), Deadline: failed.Deadline}, QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
+	}
+	tm.rec.TAT = st.TAT
+	tm.rec.SetRecent(c.policy, recent)
+	tm.depth++
+	tm.pending++
+	j := failed
+	j.State, j.Attempts, j.Failures, j.FinishedAt = queue.StateQueued, 0, 0, time.Time{}
+	j.Slot, j.DispatchAt = d.Slot, at
+	j.Prompt = d.Delay == 0 && !c.paused
+	s.claims[id] = queue.Job{ID: id, Tenant: j.Tenant} // held until durable: no second retry, no dispatch
+	s.mu.Unlock()
+
+	err = s.db.Batch(func(tx *bbolt.Tx) error { return s.putRetried(tx, failed, j) })
+	s.mu.Lock()
+	tm.pending--
+	delete(s.claims, id)
+	due := queue.RealAt(tm.rec.Pause, j.Slot)
+	if err != nil {
+		tm.depth--
+	} else {
+		s.sched.add(entryOf(j, due))
+	}
+	depth := tm.depth
+	s.mu.Unlock()
+	if errors.Is(err, queue.ErrNotFound) {
+		return queue.Admission{}, err
+	}
+	if err != nil {
+		return queue.Admission{}, queue.Unavailable(err)
+	}
+	s.pokeIfSooner(due)
+	return queue.Admission{Job: j, ExpectedDelay: j.DispatchAt.Sub(c.now), QueueDepth: depth, Capacity: c.policy.Capacity}, nil
+}
+
+// failedJob reads a job to retry and its tenant (s.mu held): a StateError
+// unless it is failed and no other call holds it.
+func (s *Store) failedJob(id string) (queue.Job, *tenantMem, error) {
+	if _, held := s.claims[id]; held {
+		return queue.Job{}, nil, &queue.StateError{ID: id, State: queue.StateDispatching, Op: "retry"}
 	}
 	var j queue.Job
 	var found bool
@@ -127,92 +180,40 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	})
 	switch {
 	case err != nil:
-		s.mu.Unlock()
-		return queue.Admission{}, queue.Unavailable(err)
+		return j, nil, queue.Unavailable(err)
 	case !found:
-		s.mu.Unlock()
-		return queue.Admission{}, queue.ErrNotFound
+		return j, nil, queue.ErrNotFound
 	case j.State != queue.StateFailed:
-		s.mu.Unlock()
-		return queue.Admission{}, &queue.StateError{ID: id, State: j.State, Op: "retry"}
+		return j, nil, &queue.StateError{ID: id, State: j.State, Op: "retry"}
 	}
 	tm, err := s.loadTenant(j.Tenant)
-	if err != nil {
-		s.mu.Unlock()
-		return queue.Admission{}, err
-	}
-	policy := s.policy(j.Tenant)
-	now := s.clock.Now()
-	pz := tm.rec.Pause
-	d, st, recent := admit(tm.rec, tm.depth, pz.TenantTime(now).Add(s.startLag()), now, policy, j.EffectiveCost())
-	if d.Admitted && !j.Deadline.IsZero() && queue.DispatchAt(pz, d.Slot, now).After(j.Deadline) {
-		s.mu.Unlock()
-		delay := queue.DispatchAt(pz, d.Slot, now).Sub(now)
-		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: j.Tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: delay, Deadline: j.Deadline}, QueueDepth: tm.depth, Capacity: policy.Capacity}, nil
-	}
-	if !d.Admitted {
-		tm.rec.Rejected++
-		tm.dirty = true
-		depth := tm.depth
-		s.mu.Unlock()
-		return queue.Admission{Rejected: queue.Rejection(j.Tenant, policy, d, depth), QueueDepth: depth, Capacity: policy.Capacity}, nil
-	}
-	failed := j
-	tm.rec.TAT = st.TAT
-	tm.rec.SetRecent(policy, recent)
-	tm.depth++
-	tm.pending++
-	j.State, j.Attempts, j.Failures, j.FinishedAt = queue.StateQueued, 0, 0, time.Time{}
-	j.Slot, j.DispatchAt = d.Slot, queue.DispatchAt(pz, d.Slot, now)
-	paused, _ := pz.Paused(now)
-	j.Prompt = d.Delay == 0 && !paused
-	s.claims[id] = queue.Job{ID: id, Tenant: j.Tenant} // held until durable: no second retry, no dispatch
-	s.mu.Unlock()
-
-	err = s.db.Batch(func(tx *bbolt.Tx) error {
-		// Still there and still failed? (The reaper may have removed it
-		// since it was read.)
-		if cur, ok, err := getJob(tx, id, false); err != nil {
-			return err
-		} else if !ok || cur.State != queue.StateFailed {
-			return queue.ErrNotFound
-		}
-		if err := putJob(tx, j); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketDone).Delete(dueKey(failed.FinishedAt, id)); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketFailed).Delete(failedKey(failed)); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketDue).Put(dueKey(j.Slot, id), []byte(j.Tenant)); err != nil {
-			return err
-		}
-		return s.putTenant(tx, j.Tenant)
-	})
-	s.mu.Lock()
-	tm.pending--
-	delete(s.claims, id)
-	at := queue.RealAt(tm.rec.Pause, j.Slot)
-	if err != nil {
-		tm.depth--
-	} else {
-		s.sched.add(entryOf(j, at))
-	}
-	depth := tm.depth
-	s.mu.Unlock()
-	if errors.Is(err, queue.ErrNotFound) {
-		return queue.Admission{}, err
-	}
-	if err != nil {
-		return queue.Admission{}, queue.Unavailable(err)
-	}
-	s.pokeIfSooner(at)
-	return queue.Admission{Job: j, ExpectedDelay: j.DispatchAt.Sub(now), QueueDepth: depth, Capacity: policy.Capacity}, nil
+	return j, tm, err
 }
 
-// queue.Failed implements queue.Store.
+// putRetried writes a failed job sent again as j, if it is still there and
+// still failed (the reaper may have removed it since it was read).
+func (s *Store) putRetried(tx *bbolt.Tx, failed, j queue.Job) error {
+	if cur, ok, err := getJob(tx, j.ID, false); err != nil {
+		return err
+	} else if !ok || cur.State != queue.StateFailed {
+		return queue.ErrNotFound
+	}
+	if err := putJob(tx, j); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketDone).Delete(dueKey(failed.FinishedAt, j.ID)); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketFailed).Delete(failedKey(failed)); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketDue).Put(dueKey(j.Slot, j.ID), []byte(j.Tenant)); err != nil {
+		return err
+	}
+	return s.putTenant(tx, j.Tenant)
+}
+
+// Failed implements queue.Store.
 func (s *Store) Failed(ctx context.Context, tenant string, limit int) ([]queue.Job, error) {
 	var out []queue.Job
 	prefix := append([]byte(tenant), 0)

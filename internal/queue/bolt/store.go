@@ -25,7 +25,7 @@ import (
 
 // Buckets of the embedded store's file.
 var (
-	bucketJobs     = []byte("jobs")     // id -> queue.Job without its payload (JSON)
+	bucketJobs     = []byte("jobs")     // id -> Job without its payload (JSON)
 	bucketPayloads = []byte("payloads") // id -> payload, written once
 	bucketDue      = []byte("due")      // slot (tenant time, 8 bytes big endian ns) + id -> tenant: waiting jobs
 	bucketDone     = []byte("done")     // finished_at + id -> nil: for the reaper
