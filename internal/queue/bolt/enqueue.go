@@ -200,25 +200,31 @@ func (s *Store) settle(c *call, commitErr error) error {
 //     slot: capacity jobs may wait however long that is (see waiting).
 func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
 	rec, p, depth := c.tm.rec, c.policy, c.tm.depth
+	tnow := rec.Pause.TenantTime(c.now)
+	windowed := len(p.Windows) > 0 && p.Capacity > 0
+	var waiting int
+	var next time.Time
+	if windowed {
+		// Depth is not the count of jobs that wait: jobs leave it when
+		// handed to the dispatcher, a lead before their slot.
+		waiting, next = s.waiting(c.tenant, tnow, c.ceiling != nil || c.paused)
+		depth = waiting
+	}
 	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), c.arrival, p, cost, depth)
 	room := p.Capacity + p.Burst // waiting, and going at once
 	if c.paused {
 		room = p.Capacity // nothing goes at once: all of them wait
 	}
-	if d.Admitted && depth >= room {
+	switch {
+	case !d.Admitted:
+	case windowed && (c.paused || d.Slot.After(c.arrival)) && waiting >= p.Capacity:
+		// It would wait, and capacity jobs wait already.
 		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
-	}
-	tnow := rec.Pause.TenantTime(c.now)
-	if d.Admitted && len(p.Windows) > 0 && p.Capacity > 0 && (c.paused || d.Slot.After(c.arrival)) {
-		// It would wait: only if fewer than capacity jobs wait already.
-		// (Depth alone is not that count: jobs leave it when handed to the
-		// dispatcher, a lead before their slot.)
-		if n, next := s.waiting(c.tenant, tnow, c.ceiling != nil); n >= p.Capacity {
-			d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
-			if next.After(tnow) {
-				d.RetryAfter = next.Sub(tnow) // the first of them stops waiting
-			}
+		if next.After(tnow) {
+			d.RetryAfter = next.Sub(tnow) // the first of them stops waiting
 		}
+	case !windowed && depth >= room:
+		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
 	}
 	if !d.Admitted {
 		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), c.now).Sub(c.now)
@@ -228,10 +234,10 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 
 // waiting counts a tenant's jobs that wait at tenant time tnow (s.mu held):
 // admitted, not being sent, and due later than tnow, or held back by a
-// ceiling (withCeiling: due ones wait for their turn). It also returns the
+// ceiling or a pause (dueWaits: due ones wait too). It also returns the
 // earliest slot after tnow among them: when the first stops waiting.
 // O(jobs of the tenant waiting): it is asked only for tenants with windows.
-func (s *Store) waiting(tenant string, tnow time.Time, withCeiling bool) (int, time.Time) {
+func (s *Store) waiting(tenant string, tnow time.Time, dueWaits bool) (int, time.Time) {
 	n := 0
 	var next time.Time
 	count := func(slot time.Time, dueWaits bool) {
@@ -243,7 +249,7 @@ func (s *Store) waiting(tenant string, tnow time.Time, withCeiling bool) (int, t
 		}
 	}
 	for id := range s.sched.byTenant[tenant] {
-		count(s.sched.waiting[id].slot, withCeiling)
+		count(s.sched.waiting[id].slot, dueWaits)
 	}
 	for _, j := range s.claims {
 		if j.Tenant == tenant && !j.Slot.IsZero() {

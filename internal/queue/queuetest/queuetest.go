@@ -63,6 +63,8 @@ func Run(t *testing.T, d Driver) {
 		{"OperatorHoldAndResume", testOperatorHoldAndResume},
 		{"Deadlines", testDeadlines},
 		{"WindowBesideTheRate", testWindowBesideTheRate},
+		{"WindowsKeepTheQueueBound", testWindowsKeepTheQueueBound},
+		{"FullWindowRetryAfterIsExact", testFullWindowRetryAfterIsExact},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 	}
 	for _, tc := range tests {

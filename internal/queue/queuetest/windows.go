@@ -62,3 +62,75 @@ func testWindowBesideTheRate(t *testing.T, d Driver) {
 		}
 	}
 }
+
+// Windows never change the queue bound: a tenant with a window refuses a
+// job exactly when the same tenant without one does, though jobs leave its
+// depth when handed to the dispatcher, a lead before their slot.
+func testWindowsKeepTheQueueBound(t *testing.T, d Driver) {
+	t.Parallel()
+	w, _ := leaky.ParseWindow("100/1m")
+	for _, windows := range [][]leaky.Window{nil, {w}} {
+		clk := clock.NewFake(T0)
+		s := d.open(t, clk, func(string) leaky.Policy {
+			return leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 5, Windows: windows}
+		})
+		for i := range 6 { // one at once, five waiting
+			if a := EnqueueOne(t, s, "acme", Payload(i)); a.Rejected != nil {
+				t.Fatalf("windows %v: job %d refused: %+v", windows, i, a.Rejected)
+			}
+		}
+		got := make(chan Handed, 10)
+		Consume(t, s, 100*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+			got <- Handed{Job: j, At: clk.Now()}
+			return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
+		})
+		WaitHanded(t, clk, got, time.Millisecond) // slot 0
+		WaitHanded(t, clk, got, time.Millisecond) // slot 100 ms, handed a lead early
+		clk.Set(T0.Add(30 * time.Millisecond))
+		a := EnqueueOne(t, s, "acme", Payload(7))
+		if a.Rejected == nil || a.Rejected.Reason != queue.ReasonQueueFull {
+			t.Fatalf("windows %v: a seventh job at 30 ms: %+v, want queue_full (five wait, capacity 5)", windows, a)
+		}
+		// Retry-After is exact: at 100 ms the second job is sent and a place frees.
+		if want := 70 * time.Millisecond; a.Rejected.RetryAfter != want {
+			t.Fatalf("windows %v: Retry-After %v, want %v", windows, a.Rejected.RetryAfter, want)
+		}
+	}
+}
+
+// A refusal because a window holds the queue full says how long until a
+// place frees (the first waiting job's slot), not one interval: with a
+// window full for a minute, a client told 100 ms would be refused for that
+// whole minute.
+func testFullWindowRetryAfterIsExact(t *testing.T, d Driver) {
+	t.Parallel()
+	w, _ := leaky.ParseWindow("3/1m")
+	clk := clock.NewFake(T0)
+	s := d.open(t, clk, func(string) leaky.Policy {
+		return leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 5, Windows: []leaky.Window{w}}
+	})
+	var slots []time.Duration
+	for i := range 6 { // at 0, 100, 200 ms; then 60 s, 60.1 s, 60.2 s (the window)
+		a := EnqueueOne(t, s, "acme", Payload(i))
+		if a.Rejected != nil {
+			t.Fatalf("job %d refused: %+v", i, a.Rejected)
+		}
+		slots = append(slots, a.Job.DispatchAt.Sub(T0))
+	}
+	if want := time.Minute; slots[3] != want {
+		t.Fatalf("slots %v: the fourth job should wait for the window, to %v", slots, want)
+	}
+	if r := EnqueueOne(t, s, "acme", Payload(6)).Rejected; r == nil || r.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("a seventh job at 0: %+v, want refused until the second job's slot (100 ms)", r)
+	}
+	clk.Set(T0.Add(300 * time.Millisecond)) // the first three are due: three wait, for the window
+	for i := 7; i < 9; i++ {
+		if a := EnqueueOne(t, s, "acme", Payload(i)); a.Rejected != nil {
+			t.Fatalf("job %d at 300 ms refused: %+v (three wait, capacity 5)", i, a.Rejected)
+		}
+	}
+	r := EnqueueOne(t, s, "acme", Payload(9)).Rejected
+	if want := time.Minute - 300*time.Millisecond; r == nil || r.RetryAfter != want {
+		t.Fatalf("with five waiting for the window: %+v, want refused for %v", r, want)
+	}
+}
