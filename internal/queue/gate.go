@@ -33,4 +33,3 @@ type GateAnswer struct {
 	// again, in one round trip.
 	Again func(context.Context) (GateAnswer, error)
 }
-

@@ -80,4 +80,3 @@ func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Po
 	}
 	return cur, paused
 }
-

@@ -249,4 +249,3 @@ type Store interface {
 	Ping(ctx context.Context) error
 	Close() error
 }
-
