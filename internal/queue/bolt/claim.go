@@ -163,8 +163,10 @@ func (s *Store) claimDue(horizon time.Time, limit int) ([]queue.Job, []dueEntry,
 			tm.depth--
 		}
 	}
+	now = s.clock.Now()
 	for _, j := range claimed {
 		s.claims[j.ID] = j
+		s.handedAt[j.ID] = now
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.depth--
 			tm.inFlight++

@@ -311,18 +311,28 @@ func (s *Store) jobByKey(tenant, key string) (queue.Job, bool, error) {
 // maxStartLag caps how far the measured start of a send moves schedules.
 const maxStartLag = 100 * time.Millisecond
 
-// startLag is how long a job sent at once takes to reach the downstream,
-// measured (a moving average over prompt first attempts).
+// startLag is how long a job that could go at once takes to reach the
+// downstream: the commit, the hand-over to the dispatcher and the write.
+// Measured (a moving average over prompt first attempts), so that a prompt
+// job's promise is true.
 func (s *Store) startLag() time.Duration {
 	return min(time.Duration(s.promptLag.Load()), maxStartLag)
 }
 
-// observeStart feeds the moving average with one prompt first attempt.
-func (s *Store) observeStart(j queue.Job) {
-	if !j.Prompt || j.Attempts != 1 || j.SentAt.IsZero() {
+// observeStart feeds the moving average with one prompt first attempt,
+// handed to the dispatcher at handedAt. What it measures is the pipeline's
+// own overhead, not the lag it schedules with: a prompt job is due startLag
+// after its enqueue, and the dispatcher waits for that, so its enqueue-to-
+// send time holds the lag itself and would only grow (to the cap) if fed
+// back. The sample is the enqueue-to-hand-over time (the commit and the
+// dispatcher's wake-up) plus the write's own delay after the later of the
+// hand-over and the slot (the gate, the connection).
+func (s *Store) observeStart(j queue.Job, handedAt time.Time) {
+	if !j.Prompt || j.Attempts != 1 || j.SentAt.IsZero() || handedAt.IsZero() {
 		return
 	}
-	sample := max(0, j.SentAt.Sub(j.EnqueuedAt))
+	ready := clock.Later(handedAt, j.DispatchAt)
+	sample := max(0, handedAt.Sub(j.EnqueuedAt)) + max(0, j.SentAt.Sub(ready))
 	for {
 		old := s.promptLag.Load()
 		next := old + (int64(sample)-old)/8

@@ -27,6 +27,7 @@ func (s *Store) finish(j queue.Job, o queue.Outcome) error {
 		// Nothing was sent and nothing was written: the job waits as it was.
 		s.mu.Lock()
 		delete(s.claims, j.ID)
+		delete(s.handedAt, j.ID)
 		s.giveBackCeiling(j)
 		at := j.DispatchAt
 		if tm, ok := s.tenants[j.Tenant]; ok {
@@ -151,8 +152,9 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 	}
 	var soonest time.Time
 	for _, result := range results {
-		s.observeStart(result)
+		s.observeStart(result, s.handedAt[result.ID])
 		delete(s.claims, result.ID)
+		delete(s.handedAt, result.ID)
 		tm, ok := s.tenants[result.Tenant]
 		if !result.State.Finished() {
 			at := result.DispatchAt

@@ -73,6 +73,7 @@ type Store struct {
 	idemWait map[string]chan struct{} // keys being admitted right now
 	sched    schedule
 	claims   map[string]queue.Job  // jobs handed to the dispatcher, as handed over
+	handedAt map[string]time.Time  // when each claimed job was handed over
 	fair     map[string]*fairQueue // by downstream: due jobs sharing its ceiling
 	// cleanStart: the last stop was clean. After a crash a ceiling starts
 	// one interval late: a send just before the crash may have used it.
@@ -126,6 +127,7 @@ func Open(path string, opts Options) (*Store, error) {
 		tenants:     map[string]*tenantMem{},
 		idemWait:    map[string]chan struct{}{},
 		claims:      map[string]queue.Job{},
+		handedAt:    map[string]time.Time{},
 		sched:       schedule{waiting: map[string]dueEntry{}, byTenant: map[string]map[string]struct{}{}},
 		wake:        make(chan struct{}, 1),
 		finishQ:     make(chan finishReq),

@@ -533,3 +533,38 @@ func TestCeilingPauseSurvivesRestart(t *testing.T) {
 		}
 	}
 }
+
+// A prompt job's promise stays at the pipeline's real overhead however
+// many have been sent: the start lag the store schedules with measures the
+// hand-over and the write, not the lag itself (which it would otherwise
+// feed back until its cap, 100 ms, so that an OTP that could leave in 5 ms
+// waited 100).
+func TestPromptJobsDoNotDriftLate(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	policy := func(string) leaky.Policy { return leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1, Capacity: 10} } // 100/s
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: policy})
+	const overhead = 2 * time.Millisecond // from the slot to the request written
+	got := make(chan queue.Job, 1)
+	queuetest.Consume(t, s, queue.DefaultLead, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- j
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt.Add(overhead)}
+	})
+	ctx := context.Background()
+	var last queue.Admission
+	for i := range 300 { // one every 20 ms: well under the rate, each could go at once
+		last = queuetest.EnqueueOne(t, s, "otp", queuetest.Payload(i))
+		select {
+		case <-got:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("job %d not handed over", i)
+		}
+		clk.Advance(20 * time.Millisecond)
+		if i%50 == 49 { // let the outcomes (written in groups) feed the estimate
+			queuetest.WaitFor(t, func() bool { st, _ := s.Tenant(ctx, "otp"); return st.Delivered == int64(i+1) })
+		}
+	}
+	if last.ExpectedDelay > overhead+time.Millisecond {
+		t.Fatalf("after 300 prompt sends a prompt job is told %v, want about the overhead %v", last.ExpectedDelay, overhead)
+	}
+}
