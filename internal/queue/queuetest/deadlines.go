@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"throttler/internal/clock"
+	"throttler/internal/leaky"
 	"throttler/internal/queue"
 )
 
@@ -64,5 +65,47 @@ func testDeadlines(t *testing.T, d Driver) {
 	}
 	if _, err := s.Cancel(ctx, late); err == nil {
 		t.Fatal("cancelled an expired job")
+	}
+}
+
+// A deadline already past is refused as would_expire, however far past:
+// one before 1970 or at its first instant is a deadline too (zero, which
+// the API never passes for a given deadline, is none).
+func testDeadlinesInThePast(t *testing.T, d Driver) {
+	t.Parallel()
+	s := d.open(t, clock.NewFake(T0), Leaky20(10))
+	for _, deadline := range []time.Time{T0.Add(-time.Second), time.Unix(0, 0), time.Date(1969, 12, 31, 23, 59, 59, 0, time.UTC), time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC)} {
+		a := EnqueueOne(t, s, "acme", queue.NewJob{Payload: json.RawMessage(`1`), Deadline: deadline})
+		if a.Impossible == nil || a.Impossible.Reason != queue.ReasonWouldExpire {
+			t.Fatalf("deadline %v: %+v, want would_expire", deadline, a)
+		}
+	}
+	if st, _ := s.Tenant(context.Background(), "acme"); st.QueueDepth != 0 || st.Accepted != 0 {
+		t.Fatalf("jobs past their deadline were taken: %+v", st)
+	}
+}
+
+// The longest horizon config accepts (leaky.MaxHorizon: ten years of
+// queue) is computed exactly: the last place is exactly capacity intervals
+// away, and the next job is refused for exactly one interval.
+func testLongHorizonIsExact(t *testing.T, d Driver) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	const capacity = 3650 // 1/d: ten years
+	s := d.open(t, clock.NewFake(T0), func(string) leaky.Policy { return leaky.Policy{Interval: day, Burst: 1, Capacity: capacity} })
+	jobs := make([]queue.NewJob, capacity+2)
+	for i := range jobs {
+		jobs[i] = Payload(i)
+	}
+	out, err := s.Enqueue(context.Background(), "slow", jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := out[capacity]
+	if last.Rejected != nil || !last.Job.DispatchAt.Equal(T0.Add(capacity*day)) || last.ExpectedDelay != capacity*day {
+		t.Fatalf("the last place: %+v, want due in exactly %d days", last, capacity)
+	}
+	if r := out[capacity+1].Rejected; r == nil || r.RetryAfter != day || r.QueueDepth != capacity+1 {
+		t.Fatalf("one past capacity: %+v, want refused for exactly a day", out[capacity+1])
 	}
 }

@@ -62,6 +62,8 @@ func Run(t *testing.T, d Driver) {
 		{"PushbackPausesTheTenantAndKeepsOrder", testPushbackPausesTheTenantAndKeepsOrder},
 		{"OperatorHoldAndResume", testOperatorHoldAndResume},
 		{"Deadlines", testDeadlines},
+		{"DeadlinesInThePast", testDeadlinesInThePast},
+		{"LongHorizonIsExact", testLongHorizonIsExact},
 		{"WindowBesideTheRate", testWindowBesideTheRate},
 		{"WindowsKeepTheQueueBound", testWindowsKeepTheQueueBound},
 		{"FullWindowRetryAfterIsExact", testFullWindowRetryAfterIsExact},
