@@ -43,20 +43,58 @@ func (s *Store) poke() {
 // grows the file waits for every reader to finish, and code that holds s.mu
 // opens read transactions: a reader waiting for s.mu would deadlock both.
 func (s *Store) claimDue(horizon time.Time, limit int) ([]queue.Job, []dueEntry, time.Time, error) {
-	var chosen []dueEntry
-	var next time.Time
 	s.mu.Lock()
-	expired := s.sched.expiring(s.clock.Now())
+	now := s.clock.Now()
+	expired := s.sched.expiring(now)
+	var next time.Time
 	if d := s.sched.nextExpiry(); !d.IsZero() {
-		next = d.Add(horizon.Sub(s.clock.Now())) // Consume wakes a lead before next
+		next = d.Add(horizon.Sub(now)) // Consume wakes a lead before next
 	}
-	for len(chosen) < limit {
+	p := &pick{horizon: horizon, limit: limit, now: now, next: next}
+	s.pickDue(p)
+	for ds, q := range s.fair {
+		s.pickFair(p, ds, q)
+	}
+	s.mu.Unlock()
+	if len(p.chosen) == 0 {
+		return nil, expired, p.next, nil
+	}
+	claimed, gone, err := s.readChosen(p.chosen)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		// Back in the schedule: nothing was handed over.
+		for _, e := range p.chosen {
+			delete(s.claims, e.id)
+			s.readd(e)
+		}
+		return nil, expired, time.Time{}, queue.Unavailable(err)
+	}
+	s.handOver(claimed, gone)
+	return claimed, expired, p.next, nil
+}
+
+// pick is one pass of claimDue: what it chose so far and when to look next.
+type pick struct {
+	horizon time.Time
+	limit   int
+	now     time.Time
+	chosen  []dueEntry
+	next    time.Time
+}
+
+func (p *pick) full() bool { return len(p.chosen) >= p.limit }
+
+// pickDue takes due jobs from the schedule, earliest first (s.mu held);
+// those of a tenant under a ceiling go to its fair queue instead.
+func (s *Store) pickDue(p *pick) {
+	for !p.full() {
 		e, ok := s.sched.peek()
 		if !ok {
 			break
 		}
-		if e.at.After(horizon) {
-			next = clock.Earliest(next, e.at)
+		if e.at.After(p.horizon) {
+			p.next = clock.Earliest(p.next, e.at)
 			break
 		}
 		heap.Pop(&s.sched.heap)
@@ -67,60 +105,62 @@ func (s *Store) claimDue(horizon time.Time, limit int) ([]queue.Job, []dueEntry,
 		}
 		s.sched.remove(e.id)
 		s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant} // held while read
-		chosen = append(chosen, e)
+		p.chosen = append(p.chosen, e)
 	}
-	if len(chosen) == limit {
+	if p.full() {
 		if e, ok := s.sched.peek(); ok {
-			next = clock.Earliest(next, e.at)
+			p.next = clock.Earliest(p.next, e.at)
 		}
 	}
-	now := s.clock.Now()
+}
+
+// pickFair takes jobs from a downstream's fair queue, one per ceiling slot,
+// tenants taking turns (s.mu held).
+func (s *Store) pickFair(p *pick, ds string, q *fairQueue) {
 	valid := func(e dueEntry) bool { w, ok := s.sched.waiting[e.id]; return ok && w.at.Equal(e.at) }
-	for ds, q := range s.fair {
-		skipped := 0 // tenants passed over in a row: their next job is not due yet
-		for len(chosen) < limit && skipped < len(q.ring) {
-			e, ok := q.next(valid)
-			if !ok {
-				if q.idle(now) {
-					delete(s.fair, ds)
-				}
-				break
+	look := q.lookahead(p.horizon.Sub(p.now))
+	// Consume wakes a lead before next: make that look before the time
+	// that holds a job back.
+	wakeFor := func(at time.Time) { p.next = clock.Earliest(p.next, at.Add(p.horizon.Sub(p.now)-look)) }
+	skipped := 0 // tenants passed over in a row: their next job is not due yet
+	for !p.full() && skipped < len(q.ring) {
+		e, ok := q.next(valid)
+		if !ok {
+			if q.idle(p.now) {
+				delete(s.fair, ds)
 			}
-			slot := q.slot(now, e)
-			look := q.lookahead(horizon.Sub(now))
-			if slot.After(now.Add(look)) {
-				// Consume wakes a lead before next: make that look before
-				// the time that holds this job back.
-				wakeFor := func(at time.Time) { next = clock.Earliest(next, at.Add(horizon.Sub(now)-look)) }
-				c := q.ceilingSlot(now)
-				if c.After(now.Add(look)) {
-					wakeFor(c) // the ceiling itself: nobody goes sooner
-					break
-				}
-				wakeFor(slot)
-				q.pass() // this tenant is not due yet (or its window is full): the next may go
-				skipped++
-				continue
-			}
-			q.take()
-			skipped = 0
-			s.sched.remove(e.id)
-			if slot.After(e.at) {
-				e.at = slot
-				e.held = true
-			}
-			q.use(e.at, e.cost)
-			s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant}
-			chosen = append(chosen, e)
+			return
 		}
+		slot := q.slot(p.now, e)
+		if slot.After(p.now.Add(look)) {
+			if c := q.ceilingSlot(p.now); c.After(p.now.Add(look)) {
+				wakeFor(c) // the ceiling itself: nobody goes sooner
+				return
+			}
+			wakeFor(slot)
+			q.pass() // this tenant is not due yet (or its window is full): the next may go
+			skipped++
+			continue
+		}
+		q.take()
+		skipped = 0
+		s.sched.remove(e.id)
+		if slot.After(e.at) {
+			e.at = slot
+			e.held = true
+		}
+		q.use(e.at, e.cost)
+		s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant}
+		p.chosen = append(p.chosen, e)
 	}
-	s.mu.Unlock()
-	if len(chosen) == 0 {
-		return nil, expired, next, nil
-	}
-	claimed := make([]queue.Job, 0, len(chosen))
-	var gone []queue.Job
-	err := s.db.View(func(tx *bbolt.Tx) error {
+}
+
+// readChosen reads the chosen jobs to hand over, each with its attempt
+// counted; gone are those finished meanwhile (a failed write put them
+// back): nothing to send.
+func (s *Store) readChosen(chosen []dueEntry) (claimed, gone []queue.Job, err error) {
+	claimed = make([]queue.Job, 0, len(chosen))
+	err = s.db.View(func(tx *bbolt.Tx) error {
 		claimed, gone = claimed[:0], gone[:0]
 		for _, e := range chosen {
 			j, ok, err := getJob(tx, e.id, true)
@@ -145,25 +185,19 @@ func (s *Store) claimDue(horizon time.Time, limit int) ([]queue.Job, []dueEntry,
 		}
 		return nil
 	})
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		// Back in the schedule: nothing was handed over.
-		for _, e := range chosen {
-			delete(s.claims, e.id)
-			s.readd(e)
-		}
-		return nil, expired, time.Time{}, queue.Unavailable(err)
-	}
+	return claimed, gone, err
+}
+
+// handOver marks jobs handed to the dispatcher (s.mu held).
+func (s *Store) handOver(claimed, gone []queue.Job) {
 	for _, j := range gone {
-		// Finished meanwhile (a failed write put it back): nothing to send.
 		delete(s.claims, j.ID)
 		s.giveBackCeiling(j)
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.depth--
 		}
 	}
-	now = s.clock.Now()
+	now := s.clock.Now()
 	for _, j := range claimed {
 		s.claims[j.ID] = j
 		s.handedAt[j.ID] = now
@@ -172,7 +206,6 @@ func (s *Store) claimDue(horizon time.Time, limit int) ([]queue.Job, []dueEntry,
 			tm.inFlight++
 		}
 	}
-	return claimed, expired, next, nil
 }
 
 // expire ends waiting jobs whose deadline passed before they could go: they

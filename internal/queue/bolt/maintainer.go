@@ -1,34 +1,28 @@
 package bolt
 
 import (
+	"context"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
 	"throttler/internal/leaky"
+	"throttler/internal/startstop"
 )
 
-// maintain removes finished jobs past retention and forgets idle tenants.
-func (s *Store) maintain() {
-	defer s.maintWG.Done()
-	tick := time.NewTicker(10 * time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-tick.C:
-		}
+// maintainEvery is how often tenant counters are saved and idle tenants
+// forgotten, and how often finished jobs past retention are removed.
+const maintainEvery = 10 * time.Second
+
+// newMaintainer saves tenant counters (changed in memory by refusals and
+// outcomes) and forgets idle tenants, so memory grows with active tenants.
+func (s *Store) newMaintainer() *startstop.Periodic {
+	return &startstop.Periodic{Name: "maintainer", Every: maintainEvery, Run: func(context.Context) {
 		if err := s.flushDirty(); err != nil {
 			s.log.Error("cannot save tenant counters", "err", err)
 		}
 		s.evictIdle()
-		if n, err := s.reap(s.clock.Now().Add(-s.retention), 1000); err != nil {
-			s.log.Error("cannot remove old finished jobs", "err", err)
-		} else if n > 0 {
-			s.log.Debug("removed finished jobs past retention", "jobs", n)
-		}
-	}
+	}}
 }
 
 func (s *Store) flushDirty() error {

@@ -6,6 +6,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"throttler/internal/clock"
 	"throttler/internal/queue"
 )
 
@@ -51,7 +52,7 @@ func (s *Store) finish(j queue.Job, o queue.Outcome) error {
 
 // finisher writes outcomes in groups until the store closes.
 func (s *Store) finisher() {
-	defer s.maintWG.Done()
+	defer close(s.finisherDone)
 	for {
 		var group []finishReq
 		select {
@@ -88,48 +89,12 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 		clear(paused)
 		touched := map[string]bool{}
 		for i, r := range group {
-			j, o := r.job, r.o
-			// The claimed job is the stored one: nothing else changes a job
-			// the dispatcher holds.
-			oldDue := dueKey(j.Slot, j.ID)
-			s.mu.Lock()
-			tm, err := s.loadTenantTx(tx, j.Tenant)
+			cur, err := s.applyOne(tx, r.job, r.o, now, paused)
 			if err != nil {
-				s.mu.Unlock()
-				return err
-			}
-			if o.Result == queue.Released || o.Result == queue.Expired {
-				s.giveBackCeiling(j)
-			}
-			if o.PauseDownstream && o.PauseUntil.After(now) {
-				s.pauseCeiling(j.Tenant, o.PauseUntil)
-			}
-			cur, pausedNow := queue.ApplyOutcome(&tm.rec, j, o, now, s.policy(j.Tenant))
-			if pausedNow {
-				paused[j.Tenant] = true
-			}
-			s.mu.Unlock()
-			if err := putJob(tx, cur); err != nil {
-				return err
-			}
-			due := tx.Bucket(bucketDue)
-			if err := due.Delete(oldDue); err != nil {
-				return err
-			}
-			if cur.State.Finished() {
-				if err := tx.Bucket(bucketDone).Put(dueKey(cur.FinishedAt, cur.ID), nil); err != nil {
-					return err
-				}
-				if cur.State == queue.StateFailed {
-					if err := tx.Bucket(bucketFailed).Put(failedKey(cur), nil); err != nil {
-						return err
-					}
-				}
-			} else if err := due.Put(dueKey(cur.Slot, cur.ID), []byte(cur.Tenant)); err != nil {
 				return err
 			}
 			results[i] = cur
-			touched[j.Tenant] = true
+			touched[cur.Tenant] = true
 		}
 		for name := range touched {
 			if err := s.putTenant(tx, name); err != nil {
@@ -152,33 +117,8 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 	}
 	var soonest time.Time
 	for _, result := range results {
-		s.observeStart(result, s.handedAt[result.ID])
-		delete(s.claims, result.ID)
-		delete(s.handedAt, result.ID)
-		tm, ok := s.tenants[result.Tenant]
-		if !result.State.Finished() {
-			at := result.DispatchAt
-			if ok {
-				at = queue.RealAt(tm.rec.Pause, result.Slot)
-			}
-			s.sched.add(entryOf(result, at))
-			if soonest.IsZero() || at.Before(soonest) {
-				soonest = at
-			}
-		}
-		if ok {
-			tm.inFlight--
-			switch result.State {
-			case queue.StateSucceeded:
-				tm.rec.Delivered++
-			case queue.StateFailed:
-				tm.rec.Failed++
-			case queue.StateExpired:
-				tm.rec.Expired++
-			default:
-				tm.depth++
-			}
-			tm.dirty = true
+		if at, waits := s.afterOutcome(result); waits {
+			soonest = clock.Earliest(soonest, at)
 		}
 	}
 	s.mu.Unlock()
@@ -186,4 +126,82 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 		s.pokeIfSooner(soonest)
 	}
 	return nil
+}
+
+// applyOne applies one outcome to its claimed job and tenant and writes the
+// job (in tx; s.mu taken for the in-memory part). paused collects tenants
+// whose pause changed.
+func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Time, paused map[string]bool) (queue.Job, error) {
+	// The claimed job is the stored one: nothing else changes a job the
+	// dispatcher holds.
+	oldDue := dueKey(j.Slot, j.ID)
+	s.mu.Lock()
+	tm, err := s.loadTenantTx(tx, j.Tenant)
+	if err != nil {
+		s.mu.Unlock()
+		return queue.Job{}, err
+	}
+	if o.Result == queue.Released || o.Result == queue.Expired {
+		s.giveBackCeiling(j)
+	}
+	if o.PauseDownstream && o.PauseUntil.After(now) {
+		s.pauseCeiling(j.Tenant, o.PauseUntil)
+	}
+	cur, pausedNow := queue.ApplyOutcome(&tm.rec, j, o, now, s.policy(j.Tenant))
+	if pausedNow {
+		paused[j.Tenant] = true
+	}
+	s.mu.Unlock()
+	if err := putJob(tx, cur); err != nil {
+		return queue.Job{}, err
+	}
+	due := tx.Bucket(bucketDue)
+	if err := due.Delete(oldDue); err != nil {
+		return queue.Job{}, err
+	}
+	switch {
+	case !cur.State.Finished():
+		err = due.Put(dueKey(cur.Slot, cur.ID), []byte(cur.Tenant))
+	case cur.State == queue.StateFailed:
+		err = tx.Bucket(bucketFailed).Put(failedKey(cur), nil)
+	}
+	if err == nil && cur.State.Finished() {
+		err = tx.Bucket(bucketDone).Put(dueKey(cur.FinishedAt, cur.ID), nil)
+	}
+	return cur, err
+}
+
+// afterOutcome lets a job go from the dispatcher once its outcome is
+// durable (s.mu held): back into the schedule if it waits again (at the
+// time it returns), counted in its tenant otherwise.
+func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
+	s.observeStart(result, s.handedAt[result.ID])
+	delete(s.claims, result.ID)
+	delete(s.handedAt, result.ID)
+	tm, ok := s.tenants[result.Tenant]
+	var at time.Time
+	waits := !result.State.Finished()
+	if waits {
+		at = result.DispatchAt
+		if ok {
+			at = queue.RealAt(tm.rec.Pause, result.Slot)
+		}
+		s.sched.add(entryOf(result, at))
+	}
+	if !ok {
+		return at, waits
+	}
+	tm.inFlight--
+	tm.dirty = true
+	switch result.State {
+	case queue.StateSucceeded:
+		tm.rec.Delivered++
+	case queue.StateFailed:
+		tm.rec.Failed++
+	case queue.StateExpired:
+		tm.rec.Expired++
+	default:
+		tm.depth++
+	}
+	return at, waits
 }

@@ -2,12 +2,25 @@ package bolt
 
 import (
 	"bytes"
+	"context"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
 	"throttler/internal/queue"
+	"throttler/internal/startstop"
 )
+
+// newReaper removes finished jobs past retention, a bounded number a pass.
+func (s *Store) newReaper() *startstop.Periodic {
+	return &startstop.Periodic{Name: "reaper", Every: maintainEvery, Run: func(context.Context) {
+		if n, err := s.reap(s.clock.Now().Add(-s.retention), 1000); err != nil {
+			s.log.Error("cannot remove old finished jobs", "err", err)
+		} else if n > 0 {
+			s.log.Debug("removed finished jobs past retention", "jobs", n)
+		}
+	}}
+}
 
 // reap deletes up to limit finished jobs that finished before cutoff, with
 // their idempotency keys.

@@ -21,6 +21,7 @@ import (
 	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
+	"throttler/internal/startstop"
 )
 
 // Buckets of the embedded store's file.
@@ -85,9 +86,12 @@ type Store struct {
 	nextWake  atomic.Int64 // unix ns the dispatcher plans to wake at
 	promptLag atomic.Int64 // ns: moving average of a prompt job's start
 	stop      chan struct{}
-	maintWG   sync.WaitGroup
-	closeErr  error
-	closed    sync.Once
+	// background: the maintainer and the reaper; the finisher writes
+	// outcomes until stop is closed.
+	background   []*startstop.Periodic
+	finisherDone chan struct{}
+	closeErr     error
+	closed       sync.Once
 }
 
 var _ queue.Store = (*Store)(nil)
@@ -141,8 +145,11 @@ func Open(path string, opts Options) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("embedded store %s: recover: %w", path, err)
 	}
-	s.maintWG.Add(2)
-	go s.maintain()
+	s.background = []*startstop.Periodic{s.newMaintainer(), s.newReaper()}
+	for _, part := range s.background {
+		part.Start(context.Background())
+	}
+	s.finisherDone = make(chan struct{})
 	go s.finisher()
 	return s, nil
 }
@@ -218,8 +225,11 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close stops maintenance and closes the file. Call it after Consume returned.
 func (s *Store) Close() error {
 	s.closed.Do(func() {
+		for _, part := range s.background {
+			part.Stop()
+		}
 		close(s.stop)
-		s.maintWG.Wait()
+		<-s.finisherDone
 		s.closeErr = s.flushDirty()
 		if s.closeErr == nil {
 			s.closeErr = s.markClean()

@@ -542,7 +542,9 @@ func TestCeilingPauseSurvivesRestart(t *testing.T) {
 func TestPromptJobsDoNotDriftLate(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewFake(queuetest.T0)
-	policy := func(string) leaky.Policy { return leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1, Capacity: 10} } // 100/s
+	policy := func(string) leaky.Policy {
+		return leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1, Capacity: 10}
+	} // 100/s
 	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: policy})
 	const overhead = 2 * time.Millisecond // from the slot to the request written
 	got := make(chan queue.Job, 1)
