@@ -13,15 +13,16 @@ import (
 	"throttler/internal/config"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
+	"throttler/internal/queue/bolt"
 )
 
-func newAPI(t *testing.T) (http.Handler, *queue.BoltStore) {
+func newAPI(t *testing.T) (http.Handler, *bolt.Store) {
 	t.Helper()
 	cfg, err := config.Load("", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := queue.OpenBolt(filepath.Join(t.TempDir(), "t.db"), queue.BoltOptions{Policy: func(string) leaky.Policy { return cfg.TenantDefaults.Policy() }})
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "t.db"), bolt.Options{Policy: func(string) leaky.Policy { return cfg.TenantDefaults.Policy() }})
 	if err != nil {
 		t.Fatal(err)
 	}

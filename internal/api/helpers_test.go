@@ -10,7 +10,7 @@ import (
 
 	"throttler/internal/config"
 	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"throttler/internal/queue/bolt"
 )
 
 func timeMS(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
@@ -18,7 +18,7 @@ func timeMS(ms int64) time.Duration { return time.Duration(ms) * time.Millisecon
 func urlPathEscape(s string) string { return url.PathEscape(s) }
 
 // newAPIForFuzz is newAPI for a fuzz target (one store for all inputs).
-func newAPIForFuzz(f *testing.F) (http.Handler, *queue.BoltStore) {
+func newAPIForFuzz(f *testing.F) (http.Handler, *bolt.Store) {
 	cfg, err := config.Load("", nil, nil)
 	if err != nil {
 		f.Fatal(err)
@@ -27,7 +27,7 @@ func newAPIForFuzz(f *testing.F) (http.Handler, *queue.BoltStore) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	store, err := queue.OpenBolt(filepath.Join(dir, "t.db"), queue.BoltOptions{Policy: func(string) leaky.Policy { return cfg.TenantDefaults.Policy() }})
+	store, err := bolt.Open(filepath.Join(dir, "t.db"), bolt.Options{Policy: func(string) leaky.Policy { return cfg.TenantDefaults.Policy() }})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -12,11 +12,12 @@ import (
 
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
+	"throttler/internal/queue/bolt"
 )
 
-func setup(t *testing.T) (*Metrics, *queue.BoltStore) {
+func setup(t *testing.T) (*Metrics, *bolt.Store) {
 	t.Helper()
-	store, err := queue.OpenBolt(filepath.Join(t.TempDir(), "m.db"), queue.BoltOptions{Policy: func(string) leaky.Policy {
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "m.db"), bolt.Options{Policy: func(string) leaky.Policy {
 		return leaky.Policy{Interval: time.Hour, Burst: 1, Capacity: 2}
 	}})
 	if err != nil {

@@ -19,6 +19,8 @@ import (
 	"throttler/internal/leaky"
 	"throttler/internal/metrics"
 	"throttler/internal/queue"
+	"throttler/internal/queue/bolt"
+	"throttler/internal/queue/redis"
 )
 
 // Options configure Run.
@@ -82,8 +84,8 @@ func Run(ctx context.Context, opts Options) error {
 	client := dispatch.NewClient(cfg.Dispatch.Concurrency)
 	defer client.CloseIdleConnections()
 	var shared func(context.Context, queue.GateRequest) (queue.GateAnswer, error)
-	if rs, ok := store.(*queue.RedisStore); ok {
-		shared = rs.PassGate
+	if g, ok := store.(queue.SharedGate); ok {
+		shared = g.PassGate
 	}
 	d := dispatch.New(dispatch.Options{
 		Shared:    shared,
@@ -244,7 +246,7 @@ func (h holdsReachTheDispatcher) Resume(ctx context.Context, tenant string) (que
 // shared gate, which every process sees (a hold kept in this process could
 // be lifted by a resume that another process receives, and never would).
 func (h holdsReachTheDispatcher) shared() bool {
-	_, ok := h.Store.(*queue.RedisStore)
+	_, ok := h.Store.(queue.SharedGate)
 	return ok
 }
 
@@ -260,7 +262,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *
 		return ts.Downstream, c.Downstreams[ts.Downstream].Ceiling()
 	}
 	if cfg.Store.Backend != "redis" {
-		return queue.OpenBolt(cfg.Store.Path, queue.BoltOptions{
+		return bolt.Open(cfg.Store.Path, bolt.Options{
 			OnExpired: onExpired, Policy: policy, Ceiling: ceiling,
 			Retention: cfg.Store.Retention.Std(), Logger: log,
 			// A first guess at how long a send takes to start, measured
@@ -274,7 +276,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	s, err := queue.OpenRedis(pingCtx, queue.RedisOptions{
+	s, err := redis.Open(pingCtx, redis.Options{
 		Client: rdb, OwnsClient: true, Policy: policy, Ceiling: ceiling, OnExpired: onExpired,
 		Retention: cfg.Store.Retention.Std(), IdleTTL: cfg.Store.RedisIdleTTL.Std(), Logger: log,
 	})
