@@ -103,5 +103,12 @@ func (c *Config) checkCeiling(key string, d *Downstream) error {
 		}
 		d.windows = append(d.windows, w)
 	}
+	if p := d.Ceiling(); p != nil {
+		rate := ""
+		if d.Rate != nil {
+			rate = d.Rate.String()
+		}
+		return c.checkHorizon(key, *p, rate)
+	}
 	return nil
 }

@@ -24,6 +24,8 @@ type TenantSettings struct {
 	// Rate is N/DURATION. Default "1/s".
 	Rate *leaky.Rate `toml:"rate"`
 	// Capacity is how many jobs may wait (leaky mode). Default 10.
+	// Capacity and Burst together may schedule at most leaky.MaxHorizon
+	// (10 years) ahead: (capacity + burst - 1) intervals of the rate.
 	Capacity *int `toml:"capacity"`
 	// Burst is how many may go at once after a quiet spell. Default 1.
 	Burst *int `toml:"burst"`
@@ -163,5 +165,5 @@ func (c *Config) checkTenant(key string, t *TenantSettings) error {
 		}
 		t.windows = append(t.windows, w)
 	}
-	return nil
+	return c.checkHorizon(key, t.Policy(), t.Rate.String())
 }
