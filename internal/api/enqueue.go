@@ -60,9 +60,12 @@ func decodeError(err error) error {
 	return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid: %v", err)
 }
 
-// validate checks one job and turns it into a queue.NewJob. headerKey is the
-// Idempotency-Key header ("" for batch items).
-func (s *server) validate(j jobRequest, headerKey string, maxPayload int64, where string) (queue.NewJob, error) {
+// validate checks one job of tenant and turns it into a queue.NewJob.
+// headerKey is the Idempotency-Key header ("" for batch items). A job whose
+// deadline has already passed comes back with a *queue.ImpossibleError
+// (would_expire), the answer the store gives a job it could not send in
+// time: it is that job's answer, not a bad request.
+func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayload int64, where string) (queue.NewJob, error) {
 	if len(j.Payload) == 0 || string(j.Payload) == "null" {
 		return queue.NewJob{}, errorf(http.StatusBadRequest, "missing_payload", "%s\"payload\" is required: it is the JSON body sent to the downstream", where)
 	}
@@ -86,23 +89,43 @@ func (s *server) validate(j jobRequest, headerKey string, maxPayload int64, wher
 		}
 		nj.Cost = *j.Cost
 	}
+	at, given, err := s.deadline(j, where)
+	if err != nil {
+		return queue.NewJob{}, err
+	}
+	// Checked here, not left to the store: the stores read the zero time
+	// (0001-01-01T00:00:00Z) and, on Redis, any time up to 1970 as "no
+	// deadline". Every such time has passed, as has a deadline at now
+	// (nothing is sent in no time).
+	if given && !at.After(s.clock.Now()) {
+		return queue.NewJob{}, &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonWouldExpire, Deadline: at}
+	}
+	nj.Deadline = at
+	return nj, nil
+}
+
+// deadline reads a job's "deadline" or "expires_in"; given is false when it
+// has neither.
+func (s *server) deadline(j jobRequest, where string) (at time.Time, given bool, err error) {
 	switch {
 	case j.Deadline != "" && j.ExpiresIn != "":
-		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_deadline", "%ssend \"deadline\" or \"expires_in\", not both", where)
+		return time.Time{}, false, errorf(http.StatusBadRequest, "invalid_deadline", "%ssend \"deadline\" or \"expires_in\", not both", where)
 	case j.Deadline != "":
 		at, err := time.Parse(time.RFC3339Nano, j.Deadline)
 		if err != nil {
-			return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_deadline", "%s\"deadline\" must be an RFC 3339 time such as \"2026-03-01T12:00:00Z\": %q", where, truncate(j.Deadline, 64))
+			return time.Time{}, false, errorf(http.StatusBadRequest, "invalid_deadline", "%s\"deadline\" must be an RFC 3339 time such as \"2026-03-01T12:00:00Z\": %q", where, truncate(j.Deadline, 64))
 		}
-		nj.Deadline = at
+		return at, true, nil
 	case j.ExpiresIn != "":
+		// Zero or negative is a deadline already passed (would_expire), not
+		// a malformed one.
 		d, err := time.ParseDuration(j.ExpiresIn)
-		if err != nil || d <= 0 || d > 366*24*time.Hour {
-			return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_deadline", "%s\"expires_in\" must be a positive duration such as \"30s\" or \"5m\": %q", where, truncate(j.ExpiresIn, 64))
+		if err != nil || d > 366*24*time.Hour {
+			return time.Time{}, false, errorf(http.StatusBadRequest, "invalid_deadline", "%s\"expires_in\" must be a duration such as \"30s\" or \"5m\", at most 366 days: %q", where, truncate(j.ExpiresIn, 64))
 		}
-		nj.Deadline = s.clock.Now().Add(d)
+		return s.clock.Now().Add(d), true, nil
 	}
-	return nj, nil
+	return time.Time{}, false, nil
 }
 
 func validKey(k string) bool {
@@ -129,7 +152,11 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	nj, err := s.validate(req, r.Header.Get("Idempotency-Key"), limit, "")
+	nj, err := s.validate(tenant, req, r.Header.Get("Idempotency-Key"), limit, "")
+	var late *queue.ImpossibleError
+	if errors.As(err, &late) {
+		s.counted(tenant, []queue.Admission{{Impossible: late}})
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -174,26 +201,63 @@ func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errorf(http.StatusBadRequest, "invalid_batch", "a batch holds 1 to %d jobs in \"jobs\", got %d", MaxBatchJobs, len(req.Jobs)))
 		return
 	}
-	jobs := make([]queue.NewJob, len(req.Jobs))
-	for i, j := range req.Jobs {
-		nj, err := s.validate(j, "", cfg.Server.MaxBodyBytes, fmt.Sprintf("jobs[%d]: ", i))
-		if err != nil {
-			// Nothing of a batch with a bad job is queued: fix it and send
-			// the whole batch again.
-			s.fail(w, r, err)
-			return
-		}
-		jobs[i] = nj
-	}
-	out, err := s.store.Enqueue(r.Context(), tenant, jobs)
+	jobs, late, err := s.validateBatch(tenant, req.Jobs, cfg.Server.MaxBodyBytes)
 	if err != nil {
+		// Nothing of a batch with a bad job is queued: fix it and send the
+		// whole batch again.
 		s.fail(w, r, err)
 		return
 	}
+	var stored []queue.Admission
+	if len(jobs) > 0 {
+		if stored, err = s.store.Enqueue(r.Context(), tenant, jobs); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	out := withLate(stored, late, len(req.Jobs))
 	s.counted(tenant, out)
 	results := make([]map[string]any, len(out))
 	for i, a := range out {
 		results[i] = batchResultJSON(a)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"results": results})
+}
+
+// validateBatch checks every job of a batch: the jobs for the store, and
+// the answers of those already past their deadline, by place in the batch.
+func (s *server) validateBatch(tenant string, reqs []jobRequest, maxPayload int64) ([]queue.NewJob, map[int]*queue.ImpossibleError, error) {
+	jobs := make([]queue.NewJob, 0, len(reqs))
+	late := map[int]*queue.ImpossibleError{}
+	for i, j := range reqs {
+		nj, err := s.validate(tenant, j, "", maxPayload, fmt.Sprintf("jobs[%d]: ", i))
+		var imp *queue.ImpossibleError
+		switch {
+		case errors.As(err, &imp):
+			late[i] = imp
+		case err != nil:
+			return nil, nil, err
+		default:
+			jobs = append(jobs, nj)
+		}
+	}
+	return jobs, late, nil
+}
+
+// withLate puts the answers of the late jobs back in their places among the
+// store's answers (stored, in order, for the others of n).
+func withLate(stored []queue.Admission, late map[int]*queue.ImpossibleError, n int) []queue.Admission {
+	if len(late) == 0 {
+		return stored
+	}
+	out := make([]queue.Admission, 0, n)
+	for i := range n {
+		if imp, ok := late[i]; ok {
+			out = append(out, queue.Admission{Impossible: imp})
+			continue
+		}
+		out = append(out, stored[0])
+		stored = stored[1:]
+	}
+	return out
 }

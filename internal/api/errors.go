@@ -76,7 +76,10 @@ func impossibleFields(e *queue.ImpossibleError) map[string]any {
 	if e.Reason == queue.ReasonCostTooLarge {
 		return map[string]any{"cost": e.Cost, "max_cost": e.MaxCost}
 	}
-	return map[string]any{"expected_delay_ms": ceilMillis(e.ExpectedDelay), "deadline": e.Deadline.UTC()}
+	// Formatted here rather than by encoding/json, which refuses years
+	// before 0 ("0000-01-01T00:00:00+01:00" is one in UTC) and would leave
+	// the answer without a body.
+	return map[string]any{"expected_delay_ms": ceilMillis(e.ExpectedDelay), "deadline": e.Deadline.UTC().Format(time.RFC3339Nano)}
 }
 
 func rejectionFields(r *queue.RejectedError) map[string]any {
