@@ -1,5 +1,7 @@
-// Package leaky decides admission and spacing for one bucket: GCRA (the
-// generic cell rate algorithm, ITU-T I.371) with a bounded queue.
+// Package leaky owns the rules of one bucket: admission and spacing by GCRA
+// (the generic cell rate algorithm, ITU-T I.371) with a bounded queue, the
+// windows beside the rate, pauses (tenant time), rates as written in config,
+// and how far ahead a policy may schedule (MaxHorizon).
 //
 // The whole state of a bucket is one timestamp, TAT: the theoretical arrival
 // time of the next conforming job. With tolerance tau = (Burst-1)*Interval, a
@@ -12,8 +14,9 @@
 //   - both: Burst B, Capacity C: B go at once after a quiet spell, then C wait.
 //
 // Everything here is a pure function of (state, now, policy): no clock, no
-// I/O, no locks (internal/clock is imported only for its pure Later). The stores call it (the Redis backend runs the same rules in
-// Lua, checked against this code) and so does the simulator.
+// I/O, no locks (internal/clock is imported only for its pure Later). The
+// stores call it (the Redis backend runs the same rules in Lua, checked
+// against this code) and so does the simulator.
 package leaky
 
 import (
