@@ -157,17 +157,17 @@ func runEnqueue(ctx context.Context, t *testing.T, stdin string, args ...string)
 	return code, out.String(), errOut.String()
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	testutil.WaitFor(t, timeout, what, cond)
-}
+// nothingMoreWithin lets d pass so that the checks after it can show that
+// nothing more happened meanwhile (no repeat delivery): absence has no
+// condition to wait for.
+func nothingMoreWithin(d time.Duration) { time.Sleep(d) }
 
 // deliveredOnce waits until the downstream has seen n distinct jobs and
 // checks none twice.
 func deliveredOnce(t *testing.T, ds *downstreamtest.Server, n int) {
 	t.Helper()
-	waitFor(t, 30*time.Second, fmt.Sprintf("%d deliveries", n), func() bool { return len(ds.Keys()) >= n })
-	time.Sleep(200 * time.Millisecond)
+	testutil.WaitFor(t, 30*time.Second, fmt.Sprintf("%d deliveries", n), func() bool { return len(ds.Keys()) >= n })
+	nothingMoreWithin(200 * time.Millisecond) // a repeat would come now
 	keys := ds.Keys()
 	if len(keys) != n {
 		t.Fatalf("%d distinct jobs delivered, want %d", len(keys), n)
@@ -213,14 +213,20 @@ func TestInterruptedImportRerunSendsEachLineOnce(t *testing.T) {
 	ds, px := setup(t, "[tenant_defaults]\nrate = \"50/s\"\ncapacity = 10\n")
 	file := writeLines(t, 100)
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		code     int
+		out, err string
+	}
+	done := make(chan result, 1)
 	go func() {
-		for px.count(202) < 50 {
-			time.Sleep(time.Millisecond)
-		}
-		cancel()
+		code, out, errOut := runEnqueue(ctx, t, "", "--server", px.URL, "--tenant", "acme", "--file", file, "--progress", "none", "--batch", "5")
+		done <- result{code, out, errOut}
 	}()
-	code, out, errOut := runEnqueue(ctx, t, "", "--server", px.URL, "--tenant", "acme", "--file", file, "--progress", "none", "--batch", "5")
+	testutil.WaitFor(t, 30*time.Second, "half the lines accepted", func() bool { return px.count(202) >= 50 })
 	cancel()
+	r := <-done
+	code, out, errOut := r.code, r.out, r.err
 	if code != exitInterrupted || !strings.Contains(errOut, "run the same command again") {
 		t.Fatalf("interrupted run: exit %d\n%s%s", code, out, errOut)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"throttler/internal/clock"
 	"throttler/internal/downstreamtest"
 )
 
@@ -113,9 +114,7 @@ func admitCommand() *cobra.Command {
 }
 
 func deliverCommand() *cobra.Command {
-	var server, sink string
-	var tenants, perTenant int
-	var timeout time.Duration
+	var d deliverRun
 	c := &cobra.Command{
 		Use:   "deliver",
 		Short: "Queue jobs for many tenants, receive them at a recording downstream, print deliveries per second and dispatch error",
@@ -125,232 +124,302 @@ batch endpoint, waits until every job arrived, and prints deliveries per
 second, dispatch error (arrival at the downstream minus the job's slot) and
 any window-rule violation per tenant.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := loopbackOnly(server); err != nil {
-				return err
-			}
-			if err := loopbackOnly("http://" + sink); err != nil {
-				return err
-			}
-			if tenants < 1 || perTenant < 1 || perTenant > 1000 || tenants*perTenant > 1_000_000 || timeout <= 0 || timeout > 10*time.Minute {
-				return fmt.Errorf("at most 1,000,000 jobs (1000 per tenant) and a --timeout up to 10m: load runs are bounded")
-			}
-			ds, err := downstreamtest.Start(sink)
-			if err != nil {
-				return err
-			}
-			defer ds.Close()
-			client := newClient(32)
-			start := time.Now()
-			slots := map[string]time.Time{}
-			var mu sync.Mutex
-			var wg sync.WaitGroup
-			sem := make(chan struct{}, 32)
-			var rejected atomic.Int64
-			for i := 0; i < tenants; i++ {
-				wg.Add(1)
-				sem <- struct{}{}
-				go func() {
-					defer wg.Done()
-					defer func() { <-sem }()
-					var b bytes.Buffer
-					b.WriteString(`{"jobs":[`)
-					for j := 0; j < perTenant; j++ {
-						if j > 0 {
-							b.WriteByte(',')
-						}
-						fmt.Fprintf(&b, `{"payload":{"n":%d}}`, j)
-					}
-					b.WriteString(`]}`)
-					resp, err := client.Post(fmt.Sprintf("%s/v1/tenants/t%d/jobs:batch", server, i), "application/json", &b)
-					if err != nil {
-						fmt.Fprintln(cmd.ErrOrStderr(), err)
-						return
-					}
-					var out struct {
-						Results []struct {
-							Status     int    `json:"status"`
-							ID         string `json:"id"`
-							DispatchAt string `json:"dispatch_at"`
-						} `json:"results"`
-					}
-					json.NewDecoder(resp.Body).Decode(&out)
-					resp.Body.Close()
-					mu.Lock()
-					for _, r := range out.Results {
-						if r.Status != 202 {
-							rejected.Add(1)
-							continue
-						}
-						at, _ := time.Parse(time.RFC3339Nano, r.DispatchAt)
-						slots[r.ID] = at
-					}
-					mu.Unlock()
-				}()
-			}
-			wg.Wait()
-			queuedAt := time.Now()
-			want := len(slots)
-			fmt.Fprintf(cmd.ErrOrStderr(), "queued %d jobs (%d refused) in %v, waiting for deliveries\n", want, rejected.Load(), queuedAt.Sub(start).Round(time.Millisecond))
-			deadline := time.Now().Add(timeout)
-			for len(ds.Keys()) < want && time.Now().Before(deadline) {
-				time.Sleep(50 * time.Millisecond)
-			}
-			all := ds.All()
-			var errs []time.Duration
-			for _, a := range all {
-				if slot, ok := slots[a.Key]; ok {
-					errs = append(errs, a.At.Sub(slot))
-				}
-			}
-			slices.Sort(errs)
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "tenants %d x %d jobs: %d queued, %d arrived (%d distinct)\n", tenants, perTenant, want, len(all), len(ds.Keys()))
-			if len(all) > 1 {
-				span := all[len(all)-1].At.Sub(all[0].At)
-				fmt.Fprintf(out, "deliveries %.0f/s over %v (first to last arrival)\n", float64(len(all)-1)/span.Seconds(), span.Round(time.Millisecond))
-				// The steady part: once everything is queued, until the last
-				// slot (what the schedule asks for, against what arrived).
-				var lastSlot time.Time
-				for _, at := range slots {
-					lastSlot = later(lastSlot, at)
-				}
-				var n int
-				for _, a := range all {
-					if !a.At.Before(queuedAt) && !a.At.After(lastSlot) {
-						n++
-					}
-				}
-				var asked int
-				for _, at := range slots {
-					if !at.Before(queuedAt) && !at.After(lastSlot) {
-						asked++
-					}
-				}
-				if w := lastSlot.Sub(queuedAt); w > 0 {
-					fmt.Fprintf(out, "steady part (all queued, until the last slot, %v): %.0f/s arrived, %.0f/s scheduled\n", w.Round(time.Millisecond), float64(n)/w.Seconds(), float64(asked)/w.Seconds())
-				}
-			}
-			var steadyErrs []time.Duration
-			for _, a := range all {
-				if slot, ok := slots[a.Key]; ok && slot.After(queuedAt) {
-					steadyErrs = append(steadyErrs, a.At.Sub(slot))
-				}
-			}
-			slices.Sort(steadyErrs)
-			if n := len(steadyErrs); n > 0 {
-				fmt.Fprintf(out, "dispatch error of jobs due after all were queued (%d): p50 %v p99 %v max %v\n", n,
-					steadyErrs[n/2].Round(time.Microsecond), steadyErrs[n*99/100].Round(time.Microsecond), steadyErrs[n-1].Round(time.Microsecond))
-			}
-			if n := len(errs); n > 0 {
-				fmt.Fprintf(out, "dispatch error (arrival - slot): min %v p50 %v p99 %v max %v\n", errs[0].Round(time.Microsecond),
-					errs[n/2].Round(time.Microsecond), errs[n*99/100].Round(time.Microsecond), errs[n-1].Round(time.Microsecond))
-			}
-			// Where the time goes, on a sample: slot to the throttler's write
-			// (sent_at), and the write to the arrival.
-			var toWrite, toArrive []time.Duration
-			for i, a := range all {
-				if i%max(1, len(all)/300) != 0 {
-					continue
-				}
-				resp, err := client.Get(server + "/v1/jobs/" + a.Key)
-				if err != nil {
-					continue
-				}
-				var j struct {
-					SentAt     time.Time `json:"sent_at"`
-					DispatchAt time.Time `json:"dispatch_at"`
-				}
-				json.NewDecoder(resp.Body).Decode(&j)
-				resp.Body.Close()
-				if !j.SentAt.IsZero() {
-					toWrite = append(toWrite, j.SentAt.Sub(slots[a.Key]))
-					toArrive = append(toArrive, a.At.Sub(j.SentAt))
-				}
-			}
-			slices.Sort(toWrite)
-			slices.Sort(toArrive)
-			if n := len(toWrite); n > 0 {
-				fmt.Fprintf(out, "sample of %d: slot to write p50 %v p99 %v; write to arrival p50 %v p99 %v\n", n,
-					toWrite[n/2].Round(time.Microsecond), toWrite[n*99/100].Round(time.Microsecond),
-					toArrive[n/2].Round(time.Microsecond), toArrive[n*99/100].Round(time.Microsecond))
-			}
-			byTenant := map[string][]downstreamtest.Arrival{}
-			for _, a := range all {
-				byTenant[a.Tenant] = append(byTenant[a.Tenant], a)
-			}
-			// A tenant's first job is due at once; the rest are spaced after
-			// it, so any lateness of the first carries through its backlog.
-			var firstLate []time.Duration
-			for _, arr := range byTenant {
-				if len(arr) > 0 {
-					firstLate = append(firstLate, arr[0].At.Sub(slots[arr[0].Key]))
-				}
-			}
-			// Lateness by place in the tenant's queue: growth along the queue
-			// is lateness each send adds and the next inherits.
-			byPlace := make([][]time.Duration, perTenant)
-			for _, arr := range byTenant {
-				for i, a := range arr {
-					if i < perTenant {
-						byPlace[i] = append(byPlace[i], a.At.Sub(slots[a.Key]))
-					}
-				}
-			}
-			var b strings.Builder
-			for i, ds := range byPlace {
-				if len(ds) == 0 || (i%4 != 0 && i != perTenant-1) {
-					continue
-				}
-				slices.Sort(ds)
-				fmt.Fprintf(&b, " #%d:%v", i, ds[len(ds)/2].Round(100*time.Microsecond))
-			}
-			fmt.Fprintf(out, "median dispatch error by place in queue:%s\n", b.String())
-			slices.Sort(firstLate)
-			if n := len(firstLate); n > 0 {
-				fmt.Fprintf(out, "first job of each tenant: dispatch error p50 %v p99 %v\n", firstLate[n/2].Round(time.Microsecond), firstLate[n*99/100].Round(time.Microsecond))
-			}
-			violations := 0
-			for _, arr := range byTenant {
-				T := time.Duration(0)
-				if len(arr) > 1 {
-					// Each tenant's own interval, from its slots: the smallest
-					// difference between consecutive slots.
-					var ss []time.Time
-					for _, a := range arr {
-						ss = append(ss, slots[a.Key])
-					}
-					slices.SortFunc(ss, func(a, b time.Time) int { return a.Compare(b) })
-					for i := 1; i < len(ss); i++ {
-						if d := ss[i].Sub(ss[i-1]); d > 0 && (T == 0 || d < T) {
-							T = d
-						}
-					}
-				}
-				if v := downstreamtest.WindowViolation(arr, T, 1); T > 0 && v != "" {
-					if violations == 0 {
-						fmt.Fprintln(cmd.ErrOrStderr(), "first violation:", v)
-					}
-					violations++
-				}
-			}
-			fmt.Fprintf(out, "tenants breaking the window rule: %d of %d\n", violations, len(byTenant))
-			if len(ds.Keys()) < want {
-				return fmt.Errorf("only %d of %d jobs arrived within %v", len(ds.Keys()), want, timeout)
-			}
-			return nil
+			d.out, d.errw = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			return d.run()
 		},
 	}
-	c.Flags().StringVar(&server, "server", "http://127.0.0.1:8080", "throttler API")
-	c.Flags().StringVar(&sink, "sink", "127.0.0.1:9100", "address of the recording downstream this starts")
-	c.Flags().IntVar(&tenants, "tenants", 1000, "tenants")
-	c.Flags().IntVar(&perTenant, "per-tenant", 25, "jobs per tenant")
-	c.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this")
+	c.Flags().StringVar(&d.server, "server", "http://127.0.0.1:8080", "throttler API")
+	c.Flags().StringVar(&d.sink, "sink", "127.0.0.1:9100", "address of the recording downstream this starts")
+	c.Flags().IntVar(&d.tenants, "tenants", 1000, "tenants")
+	c.Flags().IntVar(&d.perTenant, "per-tenant", 25, "jobs per tenant")
+	c.Flags().DurationVar(&d.timeout, "timeout", 2*time.Minute, "give up waiting after this")
 	return c
 }
 
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// deliverRun is one run of loadgen deliver: its flags, and what it learnt.
+type deliverRun struct {
+	server, sink       string
+	tenants, perTenant int
+	timeout            time.Duration
+	out, errw          io.Writer
+
+	client   *http.Client
+	slots    map[string]time.Time // job id -> its slot, as the API answered
+	queuedAt time.Time            // when every batch had been answered
+	all      []downstreamtest.Arrival
+}
+
+func (d *deliverRun) run() error {
+	if err := d.check(); err != nil {
+		return err
 	}
-	return b
+	ds, err := downstreamtest.Start(d.sink)
+	if err != nil {
+		return err
+	}
+	defer ds.Close()
+	d.client = newClient(32)
+	start := time.Now()
+	rejected := d.enqueueAll()
+	d.queuedAt = time.Now()
+	want := len(d.slots)
+	fmt.Fprintf(d.errw, "queued %d jobs (%d refused) in %v, waiting for deliveries\n", want, rejected, d.queuedAt.Sub(start).Round(time.Millisecond))
+	waitForArrivals(ds, want, d.timeout)
+	d.all = ds.All()
+	fmt.Fprintf(d.out, "tenants %d x %d jobs: %d queued, %d arrived (%d distinct)\n", d.tenants, d.perTenant, want, len(d.all), len(ds.Keys()))
+	d.reportThroughput()
+	d.reportDispatchError()
+	d.reportSample()
+	byTenant := map[string][]downstreamtest.Arrival{}
+	for _, a := range d.all {
+		byTenant[a.Tenant] = append(byTenant[a.Tenant], a)
+	}
+	d.reportByPlace(byTenant)
+	d.reportViolations(byTenant)
+	if len(ds.Keys()) < want {
+		return fmt.Errorf("only %d of %d jobs arrived within %v", len(ds.Keys()), want, d.timeout)
+	}
+	return nil
+}
+
+// check keeps a run on loopback and bounded.
+func (d *deliverRun) check() error {
+	if err := loopbackOnly(d.server); err != nil {
+		return err
+	}
+	if err := loopbackOnly("http://" + d.sink); err != nil {
+		return err
+	}
+	if d.tenants < 1 || d.perTenant < 1 || d.perTenant > 1000 || d.tenants*d.perTenant > 1_000_000 || d.timeout <= 0 || d.timeout > 10*time.Minute {
+		return fmt.Errorf("at most 1,000,000 jobs (1000 per tenant) and a --timeout up to 10m: load runs are bounded")
+	}
+	return nil
+}
+
+// enqueueAll sends each tenant's jobs in one batch, 32 tenants at a time,
+// keeps the slot of every job admitted, and returns how many were refused.
+func (d *deliverRun) enqueueAll() int64 {
+	d.slots = map[string]time.Time{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	var rejected atomic.Int64
+	for i := 0; i < d.tenants; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results, err := d.enqueueTenant(i)
+			if err != nil {
+				fmt.Fprintln(d.errw, err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, r := range results {
+				if r.Status != 202 {
+					rejected.Add(1)
+					continue
+				}
+				at, _ := time.Parse(time.RFC3339Nano, r.DispatchAt)
+				d.slots[r.ID] = at
+			}
+		}()
+	}
+	wg.Wait()
+	return rejected.Load()
+}
+
+// batchResult is what loadgen reads of one job's answer in a batch.
+type batchResult struct {
+	Status     int    `json:"status"`
+	ID         string `json:"id"`
+	DispatchAt string `json:"dispatch_at"`
+}
+
+// enqueueTenant sends tenant t<i>'s jobs in one batch.
+func (d *deliverRun) enqueueTenant(i int) ([]batchResult, error) {
+	var b bytes.Buffer
+	b.WriteString(`{"jobs":[`)
+	for j := 0; j < d.perTenant; j++ {
+		if j > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"payload":{"n":%d}}`, j)
+	}
+	b.WriteString(`]}`)
+	resp, err := d.client.Post(fmt.Sprintf("%s/v1/tenants/t%d/jobs:batch", d.server, i), "application/json", &b)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Results []batchResult `json:"results"`
+	}
+	json.NewDecoder(resp.Body).Decode(&out)
+	return out.Results, nil
+}
+
+// waitForArrivals polls the recording downstream until want distinct jobs
+// arrived or timeout passed (what arrived by then is reported either way).
+func waitForArrivals(ds *downstreamtest.Server, want int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for len(ds.Keys()) < want && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// reportThroughput prints deliveries per second, overall and in the steady
+// part: once everything is queued, until the last slot (what the schedule
+// asks for, against what arrived).
+func (d *deliverRun) reportThroughput() {
+	all := d.all
+	if len(all) <= 1 {
+		return
+	}
+	span := all[len(all)-1].At.Sub(all[0].At)
+	fmt.Fprintf(d.out, "deliveries %.0f/s over %v (first to last arrival)\n", float64(len(all)-1)/span.Seconds(), span.Round(time.Millisecond))
+	var lastSlot time.Time
+	for _, at := range d.slots {
+		lastSlot = clock.Later(lastSlot, at)
+	}
+	var n int
+	for _, a := range all {
+		if !a.At.Before(d.queuedAt) && !a.At.After(lastSlot) {
+			n++
+		}
+	}
+	var asked int
+	for _, at := range d.slots {
+		if !at.Before(d.queuedAt) && !at.After(lastSlot) {
+			asked++
+		}
+	}
+	if w := lastSlot.Sub(d.queuedAt); w > 0 {
+		fmt.Fprintf(d.out, "steady part (all queued, until the last slot, %v): %.0f/s arrived, %.0f/s scheduled\n", w.Round(time.Millisecond), float64(n)/w.Seconds(), float64(asked)/w.Seconds())
+	}
+}
+
+// reportDispatchError prints arrival minus slot: of the jobs due after all
+// were queued, and of all.
+func (d *deliverRun) reportDispatchError() {
+	var errs, steadyErrs []time.Duration
+	for _, a := range d.all {
+		if slot, ok := d.slots[a.Key]; ok {
+			errs = append(errs, a.At.Sub(slot))
+			if slot.After(d.queuedAt) {
+				steadyErrs = append(steadyErrs, a.At.Sub(slot))
+			}
+		}
+	}
+	slices.Sort(errs)
+	slices.Sort(steadyErrs)
+	if n := len(steadyErrs); n > 0 {
+		fmt.Fprintf(d.out, "dispatch error of jobs due after all were queued (%d): p50 %v p99 %v max %v\n", n,
+			steadyErrs[n/2].Round(time.Microsecond), steadyErrs[n*99/100].Round(time.Microsecond), steadyErrs[n-1].Round(time.Microsecond))
+	}
+	if n := len(errs); n > 0 {
+		fmt.Fprintf(d.out, "dispatch error (arrival - slot): min %v p50 %v p99 %v max %v\n", errs[0].Round(time.Microsecond),
+			errs[n/2].Round(time.Microsecond), errs[n*99/100].Round(time.Microsecond), errs[n-1].Round(time.Microsecond))
+	}
+}
+
+// reportSample prints where the time goes, on a sample of about 300 jobs:
+// slot to the throttler's write (sent_at), and the write to the arrival.
+func (d *deliverRun) reportSample() {
+	var toWrite, toArrive []time.Duration
+	for i, a := range d.all {
+		if i%max(1, len(d.all)/300) != 0 {
+			continue
+		}
+		resp, err := d.client.Get(d.server + "/v1/jobs/" + a.Key)
+		if err != nil {
+			continue
+		}
+		var j struct {
+			SentAt     time.Time `json:"sent_at"`
+			DispatchAt time.Time `json:"dispatch_at"`
+		}
+		json.NewDecoder(resp.Body).Decode(&j)
+		resp.Body.Close()
+		if !j.SentAt.IsZero() {
+			toWrite = append(toWrite, j.SentAt.Sub(d.slots[a.Key]))
+			toArrive = append(toArrive, a.At.Sub(j.SentAt))
+		}
+	}
+	slices.Sort(toWrite)
+	slices.Sort(toArrive)
+	if n := len(toWrite); n > 0 {
+		fmt.Fprintf(d.out, "sample of %d: slot to write p50 %v p99 %v; write to arrival p50 %v p99 %v\n", n,
+			toWrite[n/2].Round(time.Microsecond), toWrite[n*99/100].Round(time.Microsecond),
+			toArrive[n/2].Round(time.Microsecond), toArrive[n*99/100].Round(time.Microsecond))
+	}
+}
+
+// reportByPlace prints lateness by place in the tenant's queue (growth along
+// the queue is lateness each send adds and the next inherits), and of each
+// tenant's first job (due at once: any lateness carries through its backlog).
+func (d *deliverRun) reportByPlace(byTenant map[string][]downstreamtest.Arrival) {
+	var firstLate []time.Duration
+	byPlace := make([][]time.Duration, d.perTenant)
+	for _, arr := range byTenant {
+		if len(arr) > 0 {
+			firstLate = append(firstLate, arr[0].At.Sub(d.slots[arr[0].Key]))
+		}
+		for i, a := range arr {
+			if i < d.perTenant {
+				byPlace[i] = append(byPlace[i], a.At.Sub(d.slots[a.Key]))
+			}
+		}
+	}
+	var b strings.Builder
+	for i, ds := range byPlace {
+		if len(ds) == 0 || (i%4 != 0 && i != d.perTenant-1) {
+			continue
+		}
+		slices.Sort(ds)
+		fmt.Fprintf(&b, " #%d:%v", i, ds[len(ds)/2].Round(100*time.Microsecond))
+	}
+	fmt.Fprintf(d.out, "median dispatch error by place in queue:%s\n", b.String())
+	slices.Sort(firstLate)
+	if n := len(firstLate); n > 0 {
+		fmt.Fprintf(d.out, "first job of each tenant: dispatch error p50 %v p99 %v\n", firstLate[n/2].Round(time.Microsecond), firstLate[n*99/100].Round(time.Microsecond))
+	}
+}
+
+// reportViolations prints how many tenants broke the window rule, each
+// against its own interval.
+func (d *deliverRun) reportViolations(byTenant map[string][]downstreamtest.Arrival) {
+	violations := 0
+	for _, arr := range byTenant {
+		T := d.interval(arr)
+		if v := downstreamtest.WindowViolation(arr, T, 1); T > 0 && v != "" {
+			if violations == 0 {
+				fmt.Fprintln(d.errw, "first violation:", v)
+			}
+			violations++
+		}
+	}
+	fmt.Fprintf(d.out, "tenants breaking the window rule: %d of %d\n", violations, len(byTenant))
+}
+
+// interval is a tenant's own interval, from its slots: the smallest
+// difference between consecutive slots (0 with fewer than two).
+func (d *deliverRun) interval(arr []downstreamtest.Arrival) time.Duration {
+	var T time.Duration
+	if len(arr) < 2 {
+		return 0
+	}
+	var ss []time.Time
+	for _, a := range arr {
+		ss = append(ss, d.slots[a.Key])
+	}
+	slices.SortFunc(ss, func(a, b time.Time) int { return a.Compare(b) })
+	for i := 1; i < len(ss); i++ {
+		if dt := ss[i].Sub(ss[i-1]); dt > 0 && (T == 0 || dt < T) {
+			T = dt
+		}
+	}
+	return T
 }

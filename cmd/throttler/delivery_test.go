@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"throttler/internal/downstreamtest"
+	"throttler/internal/testutil"
 )
 
 // enqueueN enqueues n jobs {"n": i} for tenant and returns their ids.
@@ -29,6 +30,29 @@ func jobState(t *testing.T, base, id string) map[string]any {
 	t.Helper()
 	_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
 	return j
+}
+
+// waitAllSucceeded waits until every job of ids has succeeded, asking the
+// API every 50 ms; if they have not within timeout, it logs those that have
+// not before failing.
+func waitAllSucceeded(t *testing.T, base string, ids []string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout - 100*time.Millisecond)
+	logged := false
+	testutil.WaitFor(t, timeout, "every job delivered", atMostEvery(50*time.Millisecond, func() bool {
+		if allSucceeded(t, base, ids) {
+			return true
+		}
+		if time.Now().After(deadline) && !logged {
+			logged = true
+			for _, id := range ids {
+				if j := jobState(t, base, id); j["state"] != "succeeded" {
+					t.Logf("job %s: %v", id, j)
+				}
+			}
+		}
+		return false
+	}))
 }
 
 func allSucceeded(t *testing.T, base string, ids []string) bool {
@@ -64,7 +88,7 @@ func TestRetryAfterPausesTheTenant(t *testing.T) {
 	other := enqueueN(t, base, "other", 20) // same downstream, no ceiling: not paused
 
 	var ten map[string]any
-	waitFor(t, 3*time.Second, "acme paused by the 429", func() bool {
+	testutil.WaitFor(t, 3*time.Second, "acme paused by the 429", func() bool {
 		_, _, ten = call(t, "GET", base+"/v1/tenants/acme", "")
 		return ten["paused"] == true
 	})
@@ -74,7 +98,7 @@ func TestRetryAfterPausesTheTenant(t *testing.T) {
 	if ms := ten["expected_delay_ms"].(float64); ms < 1500 {
 		t.Fatalf("expected delay %vms during a 2s pause", ms)
 	}
-	waitFor(t, 10*time.Second, "every job delivered", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "every job delivered", func() bool {
 		return allSucceeded(t, base, ids) && allSucceeded(t, base, other)
 	})
 
@@ -105,7 +129,7 @@ func TestRetryAfterPausesTheTenant(t *testing.T) {
 	if during < 10 {
 		t.Fatalf("only %d of the other tenant's jobs went during acme's pause", during)
 	}
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, acme, T, 1)
 		downstreamtest.CheckWindows(t, ds.Of("other"), T, 1)
 	}
@@ -123,17 +147,19 @@ func TestOutageOpensTheBreaker(t *testing.T) {
 	down := time.Now()
 	ids := enqueueN(t, base, "acme", 30)
 
-	waitFor(t, 4*time.Second, "the breaker open", func() bool {
+	testutil.WaitFor(t, 4*time.Second, "the breaker open", func() bool {
 		m := scrape(t, base)
 		return value(m, `throttler_breaker_open{downstream="test"}`) == 1 && value(m, `throttler_tenants_paused{downstream="test",tenant="_other"}`) == 1
 	})
-	time.Sleep(5*time.Second - time.Since(down))
+	// Down 5 s in all: without the breaker the jobs would use up their 5
+	// attempts by then; none may fail meanwhile.
+	nothingMoreWithin(5*time.Second - time.Since(down))
 	back, err := downstreamtest.Start(addr)
 	if err != nil {
 		t.Fatalf("restart the downstream on %s: %v", addr, err)
 	}
 	t.Cleanup(back.Close)
-	waitFor(t, 30*time.Second, "all 30 delivered", func() bool { return allSucceeded(t, base, ids) })
+	testutil.WaitFor(t, 30*time.Second, "all 30 delivered", func() bool { return allSucceeded(t, base, ids) })
 
 	failedAttempts := 0
 	for _, id := range ids {
@@ -151,7 +177,7 @@ func TestOutageOpensTheBreaker(t *testing.T) {
 	if len(got) != 30 {
 		t.Fatalf("%d arrivals after the outage, want 30", len(got))
 	}
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, got, 100*time.Millisecond, 1)
 	}
 }
@@ -182,22 +208,23 @@ rate = "5/s"
 		t.Fatalf("batch: %d %v", st, body)
 	}
 	sent := map[string]time.Time{}
+	start := time.Now()
 	for i := 0; i < 6; i++ {
-		time.Sleep(time.Second)
+		arriveAt(start.Add(time.Duration(i+1) * time.Second)) // B sends one a second behind A's backlog
 		st, _, body := call(t, "POST", base+"/v1/tenants/b/jobs", fmt.Sprintf(`{"payload":{"b":%d}}`, i))
 		if st != 202 {
 			t.Fatalf("b: %d %v", st, body)
 		}
 		sent[body["id"].(string)] = time.Now()
 	}
-	waitFor(t, 5*time.Second, "B's jobs delivered", func() bool { return len(ds.Of("b")) == 6 })
+	testutil.WaitFor(t, 5*time.Second, "B's jobs delivered", func() bool { return len(ds.Of("b")) == 6 })
 	var worst time.Duration
 	for _, a := range ds.Of("b") {
 		worst = max(worst, a.At.Sub(sent[a.Key]))
 	}
 	all := ds.All()
 	t.Logf("B waited at most %v; %d sends in %v", worst, len(all), all[len(all)-1].At.Sub(all[0].At))
-	if raceEnabled {
+	if testutil.Race {
 		return
 	}
 	if worst > 2*ceiling+50*time.Millisecond {
@@ -237,7 +264,7 @@ func TestOperatorPauseAndResume(t *testing.T) {
 		}
 		ids = append(ids, body["id"].(string))
 	}
-	time.Sleep(300 * time.Millisecond)
+	nothingMoreWithin(300 * time.Millisecond) // held: nothing may reach the downstream
 	sentBefore := len(ds.All())
 	for _, a := range ds.All() {
 		if a.At.After(paused.Add(5 * time.Millisecond)) {
@@ -252,12 +279,12 @@ func TestOperatorPauseAndResume(t *testing.T) {
 	if st, _, ten := call(t, "POST", base+"/v1/tenants/acme/resume", ""); st != 200 || ten["paused"] != false {
 		t.Fatalf("resume: %d %v", st, ten)
 	}
-	waitFor(t, 5*time.Second, "delivered after resume", func() bool { return allSucceeded(t, base, ids) })
+	testutil.WaitFor(t, 5*time.Second, "delivered after resume", func() bool { return allSucceeded(t, base, ids) })
 	got := ds.All()
 	if len(got) != len(ids) || got[sentBefore].At.Before(resumed) {
 		t.Fatalf("%d deliveries of %d jobs; first after the hold at %v", len(got), len(ids), got[sentBefore].At.Sub(resumed))
 	}
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, got, 50*time.Millisecond, 1)
 	}
 	if st, _, _ := call(t, "GET", base+"/v1/tenants/acme/pause", ""); st != 405 {

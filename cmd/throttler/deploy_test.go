@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"throttler/internal/downstreamtest"
+	"throttler/internal/testutil"
 )
 
 // The compose file validates (docker-compose config works without an
@@ -90,7 +91,7 @@ func TestDashboardUsesRealMetrics(t *testing.T) {
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 1\n[tenants.acme]\n", ds))
 	// One delivered, one failed, one refused: every series has a sample.
 	call(t, "POST", base+"/v1/tenants/acme/jobs:batch", `{"jobs":[{"payload":"ok"},{"payload":"fail"},{"payload":"refused"}]}`)
-	waitFor(t, 5*time.Second, "the attempts", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "the attempts", func() bool {
 		_, _, b := call(t, "GET", base+"/v1/tenants/acme", "")
 		return b["failed_total"] == 1.0 && b["delivered_total"] == 1.0
 	})

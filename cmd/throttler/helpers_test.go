@@ -11,13 +11,44 @@ import (
 
 	"throttler/internal/downstreamtest"
 	"throttler/internal/servicetest"
-	"throttler/internal/testutil"
 )
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	testutil.WaitFor(t, timeout, what, cond)
+// nothingMoreWithin lets d pass so that the checks after it can show that
+// nothing more happened meanwhile: no repeat, no late send, no job that
+// should not go. Absence has no condition to wait for, so this is the one
+// kind of fixed sleep the tests keep; everything that waits for something
+// to happen waits for it with testutil.WaitFor.
+func nothingMoreWithin(d time.Duration) { time.Sleep(d) }
+
+// arriveAt waits until at, a planned arrival of a workload: the test's own
+// schedule, not a wait for the service.
+func arriveAt(at time.Time) { time.Sleep(time.Until(at)) }
+
+// atMostEvery makes a costly condition (HTTP requests to the service) be
+// asked at most once per d by testutil.WaitFor, which polls every
+// millisecond, so that watching does not load the machine being watched.
+func atMostEvery(d time.Duration, cond func() bool) func() bool {
+	var last time.Time
+	return func() bool {
+		if time.Since(last) < d {
+			return false
+		}
+		last = time.Now()
+		return cond()
+	}
+}
+
+// answerAfter is a downstream handler that takes d to answer status: a
+// slow vendor (it gives up early only if the request is gone).
+func answerAfter(d time.Duration, status int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(d):
+		case <-r.Context().Done():
+			return
+		}
+		w.WriteHeader(status)
+	}
 }
 
 func writeConfig(t testing.TB, body string, ds *downstreamtest.Server) string {

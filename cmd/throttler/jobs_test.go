@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"throttler/internal/downstreamtest"
+	"throttler/internal/testutil"
 )
 
 // A job that would wait past its deadline is refused at once (422
@@ -54,7 +55,7 @@ func TestDeadlines(t *testing.T) {
 		t.Fatalf("a refused job was queued: %v", ten)
 	}
 	expired := ids[3]
-	waitFor(t, 10*time.Second, "the others delivered", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the others delivered", func() bool {
 		return allSucceeded(t, base, append(append([]string{}, ids[:3]...), ids[4:]...))
 	})
 	j := jobState(t, base, expired)
@@ -107,14 +108,14 @@ func TestCost(t *testing.T) {
 	if r := res[3].(map[string]any); r["status"] != 422.0 || r["error"] != "cost_too_large" || r["max_cost"] != 4.0 {
 		t.Fatalf("cost 5: %v", r)
 	}
-	waitFor(t, 5*time.Second, "both delivered", func() bool { return len(ds.All()) == 2 })
+	testutil.WaitFor(t, 5*time.Second, "both delivered", func() bool { return len(ds.All()) == 2 })
 	got := ds.All()
 	gap := got[1].At.Sub(got[0].At)
 	t.Logf("cost 3 then cost 1: %v apart", gap)
 	if j := jobState(t, base, first["id"].(string)); j["cost"] != 3.0 {
 		t.Fatalf("job %v", j)
 	}
-	if raceEnabled {
+	if testutil.Race {
 		return
 	}
 	if gap < 300*time.Millisecond-downstreamtest.Jitter || gap > 350*time.Millisecond {

@@ -1,4 +1,6 @@
-// Command throttler is the service (serve) and its tools (config check).
+// Command throttler is the service and its tools, one cobra tree built by
+// newRootCommand: serve (the API and the dispatcher), status, pause and
+// resume, simulate, config check and token new.
 package main
 
 import (

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"throttler/internal/downstreamtest"
+	"throttler/internal/testutil"
 )
 
 func scrape(t *testing.T, base string) string {
@@ -79,7 +80,7 @@ capacity = 10
 	for i := 0; i < 3; i++ {
 		call(t, "POST", base+"/v1/tenants/slowpoke/jobs", `{"payload":"ok"}`)
 	}
-	waitFor(t, 10*time.Second, "the jobs due finished", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the jobs due finished", func() bool {
 		_, _, b := call(t, "GET", base+"/v1/tenants/acme", "")
 		_, _, d := call(t, "GET", base+"/v1/tenants/dyn-1", "")
 		_, _, s := call(t, "GET", base+"/v1/tenants/slowpoke", "")

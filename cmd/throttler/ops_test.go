@@ -12,6 +12,7 @@ import (
 	"throttler/internal/fakegateway"
 	"throttler/internal/leaky"
 	"throttler/internal/servicetest"
+	"throttler/internal/testutil"
 )
 
 // SIGHUP with a new rate for a named tenant: sends are spaced by the new
@@ -49,7 +50,7 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 		return out
 	}
 	waitDelivered := func(ids []string) []downstreamtest.Arrival {
-		waitFor(t, 15*time.Second, "deliveries", func() bool { return len(arrivalsOf(ids)) == len(ids) })
+		testutil.WaitFor(t, 15*time.Second, "deliveries", func() bool { return len(arrivalsOf(ids)) == len(ids) })
 		return arrivalsOf(ids)
 	}
 	hup := func(wantLog string) {
@@ -57,11 +58,11 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 5*time.Second, wantLog, func() bool { return strings.Count(p.logs(), wantLog) > before })
+		testutil.WaitFor(t, 5*time.Second, wantLog, func() bool { return strings.Count(p.logs(), wantLog) > before })
 	}
 
 	first := waitDelivered(enqueue(5))
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, first, 50*time.Millisecond, 1)
 	}
 	// Slower: 4/s.
@@ -71,7 +72,7 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 		t.Fatalf("after reload: %v", b)
 	}
 	second := waitDelivered(enqueue(5))
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, second, 250*time.Millisecond, 1)
 	}
 	if span := second[4].At.Sub(second[0].At); span < 4*250*time.Millisecond-10*time.Millisecond {
@@ -84,7 +85,7 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 		t.Fatalf("after a broken reload: %v", b)
 	}
 	third := waitDelivered(enqueue(3))
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, third, 250*time.Millisecond, 1)
 	}
 }
@@ -101,11 +102,10 @@ func TestReadinessFalseBeforeTheListenerCloses(t *testing.T) {
 		t.Fatal(err)
 	}
 	sawNotReady := false
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testutil.WaitFor(t, 10*time.Second, "the listener closed", atMostEvery(20*time.Millisecond, func() bool {
 		resp, err := httpClient.Get(p.base + "/readyz")
 		if err != nil {
-			break // the listener closed
+			return true // the listener closed
 		}
 		resp.Body.Close()
 		if resp.StatusCode == 503 {
@@ -113,8 +113,8 @@ func TestReadinessFalseBeforeTheListenerCloses(t *testing.T) {
 		} else if sawNotReady {
 			t.Fatalf("ready again after not ready: %d", resp.StatusCode)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	}))
 	if !sawNotReady {
 		t.Fatal("readiness never turned false before the listener closed")
 	}
@@ -140,8 +140,8 @@ func TestFakeGatewayNeverRefuses(t *testing.T) {
 			t.Fatalf("%d %v", st, b)
 		}
 	}
-	waitFor(t, 15*time.Second, "40 deliveries", func() bool { return gw.Accepted.Load()+gw.Refused.Load() >= 40 })
-	if raceEnabled {
+	testutil.WaitFor(t, 15*time.Second, "40 deliveries", func() bool { return gw.Accepted.Load()+gw.Refused.Load() >= 40 })
+	if testutil.Race {
 		return // timing is checked without -race
 	}
 	if n := gw.Refused.Load(); n != 0 {

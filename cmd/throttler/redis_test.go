@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"throttler/internal/clock"
 	"throttler/internal/downstreamtest"
 	"throttler/internal/redistest"
+	"throttler/internal/testutil"
 )
 
 // redisConfig writes a config for processes sharing the Redis at url.
@@ -60,7 +62,7 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 	last := began
 	accepted := map[string]bool{}
 	for _, a := range answers {
-		last = later(last, a.at)
+		last = clock.Later(last, a.at)
 		switch a.status {
 		case http.StatusAccepted:
 			accepted[a.body["id"].(string)] = true
@@ -77,8 +79,8 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 		t.Fatalf("accepted %d, want exactly 51 (capacity 50 and one going at once)", len(accepted))
 	}
 
-	waitFor(t, 20*time.Second, "51 deliveries", func() bool { return len(ds.All()) >= 51 })
-	time.Sleep(3 * T) // nothing more may come
+	testutil.WaitFor(t, 20*time.Second, "51 deliveries", func() bool { return len(ds.All()) >= 51 })
+	nothingMoreWithin(3 * T) // no repeat, no job that was not accepted
 	got := ds.All()
 	seen := map[string]bool{}
 	for _, a := range got {
@@ -93,16 +95,9 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 	if len(got) != 51 {
 		t.Fatalf("downstream saw %d requests, want 51", len(got))
 	}
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, got, T, 1)
 	}
-}
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }
 
 // kill -9 of a worker mid-attempt, and of another while jobs wait: every
@@ -121,21 +116,10 @@ func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
 	killed := time.Now()
 	w2 := startProcess(t, file, "--role", "worker")
 	startProcess(t, file, "--role", "worker")
-	waitFor(t, 20*time.Second, "deliveries by the new workers", func() bool { return len(ds.All()) >= 10 })
+	testutil.WaitFor(t, 20*time.Second, "deliveries by the new workers", func() bool { return len(ds.All()) >= 10 })
 	w2.kill9(t) // while jobs wait
 
-	deadline := time.Now().Add(60 * time.Second)
-	for !allSucceeded(t, api.base, ids) {
-		if time.Now().After(deadline) {
-			for _, id := range ids {
-				if j := jobState(t, api.base, id); j["state"] != "succeeded" {
-					t.Logf("job %s: %v", id, j)
-				}
-			}
-			t.Fatal("not every job delivered in 60 s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitAllSucceeded(t, api.base, ids, 60*time.Second)
 	all := ds.All()
 	var back time.Duration
 	for _, a := range all {
@@ -162,7 +146,7 @@ func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
 		t.Fatalf("%d repeats: only attempts in flight at a kill may repeat", repeats)
 	}
 	checkCarriedOutOnce(t, carriedOut(), ids)
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
 	}
 }
@@ -184,7 +168,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 		}
 		ids = append(ids, body["id"].(string))
 	}
-	waitFor(t, 10*time.Second, "some deliveries", func() bool { return len(ds.All()) >= 5 })
+	testutil.WaitFor(t, 10*time.Second, "some deliveries", func() bool { return len(ds.All()) >= 5 })
 	srv.Kill()
 	st, h, body := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"n":99}}`)
 	if st != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
@@ -195,7 +179,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 			t.Fatalf("/readyz with Redis down: %d %v", st, body)
 		}
 	}
-	time.Sleep(time.Second) // down a while: workers try and fail
+	nothingMoreWithin(time.Second) // down a while: workers try and fail, and none may exit
 	for _, p := range procs {
 		select {
 		case <-p.done:
@@ -204,7 +188,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 		}
 	}
 	srv.Restart()
-	waitFor(t, 30*time.Second, "every job accepted before delivered", func() bool { return allSucceeded(t, base, ids) })
+	testutil.WaitFor(t, 30*time.Second, "every job accepted before delivered", func() bool { return allSucceeded(t, base, ids) })
 	if st, _, body := call(t, "GET", base+"/readyz", ""); st != http.StatusOK {
 		t.Fatalf("/readyz after Redis came back: %d %v", st, body)
 	}
@@ -219,7 +203,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 			t.Fatalf("%s arrived %d times", key, n)
 		}
 	}
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"throttler/internal/downstreamtest"
+	"throttler/internal/testutil"
 )
 
 var (
@@ -134,19 +135,19 @@ func TestKill9AndRestartLosesNothing(t *testing.T) {
 		}
 		accepted[body["id"].(string)] = true
 	}
-	waitFor(t, 10*time.Second, "some deliveries before the kill", func() bool { return len(ds.All()) >= 8 })
+	testutil.WaitFor(t, 10*time.Second, "some deliveries before the kill", func() bool { return len(ds.All()) >= 8 })
 	p.kill9(t)
 	before := len(ds.All())
 
 	p = startProcess(t, file)
-	waitFor(t, 20*time.Second, "every accepted job delivered", func() bool {
+	testutil.WaitFor(t, 20*time.Second, "every accepted job delivered", func() bool {
 		seen := map[string]bool{}
 		for _, a := range ds.All() {
 			seen[a.Key] = true
 		}
 		return len(seen) == len(accepted)
 	})
-	time.Sleep(300 * time.Millisecond)
+	nothingMoreWithin(300 * time.Millisecond) // late repeats would come now
 	all := ds.All()
 	repeats := 0
 	seen := map[string]bool{}
@@ -163,7 +164,7 @@ func TestKill9AndRestartLosesNothing(t *testing.T) {
 	if repeats > 2 {
 		t.Fatalf("%d repeats: only attempts in flight at the kill may repeat", repeats)
 	}
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
 	}
 	// The restarted process knows the jobs it delivered.
@@ -179,10 +180,7 @@ func TestSigtermStopsCleanly(t *testing.T) {
 	ds := downstreamtest.New(t)
 	// Each answer takes 150 ms, so the SIGTERM lands during an attempt: it
 	// must finish and be recorded (no repeat after the restart).
-	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(150 * time.Millisecond)
-		w.WriteHeader(200)
-	})
+	ds.Answer(answerAfter(150*time.Millisecond, 200))
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 50\n", ds)
 	p := startProcess(t, file)
 	for i := 0; i < 20; i++ {
@@ -190,7 +188,7 @@ func TestSigtermStopsCleanly(t *testing.T) {
 			t.Fatalf("%d %v", st, body)
 		}
 	}
-	waitFor(t, 10*time.Second, "some deliveries", func() bool { return len(ds.All()) >= 5 })
+	testutil.WaitFor(t, 10*time.Second, "some deliveries", func() bool { return len(ds.All()) >= 5 })
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -202,8 +200,8 @@ func TestSigtermStopsCleanly(t *testing.T) {
 		t.Fatalf("log:\n%s", p.logs())
 	}
 	p = startProcess(t, file)
-	waitFor(t, 10*time.Second, "all 20 delivered", func() bool { return len(ds.All()) >= 20 })
-	time.Sleep(200 * time.Millisecond)
+	testutil.WaitFor(t, 10*time.Second, "all 20 delivered", func() bool { return len(ds.All()) >= 20 })
+	nothingMoreWithin(200 * time.Millisecond) // a repeat would come now
 	seen := map[string]int{}
 	for _, a := range ds.All() {
 		seen[a.Key]++
@@ -214,7 +212,7 @@ func TestSigtermStopsCleanly(t *testing.T) {
 	if len(seen) != 20 {
 		t.Fatalf("%d distinct jobs delivered, want 20", len(seen))
 	}
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, ds.All(), 50*time.Millisecond, 1)
 	}
 }
@@ -232,13 +230,13 @@ func TestKill9DuringAnAttemptRepeatsWithTheSameKey(t *testing.T) {
 	p.kill9(t)
 
 	p = startProcess(t, file)
-	waitFor(t, 15*time.Second, "every job delivered", func() bool { return allSucceeded(t, p.base, ids) })
+	testutil.WaitFor(t, 15*time.Second, "every job delivered", func() bool { return allSucceeded(t, p.base, ids) })
 	keys := ds.Keys()
 	if keys[crashed] != 2 {
 		t.Fatalf("the job in flight at the crash arrived %d times, want 2 (same Idempotency-Key)", keys[crashed])
 	}
 	checkCarriedOutOnce(t, carriedOut(), ids)
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, ds.All(), 100*time.Millisecond, 1)
 	}
 }

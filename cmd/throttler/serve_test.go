@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"throttler/internal/downstreamtest"
+	"throttler/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -94,13 +95,13 @@ func TestBurstThroughHTTP(t *testing.T) {
 		t.Fatalf("accepted %d, rejected %d; want 11 and 29", len(accepted), rejected)
 	}
 
-	waitFor(t, 5*time.Second, "11 deliveries", func() bool { return len(ds.All()) >= 11 })
-	time.Sleep(2 * T) // nothing more may come
+	testutil.WaitFor(t, 5*time.Second, "11 deliveries", func() bool { return len(ds.All()) >= 11 })
+	nothingMoreWithin(2 * T) // the 29 refused must never come
 	got := ds.All()
 	if len(got) != 11 {
 		t.Fatalf("downstream saw %d requests, want 11", len(got))
 	}
-	if raceEnabled {
+	if testutil.Race {
 		return // timing is checked without -race
 	}
 	downstreamtest.CheckWindows(t, got, T, 1)
@@ -151,13 +152,13 @@ rate = "40/s"
 		}
 		fast[body["id"].(string)] = promise{time.Now(), time.Duration(body["expected_delay_ms"].(float64)) * time.Millisecond}
 	}
-	waitFor(t, 10*time.Second, "fast tenant's 20 deliveries", func() bool { return len(ds.Of("fast")) == 20 })
+	testutil.WaitFor(t, 10*time.Second, "fast tenant's 20 deliveries", func() bool { return len(ds.Of("fast")) == 20 })
 	// The fast tenant's 20 jobs take ~0.5 s at its own rate, long before the
 	// slow tenant's 20 (4 s) are done.
 	if n := len(ds.Of("slow")); n >= 20 {
 		t.Fatalf("slow tenant already delivered %d: fast was held back", n)
 	}
-	if raceEnabled {
+	if testutil.Race {
 		return // timing is checked without -race
 	}
 	for _, a := range ds.Of("fast") {
@@ -167,7 +168,7 @@ rate = "40/s"
 		}
 	}
 	downstreamtest.CheckWindows(t, ds.Of("fast"), 25*time.Millisecond, 1)
-	waitFor(t, 10*time.Second, "slow tenant's 20 deliveries", func() bool { return len(ds.Of("slow")) == 20 })
+	testutil.WaitFor(t, 10*time.Second, "slow tenant's 20 deliveries", func() bool { return len(ds.Of("slow")) == 20 })
 	downstreamtest.CheckWindows(t, ds.Of("slow"), 200*time.Millisecond, 1)
 }
 
@@ -184,13 +185,16 @@ func TestIdempotencyKeyOverHTTP(t *testing.T) {
 	if st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":1,"idempotency_key":"a"}`, "Idempotency-Key", "b"); st != 400 || body["error"] != "invalid_idempotency_key" {
 		t.Fatalf("conflicting keys: %d %v", st, body)
 	}
-	waitFor(t, 5*time.Second, "the delivery", func() bool { return len(ds.All()) == 1 })
-	time.Sleep(100 * time.Millisecond)
+	testutil.WaitFor(t, 5*time.Second, "the delivery", func() bool { return len(ds.All()) == 1 })
+	testutil.WaitFor(t, 5*time.Second, "the delivery recorded", func() bool {
+		_, _, j := call(t, "GET", base+"/v1/jobs/"+first["id"].(string), "")
+		return j["state"] == "succeeded"
+	})
 	st3, _, third := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"otp":"123456"},"idempotency_key":"order-1"}`)
 	if st3 != 200 || third["id"] != first["id"] {
 		t.Fatalf("repeat after delivery: %d %v", st3, third)
 	}
-	time.Sleep(100 * time.Millisecond)
+	nothingMoreWithin(100 * time.Millisecond) // the repeat must not be sent
 	if n := len(ds.All()); n != 1 {
 		t.Fatalf("downstream saw %d requests for one key", n)
 	}
@@ -250,7 +254,7 @@ rate = "1/s"
 	if _, _, list := call(t, "GET", base+"/v1/tenants", ""); len(list["tenants"].([]any)) != 0 {
 		t.Fatalf("tenants after bad input: %v", list)
 	}
-	time.Sleep(50 * time.Millisecond)
+	nothingMoreWithin(50 * time.Millisecond) // bad input must send nothing
 	if n := len(ds.All()); n != 0 {
 		t.Fatalf("downstream saw %d requests", n)
 	}
@@ -277,15 +281,15 @@ func TestBatchAndCancel(t *testing.T) {
 		t.Fatalf("cancel: %d %v", st, j)
 	}
 	first := results[0].(map[string]any)["id"].(string)
-	waitFor(t, 5*time.Second, "first delivery recorded", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "first delivery recorded", func() bool {
 		_, _, j := call(t, "GET", base+"/v1/jobs/"+first, "")
 		return j["state"] == "succeeded"
 	})
 	if st, _, j := call(t, "DELETE", base+"/v1/jobs/"+first, ""); st != 409 || j["error"] != "not_cancellable" || j["state"] != "succeeded" {
 		t.Fatalf("cancel after delivery: %d %v", st, j)
 	}
-	waitFor(t, 5*time.Second, "3 deliveries", func() bool { return len(ds.All()) >= 3 })
-	time.Sleep(700 * time.Millisecond) // the cancelled job's slot passes
+	testutil.WaitFor(t, 5*time.Second, "3 deliveries", func() bool { return len(ds.All()) >= 3 })
+	nothingMoreWithin(700 * time.Millisecond) // the cancelled job's slot passes, and it must not go
 	for _, a := range ds.All() {
 		if a.Key == last {
 			t.Fatal("a cancelled job was sent")
@@ -323,7 +327,7 @@ func TestServerErrorsAreRetried(t *testing.T) {
 		}
 		ids = append(ids, body["id"].(string))
 	}
-	waitFor(t, 15*time.Second, "every job succeeded", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "every job succeeded", func() bool {
 		for _, id := range ids {
 			if _, _, j := call(t, "GET", base+"/v1/jobs/"+id, ""); j["state"] != "succeeded" {
 				return false
@@ -346,7 +350,7 @@ func TestServerErrorsAreRetried(t *testing.T) {
 			t.Fatalf("attempt header %q", a.Attempt)
 		}
 	}
-	if !raceEnabled {
+	if !testutil.Race {
 		downstreamtest.CheckWindows(t, all, 50*time.Millisecond, 1)
 	}
 }
@@ -371,7 +375,7 @@ func TestPermanentFailureThenRetry(t *testing.T) {
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\n", ds))
 	_, _, a := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"to":"+1555"}}`)
 	id := a["id"].(string)
-	waitFor(t, 5*time.Second, "the job failed", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "the job failed", func() bool {
 		_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
 		return j["state"] == "failed"
 	})
@@ -389,7 +393,7 @@ func TestPermanentFailureThenRetry(t *testing.T) {
 	if st, _, b := call(t, "POST", base+"/v1/jobs/"+id+"/retry", ""); st != 202 {
 		t.Fatalf("retry while still failing: %d %v", st, b) // accepted: it fails again below
 	}
-	waitFor(t, 5*time.Second, "failed again", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "failed again", func() bool {
 		_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
 		return j["state"] == "failed"
 	})
@@ -400,7 +404,7 @@ func TestPermanentFailureThenRetry(t *testing.T) {
 	if st != 202 || b["id"] != id || b["state"] != "queued" {
 		t.Fatalf("retry: %d %v", st, b)
 	}
-	waitFor(t, 5*time.Second, "delivered", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "delivered", func() bool {
 		_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
 		return j["state"] == "succeeded"
 	})

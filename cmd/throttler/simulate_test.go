@@ -142,7 +142,7 @@ func TestSimulatorAgreesWithTheService(t *testing.T) {
 	sent := make([]time.Duration, len(plan))
 	accepted := make([]bool, len(plan))
 	for i, off := range plan {
-		time.Sleep(time.Until(start.Add(off)))
+		arriveAt(start.Add(off))
 		before := time.Now()
 		st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":%d}`, i))
 		after := time.Now()

@@ -15,6 +15,7 @@ import (
 
 	"throttler/internal/client"
 	"throttler/internal/downstreamtest"
+	"throttler/internal/testutil"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -49,7 +50,7 @@ capacity = 10
 		}
 	}
 	// The first job of each goes at once; wait until both are delivered.
-	waitFor(t, 10*time.Second, "first jobs delivered", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "first jobs delivered", func() bool {
 		for _, tenant := range []string{"alpha", "beta"} {
 			if _, _, b := call(t, "GET", base+"/v1/tenants/"+tenant, ""); b["delivered_total"] != 1.0 {
 				return false

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"throttler/internal/leaky"
 )
 
 func writeFile(t *testing.T, body string) string {
@@ -125,6 +127,12 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"[[auth.tokens]]\nname = \"x\"\nsha256 = \"" + strings.Repeat("ab", 32) + "\"\nrole = \"viewer\"\ntenants=[\"*\"]\n[[auth.tokens]]\nname = \"x\"\n", "auth.tokens[1].name", "repeated"},
 		{"[server]\nlisten = \"0.0.0.0:8080\"\n", "server.listen", "throttler token new"},
 		{"[server]\ntls_cert = \"/nonexistent.pem\"\n", "server.tls_cert", "both"},
+		// Horizons past leaky.MaxHorizon (issue 12, defect 5).
+		{"[tenants.acme]\nrate = \"1/d\"\ncapacity = 200000\n", "tenants.acme", "capacity 200000 at rate 1/d schedules 547 years ahead; at most 10 years (87600h): lower capacity or raise rate"},
+		{"[tenant_defaults]\nrate = \"1/d\"\ncapacity = 3651\n", "tenant_defaults", "capacity 3651 at rate 1/d schedules 3651 days ahead; at most 10 years (87600h)"},
+		{"[tenants.t]\nmode = \"token\"\nrate = \"1/d\"\nburst = 4000\n", "tenants.t", "burst 4000 at rate 1/d schedules 3999 days ahead; at most 10 years (87600h): lower burst or raise rate"},
+		{"[tenants.w]\nrate = \"1000/s\"\ncapacity = 10000000\nwindows = [\"100000/366d\"]\n", "tenants.w", "with windows 100000/366d schedules 101 years ahead; at most 10 years (87600h): lower capacity, raise rate or let each window take more"},
+		{"[downstreams.d]\nurl = \"http://x\"\nrate = \"1/d\"\nburst = 1000000\n", "downstreams.d", "burst 1000000 at rate 1/d schedules 2739 years ahead; at most 10 years (87600h): lower burst or raise rate"},
 	}
 	for _, c := range cases {
 		p := writeFile(t, c.body)
@@ -137,6 +145,27 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		if cerr.File != p || !strings.Contains(cerr.Key, c.key) || !strings.Contains(cerr.Error(), c.reason) {
 			t.Errorf("%q: got file %q key %q: %v; want key %q and %q", c.body, cerr.File, cerr.Key, err, c.key, c.reason)
 		}
+	}
+}
+
+// A horizon of exactly leaky.MaxHorizon loads, and the refusal of one past
+// it names the key alone (the tenant: capacity and rate make it together).
+func TestHorizonAtTheLimit(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load(writeFile(t, "[tenants.acme]\nrate = \"1/d\"\ncapacity = 3650\n"), nil, nil)
+	if err != nil {
+		t.Fatalf("1/d capacity 3650 (ten years): %v", err)
+	}
+	acme, _ := cfg.Tenant("acme")
+	if h := acme.Policy().Horizon(); h != leaky.MaxHorizon {
+		t.Fatalf("horizon %v, want %v", h, leaky.MaxHorizon)
+	}
+	p := writeFile(t, "[tenants.acme]\nrate = \"1/d\"\ncapacity = 200000\n")
+	_, err = Load(p, nil, nil)
+	want := p + ": tenants.acme: capacity 200000 at rate 1/d schedules 547 years ahead; at most 10 years (87600h): lower capacity or raise rate"
+	var cerr *Error
+	if !errors.As(err, &cerr) || cerr.Key != "tenants.acme" || err.Error() != want {
+		t.Fatalf("got %v\nwant %s", err, want)
 	}
 }
 
@@ -170,6 +199,8 @@ func FuzzLoad(f *testing.F) {
 	f.Add("[server]\nlisten = \"127.0.0.1:1\"\n")
 	f.Add("[tenants.a]\nrate = \"5/s\"\ncapacity = 3\n")
 	f.Add("[downstreams.x]\nurl = \"http://127.0.0.1:9/\"\ntimeout = \"1s\"\n")
+	f.Add("[tenants.a]\nrate = \"1/d\"\ncapacity = 3650\n")
+	f.Add("[downstreams.x]\nurl = \"http://127.0.0.1:9/\"\nrate = \"1/d\"\nburst = 3651\n")
 	f.Fuzz(func(t *testing.T, body string) {
 		dir := t.TempDir()
 		p := filepath.Join(dir, "c.toml")
@@ -193,6 +224,13 @@ func FuzzLoad(f *testing.F) {
 		}
 		if err := cfg.TenantDefaults.Policy().Validate(); err != nil {
 			t.Fatal(err)
+		}
+		for name, d := range cfg.Downstreams {
+			if c := d.Ceiling(); c != nil {
+				if err := c.Validate(); err != nil {
+					t.Fatalf("downstream %s: %v", name, err)
+				}
+			}
 		}
 	})
 }

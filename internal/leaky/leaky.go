@@ -1,5 +1,7 @@
-// Package leaky decides admission and spacing for one bucket: GCRA (the
-// generic cell rate algorithm, ITU-T I.371) with a bounded queue.
+// Package leaky owns the rules of one bucket: admission and spacing by GCRA
+// (the generic cell rate algorithm, ITU-T I.371) with a bounded queue, the
+// windows beside the rate, pauses (tenant time), rates as written in config,
+// and how far ahead a policy may schedule (MaxHorizon).
 //
 // The whole state of a bucket is one timestamp, TAT: the theoretical arrival
 // time of the next conforming job. With tolerance tau = (Burst-1)*Interval, a
@@ -12,14 +14,18 @@
 //   - both: Burst B, Capacity C: B go at once after a quiet spell, then C wait.
 //
 // Everything here is a pure function of (state, now, policy): no clock, no
-// I/O, no locks. The stores call it (the Redis backend runs the same rules in
-// Lua, checked against this code) and so does the simulator.
+// I/O, no locks (internal/clock is imported only for its pure Later). The
+// stores call it (the Redis backend runs the same rules in Lua, checked
+// against this code) and so does the simulator.
 package leaky
 
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
+
+	"throttler/internal/clock"
 )
 
 // Policy is how one bucket admits and spaces jobs.
@@ -44,8 +50,61 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("burst must be at least 1, got %d", p.Burst)
 	case p.Capacity < 0:
 		return fmt.Errorf("capacity must not be negative, got %d", p.Capacity)
+	case p.Horizon() > MaxHorizon:
+		return fmt.Errorf("schedules %.0f years ahead, more than MaxHorizon (%v)", p.HorizonYears(), MaxHorizon)
 	}
 	return nil
+}
+
+// MaxHorizon is the furthest ahead a policy may schedule: ten years (of 365
+// days). Far past anything a queue needs, and far short of where the
+// arithmetic stops being exact: a time.Duration ends at 292 years, and the
+// Redis backend's doubles hold whole microseconds to 285 years.
+const MaxHorizon = 10 * 365 * Day
+
+// Horizon is how far ahead of now the policy can schedule a job: the
+// schedule of a full bucket, Capacity waiting behind Burst sent at once,
+// spans (Capacity + Burst - 1) intervals; each window can hold that queue
+// back by its length for every N jobs in it (and the first, behind sends
+// already made). The bucket's state (TAT) reaches one interval further.
+// A horizon past what a Duration holds saturates at its largest value.
+func (p Policy) Horizon() time.Duration {
+	jobs := int64(max(p.Capacity, 0)) + int64(max(p.Burst, 1)) - 1
+	h := mulSat(jobs, p.Interval)
+	for _, w := range p.Windows {
+		h = addSat(h, mulSat(jobs/int64(max(w.N, 1))+1, w.Length))
+	}
+	return h
+}
+
+// HorizonYears is Horizon in years of 365 days, in floating point so that
+// it still says how far when the Duration saturates (for messages).
+func (p Policy) HorizonYears() float64 {
+	jobs := float64(max(p.Capacity, 0)) + float64(max(p.Burst, 1)) - 1
+	h := jobs * float64(p.Interval)
+	for _, w := range p.Windows {
+		h += math.Floor(jobs/float64(max(w.N, 1))+1) * float64(w.Length)
+	}
+	return h / float64(365*Day)
+}
+
+// mulSat is n * d, or the largest Duration if that overflows.
+func mulSat(n int64, d time.Duration) time.Duration {
+	if n <= 0 || d <= 0 {
+		return 0
+	}
+	if n > math.MaxInt64/int64(d) {
+		return math.MaxInt64
+	}
+	return time.Duration(n) * d
+}
+
+// addSat is a + b (both >= 0), or the largest Duration if that overflows.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // Tolerance is tau = (Burst-1) * Interval.
@@ -102,7 +161,7 @@ func AdmitCost(s State, now time.Time, p Policy, cost int) (Decision, State) {
 	cost = max(cost, 1)
 	slot := earliestSlot(s, now, p)
 	// How far the job's last slot is past now, beyond what goes at once.
-	excess := later(s.TAT, now).Add(time.Duration(cost-1)*p.Interval).Sub(now) - p.Tolerance()
+	excess := clock.Later(s.TAT, now).Add(time.Duration(cost-1)*p.Interval).Sub(now) - p.Tolerance()
 	if excess > p.MaxDelay() {
 		return Decision{RetryAfter: excess - p.MaxDelay()}, s
 	}
@@ -165,5 +224,5 @@ func earliestSlot(s State, now time.Time, p Policy) time.Time {
 }
 
 func advanceCost(s State, now time.Time, p Policy, cost int) State {
-	return State{TAT: later(s.TAT, now).Add(time.Duration(cost) * p.Interval)}
+	return State{TAT: clock.Later(s.TAT, now).Add(time.Duration(cost) * p.Interval)}
 }

@@ -1,6 +1,10 @@
 package leaky
 
-import "time"
+import (
+	"time"
+
+	"throttler/internal/clock"
+)
 
 // Pause is a tenant's own clock: tenant time is real time minus the pauses
 // so far, and it stands still while the tenant is paused. Admission, slots,
@@ -41,7 +45,7 @@ func (p Pause) Real(slot time.Time) (time.Time, bool) {
 	if !p.Held.IsZero() {
 		return time.Time{}, false
 	}
-	return later(p.Until, slot.Add(p.Shift)), true
+	return clock.Later(p.Until, slot.Add(p.Shift)), true
 }
 
 // Paused reports whether tenant time stands still at now, and until when
@@ -69,7 +73,7 @@ func (p Pause) PauseUntil(now, until, from time.Time) Pause {
 	if from.Before(frozen) && !from.IsZero() {
 		frozen = from
 	}
-	p.Until = later(p.Until, until)
+	p.Until = clock.Later(p.Until, until)
 	p.Shift = p.Until.Sub(frozen)
 	return p
 }
@@ -90,14 +94,7 @@ func (p Pause) Resume(now time.Time) Pause {
 	}
 	frozen := p.TenantTime(now)
 	p.Held = time.Time{}
-	p.Until = later(p.Until, now)
+	p.Until = clock.Later(p.Until, now)
 	p.Shift = p.Until.Sub(frozen)
 	return p
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }

@@ -30,8 +30,8 @@ func ParseRate(s string) (Rate, error) {
 	if !ok {
 		return Rate{}, fmt.Errorf("rate %q: want N/DURATION such as \"5/s\", \"60/m\" or \"10/10s\"", s)
 	}
-	n, ok := new(big.Rat).SetString(strings.TrimSpace(num))
-	if !ok || n.Sign() <= 0 || strings.ContainsAny(num, "eE/") {
+	n, ok := decimal(strings.TrimSpace(num))
+	if !ok || n.Sign() <= 0 {
 		return Rate{}, fmt.Errorf("rate %q: count %q must be a positive decimal number", s, num)
 	}
 	period, err := ParsePeriod(strings.TrimSpace(per))
@@ -61,8 +61,8 @@ func ParsePeriod(s string) (time.Duration, error) {
 	if u, ok := units[s]; ok {
 		period = u
 	} else if strings.HasSuffix(s, "d") {
-		n, ok := new(big.Rat).SetString(strings.TrimSuffix(s, "d"))
-		if !ok || n.Sign() <= 0 || strings.ContainsAny(s, "eE/") {
+		n, ok := decimal(strings.TrimSuffix(s, "d"))
+		if !ok || n.Sign() <= 0 {
 			return 0, fmt.Errorf("period %q: want a positive number of days such as \"1d\"", s)
 		}
 		days := new(big.Rat).Mul(n, new(big.Rat).SetInt64(int64(Day)))
@@ -81,6 +81,17 @@ func ParsePeriod(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("period %q must be positive and at most 366d", s)
 	}
 	return period, nil
+}
+
+// decimal parses digits with at most one decimal point, exactly. big.Rat
+// alone would also take exponents, fractions, hex and underscores ("1e3",
+// "1/3", "0x1p-80", "1_0"): forms nobody means in a rate, which the
+// messages do not offer.
+func decimal(s string) (*big.Rat, bool) {
+	if s == "" || strings.Count(s, ".") > 1 || strings.Trim(s, "0123456789.") != "" || s == "." {
+		return nil, false
+	}
+	return new(big.Rat).SetString(s)
 }
 
 // MustParseRate is ParseRate for constants in tests and examples.

@@ -51,10 +51,33 @@ func TestRateRefusals(t *testing.T) {
 		"1/0.5e3s":           "use s, m, h, d",
 		"1/1.0000000000001d": "whole nanoseconds",
 		"0.001/d":            "too slow",
+		// Nothing parses to an interval past 366d, or one that overflows.
+		"1/2562047h":                   "366d",
+		"1/99999999999h":               "use s, m, h, d",
+		"0.000000000000000000000001/s": "too slow",
+		"1/366.000000001d":             "366d",
+		"0.5/366d":                     "too slow",
+		// Decimals only: no hex, exponents, fractions or underscores.
+		"0x10/s":   "positive decimal",
+		"1p3/s":    "positive decimal",
+		"1_000/s":  "positive decimal",
+		"1/0x1p3d": "positive number of days",
+		"./s":      "positive decimal",
+		"1.2.3/s":  "positive decimal",
 	} {
 		_, err := ParseRate(s)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParseRate(%q) = %v, want an error containing %q", s, err, want)
+		}
+	}
+}
+
+func TestRateIntervalsAtTheEdges(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[string]time.Duration{"1/366d": 366 * Day, "1/8784h": 366 * Day, "1000000/s": time.Microsecond, ".5/s": 2 * time.Second} {
+		r, err := ParseRate(s)
+		if err != nil || r.Interval() != want {
+			t.Errorf("%q: %v, %v; want %v", s, r.Interval(), err, want)
 		}
 	}
 }

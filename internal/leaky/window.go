@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"throttler/internal/clock"
 )
 
 // Window is a limit beside the rate: never more than N sends in any window
@@ -59,7 +61,7 @@ func (r Recent) Earliest(w Window, at time.Time, cost int) time.Time {
 	if out == 0 {
 		return at
 	}
-	return later(at, r[out-1].Add(w.Length))
+	return clock.Later(at, r[out-1].Add(w.Length))
 }
 
 // Add records cost sends at slot and keeps the newest N.

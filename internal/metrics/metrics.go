@@ -1,7 +1,8 @@
 // Package metrics owns throttler's Prometheus metrics: their names, their
 // labels, and the rule that keeps the series count bounded (a tenant label
 // only for tenants named in config; every other tenant is "_other").
-// Queue depth and expected delay are read from the store at scrape time.
+// Queue depth and expected delay are read from the store at scrape time,
+// through the two reads of TenantReader.
 package metrics
 
 import (
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"throttler/internal/queue"
 )
@@ -34,9 +36,19 @@ type Metrics struct {
 	breakers                                       atomic.Pointer[func() map[string]bool]
 }
 
+// TenantReader is what the metrics read from the store, at scrape time:
+// the busy tenants, and each named tenant (shown busy or not). Every
+// queue.Store is one.
+type TenantReader interface {
+	Tenants(ctx context.Context, offset, limit int) ([]queue.TenantStatus, error)
+	Tenant(ctx context.Context, tenant string) (queue.TenantStatus, error)
+}
+
+var _ TenantReader = queue.Store(nil)
+
 // New registers every metric on a new registry. store, labels and named
 // (the tenants named in config, always shown) feed the scrape-time gauges.
-func New(store queue.Store, labels Labels, named func() []string) *Metrics {
+func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 	reg := prometheus.NewRegistry()
 	tl := []string{"downstream", "tenant"}
 	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
@@ -65,7 +77,7 @@ func New(store queue.Store, labels Labels, named func() []string) *Metrics {
 	}
 	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.dispatchError, m.queueWait, m.latency,
 		&queueCollector{store: store, labels: labels, named: named}, breakerCollector{m})
-	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Rare events start at 0 for the tenants named in config, so a rate()
 	// or an alert on them has a series before the first one happens.
 	for _, name := range named() {
@@ -156,7 +168,7 @@ var (
 // queueCollector reads depth and delay from the store at scrape time
 // rather than mirroring them in gauges.
 type queueCollector struct {
-	store  queue.Store
+	store  TenantReader
 	labels Labels
 	named  func() []string
 }

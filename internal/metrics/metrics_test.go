@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -113,5 +114,55 @@ func TestNamesPassPromlint(t *testing.T) {
 		if strings.HasPrefix(p.Metric, "throttler_") {
 			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 		}
+	}
+}
+
+// tenantsOnly is a store that can only list tenants: all the metrics need.
+type tenantsOnly map[string]queue.TenantStatus
+
+func (s tenantsOnly) Tenants(context.Context, int, int) ([]queue.TenantStatus, error) {
+	var out []queue.TenantStatus
+	for _, st := range s {
+		if st.QueueDepth > 0 {
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
+func (s tenantsOnly) Tenant(_ context.Context, tenant string) (queue.TenantStatus, error) {
+	st := s[tenant]
+	st.Tenant = tenant
+	return st, nil
+}
+
+func TestGaugesNeedOnlyTheTenantReads(t *testing.T) {
+	t.Parallel()
+	store := tenantsOnly{"acme": {Tenant: "acme", QueueDepth: 4, Paused: true}}
+	m := New(store, func(tenant string) (string, string) { return "sms", tenant }, func() []string { return []string{"acme", "idle"} })
+	want := strings.NewReader(`# HELP throttler_queue_depth Jobs admitted and not yet handed to the downstream.
+# TYPE throttler_queue_depth gauge
+throttler_queue_depth{downstream="sms",tenant="acme"} 4
+throttler_queue_depth{downstream="sms",tenant="idle"} 0
+# HELP throttler_tenants_paused Tenants paused now (by the downstream's Retry-After, the circuit breaker, or an operator).
+# TYPE throttler_tenants_paused gauge
+throttler_tenants_paused{downstream="sms",tenant="acme"} 1
+throttler_tenants_paused{downstream="sms",tenant="idle"} 0
+`)
+	if err := testutil.GatherAndCompare(m.Registry, want, "throttler_queue_depth", "throttler_tenants_paused"); err != nil {
+		t.Fatal(err)
+	}
+	// The Go and process collectors are registered (from collectors, not the
+	// deprecated constructors).
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, mf := range mfs {
+		seen[mf.GetName()] = true
+	}
+	if !seen["go_goroutines"] || (runtime.GOOS == "linux" && !seen["process_start_time_seconds"]) {
+		t.Errorf("runtime metrics missing: go_goroutines %v, process_start_time_seconds %v", seen["go_goroutines"], seen["process_start_time_seconds"])
 	}
 }

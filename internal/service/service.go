@@ -1,5 +1,6 @@
-// Package service wires a throttler together: the store, the dispatcher
-// and the HTTP API, with a clean stop.
+// Package service owns one throttler process's life: it wires the store,
+// the metrics, the dispatcher and the HTTP API together for a role (all,
+// api, worker), takes config reloads, and stops cleanly.
 package service
 
 import (
@@ -50,136 +51,224 @@ const (
 // attempts being written finish (within server.shutdown_timeout) and their
 // outcome is recorded.
 func Run(ctx context.Context, opts Options) error {
-	log := opts.Logger
-	var live atomic.Pointer[config.Config]
-	live.Store(opts.Config)
-	cfg := opts.Config // the sections a running service cannot change
-	role := cmp.Or(opts.Role, RoleAll)
-	switch {
-	case role != RoleAll && role != RoleAPI && role != RoleWorker:
-		return fmt.Errorf("--role %q is not a role: use all, api or worker", role)
-	case role != RoleAll && cfg.Store.Backend != "redis":
-		return fmt.Errorf("--role %s needs a store that processes share (store.backend = \"redis\"); the embedded store runs one process, --role all", role)
-	}
-	var m *metrics.Metrics // made once the store is open; used from the dispatcher on
-	store, err := openStore(ctx, cfg, log, &live, func(j queue.Job) { m.Expired(j) })
+	role, err := checkRole(opts.Role, opts.Config)
 	if err != nil {
 		return err
 	}
-	m = metrics.New(store, func(tenant string) (string, string) {
-		c := live.Load()
-		ts, _ := c.Tenant(tenant)
-		if _, named := c.Tenants[tenant]; named {
-			return ts.Downstream, tenant
-		}
-		return ts.Downstream, metrics.OtherTenants
-	}, func() []string {
-		c := live.Load()
-		names := make([]string, 0, len(c.Tenants))
-		for name := range c.Tenants {
-			names = append(names, name)
-		}
-		return names
-	})
-	client := dispatch.NewClient(cfg.Dispatch.Concurrency)
-	defer client.CloseIdleConnections()
+	r := &running{cfg: opts.Config, log: opts.Logger, role: role}
+	r.live.Store(opts.Config)
+	if err := r.openStore(ctx); err != nil {
+		return err
+	}
+	r.startDispatcher()
+	defer r.client.CloseIdleConnections()
+	ln, err := r.listen()
+	if err != nil {
+		r.store.Close()
+		return err
+	}
+	r.serve(ln)
+	r.consume()
+	r.announce(ln, opts.Started)
+	runErr := r.wait(ctx, opts.Reloads)
+	r.stop()
+	return runErr
+}
+
+// running is one throttler process between Run's start and its return.
+type running struct {
+	cfg  *config.Config // the sections a running service cannot change
+	log  *slog.Logger
+	role string
+	// live is the config as reloaded: tenants, tenant defaults, downstreams.
+	live atomic.Pointer[config.Config]
+
+	store      queue.Store
+	metrics    *metrics.Metrics // made once the store is open; used from the dispatcher on
+	client     *http.Client
+	dispatcher *dispatch.Dispatcher
+	srv        *http.Server
+
+	stopping, dispatcherDown atomic.Bool
+	serveErr                 chan error // the HTTP server's end
+	consumeDone              chan error // the dispatcher's end (closed at once for --role api)
+	stopConsume              context.CancelFunc
+}
+
+// checkRole is the process's role (default RoleAll), if the store allows it.
+func checkRole(role string, cfg *config.Config) (string, error) {
+	role = cmp.Or(role, RoleAll)
+	switch {
+	case role != RoleAll && role != RoleAPI && role != RoleWorker:
+		return "", fmt.Errorf("--role %q is not a role: use all, api or worker", role)
+	case role != RoleAll && cfg.Store.Backend != "redis":
+		return "", fmt.Errorf("--role %s needs a store that processes share (store.backend = \"redis\"); the embedded store runs one process, --role all", role)
+	}
+	return role, nil
+}
+
+// openStore opens the store and the metrics that read it at scrape time.
+func (r *running) openStore(ctx context.Context) error {
+	cfg, log, live := r.cfg, r.log, &r.live
+	store, err := openStore(ctx, cfg, log, live, func(j queue.Job) { r.metrics.Expired(j) })
+	if err != nil {
+		return err
+	}
+	r.store = store
+	r.metrics = metrics.New(store, r.metricLabels, r.namedTenants)
+	return nil
+}
+
+// metricLabels labels a tenant by its downstream, and by its name only if
+// config names it (metrics.OtherTenants otherwise).
+func (r *running) metricLabels(tenant string) (string, string) {
+	c := r.live.Load()
+	ts, _ := c.Tenant(tenant)
+	if _, named := c.Tenants[tenant]; named {
+		return ts.Downstream, tenant
+	}
+	return ts.Downstream, metrics.OtherTenants
+}
+
+func (r *running) namedTenants() []string {
+	c := r.live.Load()
+	names := make([]string, 0, len(c.Tenants))
+	for name := range c.Tenants {
+		names = append(names, name)
+	}
+	return names
+}
+
+// startDispatcher makes the dispatcher (it sends only once consume starts).
+func (r *running) startDispatcher() {
+	store, m := r.store, r.metrics
+	r.client = dispatch.NewClient(r.cfg.Dispatch.Concurrency)
 	var shared func(context.Context, queue.GateRequest) (queue.GateAnswer, error)
 	if g, ok := store.(queue.SharedGate); ok {
 		shared = g.PassGate
 	}
-	d := dispatch.New(dispatch.Options{
+	r.dispatcher = dispatch.New(dispatch.Options{
 		Shared:    shared,
-		Client:    client,
+		Client:    r.client,
 		OnAttempt: m.Attempt,
-		Routes: func(tenant string) dispatch.Route {
-			c := live.Load()
-			ts, _ := c.Tenant(tenant)
-			ds := c.Downstreams[ts.Downstream]
-			return dispatch.Route{Downstream: ts.Downstream, URL: ds.URL, Timeout: ds.Timeout.Std(), MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling()}
-		},
+		Routes:    r.route,
 	})
-	m.WatchBreakers(d.Breakers)
+	m.WatchBreakers(r.dispatcher.Breakers)
+}
 
+// route is where a tenant's jobs go, by the live config.
+func (r *running) route(tenant string) dispatch.Route {
+	c := r.live.Load()
+	ts, _ := c.Tenant(tenant)
+	ds := c.Downstreams[ts.Downstream]
+	return dispatch.Route{Downstream: ts.Downstream, URL: ds.URL, Timeout: ds.Timeout.Std(), MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling()}
+}
+
+// listen opens the API's listener and makes its server.
+func (r *running) listen() (net.Listener, error) {
+	cfg := r.cfg
 	ln, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
-		store.Close()
-		return fmt.Errorf("listen on %s: %w (is another throttler running? change server.listen)", cfg.Server.Listen, err)
+		return nil, fmt.Errorf("listen on %s: %w (is another throttler running? change server.listen)", cfg.Server.Listen, err)
 	}
-	var stopping, dispatcherDown atomic.Bool
-	srv := &http.Server{
+	r.srv = &http.Server{
 		Handler: api.New(api.Options{
-			Store:      holdsReachTheDispatcher{store, d},
-			WorkerOnly: role == RoleWorker,
-			Config:     live.Load,
-			Logger:     log,
-			Metrics:    m,
-			Ready: func() error {
-				switch {
-				case stopping.Load():
-					return errors.New("shutting down")
-				case dispatcherDown.Load():
-					return errors.New("the dispatcher stopped")
-				}
-				return nil
-			},
+			Store:      holdingStore{r.store, r.dispatcher},
+			WorkerOnly: r.role == RoleWorker,
+			Config:     r.live.Load,
+			Logger:     r.log,
+			Metrics:    r.metrics,
+			Ready:      r.ready,
 		}),
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.Std(),
 		ReadTimeout:       time.Minute,
 		WriteTimeout:      time.Minute,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
 	}
-	serveErr := make(chan error, 1)
+	return ln, nil
+}
+
+// ready is /readyz beyond the store's ping: false while stopping, or once
+// the dispatcher has stopped by itself.
+func (r *running) ready() error {
+	switch {
+	case r.stopping.Load():
+		return errors.New("shutting down")
+	case r.dispatcherDown.Load():
+		return errors.New("the dispatcher stopped")
+	}
+	return nil
+}
+
+// serve serves the API on ln until the server is shut down.
+func (r *running) serve(ln net.Listener) {
+	cfg := r.cfg
+	r.serveErr = make(chan error, 1)
 	go func() {
 		if cfg.Server.TLSCert != "" {
-			serveErr <- srv.ServeTLS(ln, cfg.Server.TLSCert, cfg.Server.TLSKey)
+			r.serveErr <- r.srv.ServeTLS(ln, cfg.Server.TLSCert, cfg.Server.TLSKey)
 			return
 		}
-		serveErr <- srv.Serve(ln)
+		r.serveErr <- r.srv.Serve(ln)
 	}()
 	if len(cfg.Auth.Tokens) == 0 && cfg.Auth.InsecureNoAuth {
-		log.Warn("NO AUTH: the API takes requests from anyone who can reach " + ln.Addr().String() + " (--insecure-no-auth); add [[auth.tokens]] unless this network is fully trusted")
+		r.log.Warn("NO AUTH: the API takes requests from anyone who can reach " + ln.Addr().String() + " (--insecure-no-auth); add [[auth.tokens]] unless this network is fully trusted")
 	}
+}
 
+// consume hands due jobs to the dispatcher until stop; a dispatcher that
+// stops by itself makes the process unready.
+func (r *running) consume() {
 	consumeCtx, stopConsume := context.WithCancel(context.Background())
-	consumeDone := make(chan error, 1)
-	if role == RoleAPI {
-		close(consumeDone) // admits only: processes with --role worker or all send
-	} else {
-		go func() {
-			err := store.Consume(consumeCtx, d.Handle, queue.ConsumeOptions{Concurrency: cfg.Dispatch.Concurrency})
-			if consumeCtx.Err() == nil {
-				dispatcherDown.Store(true)
-				log.Error("the dispatcher stopped", "err", err)
-			}
-			consumeDone <- err
-		}()
+	r.stopConsume = stopConsume
+	r.consumeDone = make(chan error, 1)
+	if r.role == RoleAPI {
+		close(r.consumeDone) // admits only: processes with --role worker or all send
+		return
 	}
-	log.Info("throttler started", "addr", ln.Addr().String(), "role", role, "store", cfg.Store.Backend, "path", cfg.Store.Path,
+	store, d, cfg := r.store, r.dispatcher, r.cfg
+	go func() {
+		err := store.Consume(consumeCtx, d.Handle, queue.ConsumeOptions{Concurrency: cfg.Dispatch.Concurrency})
+		if consumeCtx.Err() == nil {
+			r.dispatcherDown.Store(true)
+			r.log.Error("the dispatcher stopped", "err", err)
+		}
+		r.consumeDone <- err
+	}()
+}
+
+// announce logs the start and tells opts.Started where the API listens.
+func (r *running) announce(ln net.Listener, started func(addr string)) {
+	cfg := r.cfg
+	r.log.Info("throttler started", "addr", ln.Addr().String(), "role", r.role, "store", cfg.Store.Backend, "path", cfg.Store.Path,
 		"config", cfg.File, "tenants", len(cfg.Tenants), "downstreams", len(cfg.Downstreams),
 		"tokens", len(cfg.Auth.Tokens), "tls", cfg.Server.TLSCert != "")
-	if opts.Started != nil {
-		opts.Started(ln.Addr().String())
+	if started != nil {
+		started(ln.Addr().String())
 	}
+}
 
-	var runErr error
-wait:
+// wait takes reloads until ctx is done or the HTTP server fails.
+func (r *running) wait(ctx context.Context, reloads <-chan *config.Config) error {
 	for {
 		select {
 		case <-ctx.Done():
-			break wait
-		case err := <-serveErr:
-			runErr = fmt.Errorf("http server: %w", err)
-			break wait
-		case next := <-opts.Reloads:
-			reload(log, &live, next)
+			return nil
+		case err := <-r.serveErr:
+			return fmt.Errorf("http server: %w", err)
+		case next := <-reloads:
+			reload(r.log, &r.live, next)
 		}
 	}
+}
 
-	// Stop: readiness false first, then (after the drain delay) the
-	// listener, then the dispatcher.
-	stopping.Store(true)
+// stop: readiness false first, then (after the drain delay) the listener,
+// then the dispatcher, all within server.shutdown_timeout.
+func (r *running) stop() {
+	cfg, log := r.cfg, r.log
+	r.stopping.Store(true)
 	log.Info("stopping", "drain_delay", cfg.Server.DrainDelay.Std(), "shutdown_timeout", cfg.Server.ShutdownTimeout.Std())
 	deadline, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.Std())
 	defer cancel()
@@ -187,13 +276,13 @@ wait:
 	case <-time.After(cfg.Server.DrainDelay.Std()):
 	case <-deadline.Done():
 	}
-	if err := srv.Shutdown(deadline); err != nil {
+	if err := r.srv.Shutdown(deadline); err != nil {
 		log.Warn("API requests still running at shutdown_timeout", "err", err)
 	}
-	stopConsume()
+	r.stopConsume()
 	select {
-	case <-consumeDone:
-		if err := store.Close(); err != nil {
+	case <-r.consumeDone:
+		if err := r.store.Close(); err != nil {
 			log.Error("closing the store", "err", err)
 		}
 		log.Info("stopped cleanly")
@@ -202,7 +291,6 @@ wait:
 		// still being sent are sent again (same Idempotency-Key) on restart.
 		log.Warn("attempts still in flight at shutdown_timeout: they will be sent again after restart")
 	}
-	return runErr
 }
 
 // reload takes a new config's tenants, tenant defaults and downstreams. The
@@ -219,15 +307,17 @@ func reload(log *slog.Logger, live *atomic.Pointer[config.Config], next *config.
 	log.Info("config reloaded", "config", next.File, "tenants", len(next.Tenants), "downstreams", len(next.Downstreams))
 }
 
-// holdsReachTheDispatcher makes an operator hold stop at once: the store
-// stops handing the tenant's jobs over, and the dispatcher stops those it
-// was handed just before (they wait at the gate for their slot).
-type holdsReachTheDispatcher struct {
+// holdingStore is the store as the API sees it: its Pause and Resume also
+// hold and release the tenant in this process's dispatcher, so that an
+// operator hold stops at once: the store stops handing the tenant's jobs
+// over, and the dispatcher stops those it was handed just before (they wait
+// at the gate for their slot).
+type holdingStore struct {
 	queue.Store
 	d *dispatch.Dispatcher
 }
 
-func (h holdsReachTheDispatcher) Pause(ctx context.Context, tenant string) (queue.TenantStatus, error) {
+func (h holdingStore) Pause(ctx context.Context, tenant string) (queue.TenantStatus, error) {
 	st, err := h.Store.Pause(ctx, tenant)
 	if err == nil && !h.shared() {
 		h.d.HoldTenant(tenant)
@@ -235,7 +325,7 @@ func (h holdsReachTheDispatcher) Pause(ctx context.Context, tenant string) (queu
 	return st, err
 }
 
-func (h holdsReachTheDispatcher) Resume(ctx context.Context, tenant string) (queue.TenantStatus, error) {
+func (h holdingStore) Resume(ctx context.Context, tenant string) (queue.TenantStatus, error) {
 	if !h.shared() {
 		h.d.ResumeTenant(tenant)
 	}
@@ -245,7 +335,7 @@ func (h holdsReachTheDispatcher) Resume(ctx context.Context, tenant string) (que
 // shared reports a store many processes share: there the hold is in the
 // shared gate, which every process sees (a hold kept in this process could
 // be lifted by a resume that another process receives, and never would).
-func (h holdsReachTheDispatcher) shared() bool {
+func (h holdingStore) shared() bool {
 	_, ok := h.Store.(queue.SharedGate)
 	return ok
 }

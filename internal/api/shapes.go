@@ -1,0 +1,133 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"throttler/internal/config"
+	"throttler/internal/queue"
+)
+
+// writeJSON answers v as JSON with status: every answer of the API, errors
+// included, goes out here.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v)
+}
+
+// ceilMillis is d in whole milliseconds, rounded up (DESIGN.md: durations in
+// JSON are rounded up).
+func ceilMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// admissionJSON is the answer to one admitted job (202, or 200 for a
+// repeated idempotency key: the first answer again).
+func admissionJSON(a queue.Admission) map[string]any {
+	j := a.Job
+	dispatchAt := j.DispatchAt
+	if a.Duplicate {
+		dispatchAt = j.EnqueuedAt.Add(j.AdmitDelay) // the first answer, again
+	}
+	return map[string]any{
+		"id":                j.ID,
+		"tenant":            j.Tenant,
+		"state":             j.State,
+		"dispatch_at":       dispatchAt.UTC(),
+		"expected_delay_ms": ceilMillis(a.ExpectedDelay),
+		"queue_depth":       a.QueueDepth,
+		"capacity":          a.Capacity,
+	}
+}
+
+func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map[string]any {
+	p := ts.Policy()
+	var pausedUntil any // null: not paused, or an operator hold with no end
+	if !st.PausedUntil.IsZero() {
+		pausedUntil = st.PausedUntil.UTC().Format(time.RFC3339Nano)
+	}
+	return map[string]any{
+		"tenant":            st.Tenant,
+		"mode":              ts.Mode,
+		"rate_per_second":   ts.Rate.PerSecond(),
+		"burst":             p.Burst,
+		"capacity":          p.Capacity,
+		"downstream":        ts.Downstream,
+		"queue_depth":       st.QueueDepth,
+		"in_flight":         st.InFlight,
+		"expected_delay_ms": ceilMillis(st.ExpectedDelay),
+		"paused":            st.Paused,
+		"paused_until":      pausedUntil,
+		"held":              st.Held,
+		"accepted_total":    st.Accepted,
+		"rejected_total":    st.Rejected,
+		"delivered_total":   st.Delivered,
+		"failed_total":      st.Failed,
+		"cancelled_total":   st.Cancelled,
+		"expired_total":     st.Expired,
+	}
+}
+
+func jobJSON(j queue.Job) map[string]any {
+	var finished, sent, lastErr, status, deadline any
+	if !j.Deadline.IsZero() {
+		deadline = j.Deadline.UTC()
+	}
+	if !j.SentAt.IsZero() {
+		sent = j.SentAt.UTC()
+	}
+	if !j.FinishedAt.IsZero() {
+		finished = j.FinishedAt.UTC()
+	}
+	if j.LastError != "" {
+		lastErr = j.LastError
+	}
+	if j.ResponseStatus != 0 {
+		status = j.ResponseStatus
+	}
+	return map[string]any{
+		"id":              j.ID,
+		"tenant":          j.Tenant,
+		"state":           j.State,
+		"attempts":        j.Attempts,
+		"enqueued_at":     j.EnqueuedAt.UTC(),
+		"dispatch_at":     j.DispatchAt.UTC(),
+		"sent_at":         sent,
+		"finished_at":     finished,
+		"last_error":      lastErr,
+		"response_status": status,
+		"cost":            max(j.Cost, 1),
+		"deadline":        deadline,
+	}
+}
+
+// batchResultJSON is one job's answer in a batch: what the single endpoint
+// would have answered, with its status beside it.
+func batchResultJSON(a queue.Admission) map[string]any {
+	switch {
+	case a.Rejected != nil:
+		m := rejectionFields(a.Rejected)
+		m["status"] = http.StatusTooManyRequests
+		m["error"] = a.Rejected.Reason
+		m["message"] = rejectionMessage(a.Rejected)
+		return m
+	case a.Impossible != nil:
+		m := impossibleFields(a.Impossible)
+		m["status"] = http.StatusUnprocessableEntity
+		m["error"] = a.Impossible.Reason
+		m["message"] = a.Impossible.Error()
+		return m
+	}
+	m := admissionJSON(a)
+	m["status"] = http.StatusAccepted
+	if a.Duplicate {
+		m["status"] = http.StatusOK
+	}
+	return m
+}

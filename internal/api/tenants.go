@@ -1,0 +1,128 @@
+package api
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+
+	"throttler/internal/config"
+	"throttler/internal/queue"
+)
+
+// tenantFromPath validates the {tenant} path segment, checks that the
+// request's token may do a to it, and finds its settings.
+func (s *server) tenantFromPath(r *http.Request, a access) (string, config.TenantSettings, error) {
+	name := r.PathValue("tenant")
+	if !config.ValidName(name) {
+		return "", config.TenantSettings{}, errorf(http.StatusBadRequest, "invalid_tenant",
+			"tenant name %q is not valid: use 1 to 128 ASCII letters, digits or . _ - + @", truncate(name, 140))
+	}
+	if err := authorize(r, name, a); err != nil {
+		return "", config.TenantSettings{}, err
+	}
+	ts, ok := s.config().Tenant(name)
+	if !ok {
+		return "", config.TenantSettings{}, errorf(http.StatusNotFound, "unknown_tenant",
+			"tenant %q is not configured and allow_unknown_tenants is false", name)
+	}
+	return name, ts, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func (s *server) tenant(w http.ResponseWriter, r *http.Request) {
+	tenant, ts, err := s.tenantFromPath(r, read)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	st, err := s.store.Tenant(r.Context(), tenant)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.tenantJSON(st, ts))
+}
+
+func (s *server) tenants(w http.ResponseWriter, r *http.Request) {
+	if t := principal(r); t != nil && !t.AllTenants() {
+		s.fail(w, r, errorf(http.StatusForbidden, "forbidden", "token %q is scoped to some tenants: ask for each with GET /v1/tenants/{tenant}", t.Name))
+		return
+	}
+	offset, err := intParam(r, "offset", 0, 0, math.MaxInt32)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit, err := intParam(r, "limit", 100, 1, 1000)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	page, err := s.store.Tenants(r.Context(), offset, limit+1)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var next any
+	if len(page) > limit {
+		page = page[:limit]
+		next = offset + limit
+	}
+	cfg := s.config()
+	items := make([]map[string]any, len(page))
+	for i, st := range page {
+		ts, _ := cfg.Tenant(st.Tenant)
+		items[i] = s.tenantJSON(st, ts)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tenants": items, "next_offset": next})
+}
+
+func intParam(r *http.Request, name string, def, lo, hi int) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, errorf(http.StatusBadRequest, "invalid_parameter", "%s must be a whole number from %d to %d", name, lo, hi)
+	}
+	return n, nil
+}
+
+// hold pauses (an operator hold: nothing of the tenant is sent until
+// resumed; it keeps accepting while it has room) or resumes a tenant.
+func (s *server) hold(pause bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tenant, ts, err := s.tenantFromPath(r, operate)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		var st queue.TenantStatus
+		if pause {
+			st, err = s.store.Pause(r.Context(), tenant)
+		} else {
+			st, err = s.store.Resume(r.Context(), tenant)
+		}
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		s.log.Info("tenant hold changed", "tenant", tenant, "paused", pause, "by", who(r))
+		writeJSON(w, http.StatusOK, s.tenantJSON(st, ts))
+	}
+}
+
+// who names the token of a request, for the audit log.
+func who(r *http.Request) string {
+	if t := principal(r); t != nil {
+		return t.Name
+	}
+	return "(no auth)"
+}

@@ -1,0 +1,169 @@
+package config
+
+import (
+	"cmp"
+	"fmt"
+	"strings"
+
+	"throttler/internal/leaky"
+)
+
+// Modes of a tenant's bucket.
+const (
+	ModeLeaky = "leaky"
+	ModeToken = "token"
+)
+
+// TenantSettings are the settings of one tenant, or the defaults of all.
+// A key a named tenant leaves out comes from tenant_defaults.
+type TenantSettings struct {
+	// Downstream names the target. Default: the only downstream configured.
+	Downstream string `toml:"downstream"`
+	// Mode is "leaky" (default) or "token".
+	Mode string `toml:"mode"`
+	// Rate is N/DURATION. Default "1/s".
+	Rate *leaky.Rate `toml:"rate"`
+	// Capacity is how many jobs may wait (leaky mode). Default 10.
+	// Capacity and Burst together may schedule at most leaky.MaxHorizon
+	// (10 years) ahead: (capacity + burst - 1) intervals of the rate.
+	Capacity *int `toml:"capacity"`
+	// Burst is how many may go at once after a quiet spell. Default 1.
+	Burst *int `toml:"burst"`
+	// Windows are limits beside the rate such as "100/h" or "1000/d":
+	// never more than N sends in any window of that length. Jobs wait for
+	// room; they are not refused for it.
+	Windows []string       `toml:"windows"`
+	windows []leaky.Window // parsed by checkTenant
+	// MaxAttempts overrides the downstream's max_attempts for this tenant.
+	MaxAttempts *int `toml:"max_attempts"`
+	// AllowUnknownTenants (tenant_defaults only): false refuses tenants not
+	// named in [tenants.*] with 404. Default true.
+	AllowUnknownTenants *bool `toml:"allow_unknown_tenants"`
+}
+
+// Attempts is the tenant's max_attempts: its own, or its downstream's.
+func (c *Config) Attempts(t TenantSettings) int {
+	if t.MaxAttempts != nil {
+		return *t.MaxAttempts
+	}
+	return c.Downstreams[t.Downstream].MaxAttempts
+}
+
+// Policy is the bucket policy of these settings.
+func (t TenantSettings) Policy() leaky.Policy {
+	p := leaky.Policy{Interval: t.Rate.Interval(), Burst: *t.Burst, Capacity: *t.Capacity, Windows: t.windows}
+	if t.Mode == ModeToken {
+		p.Capacity = 0
+	}
+	return p
+}
+
+// Tenant is the settings of one tenant and whether it may be used at all
+// (false: unknown while allow_unknown_tenants is false).
+func (c *Config) Tenant(name string) (TenantSettings, bool) {
+	if t, ok := c.Tenants[name]; ok {
+		return t, true
+	}
+	return c.TenantDefaults, *c.TenantDefaults.AllowUnknownTenants
+}
+
+// ValidName reports whether s may name a tenant or downstream: 1 to 128
+// ASCII letters, digits or . _ - + @, and not "." or "..".
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > 128 || s == "." || s == ".." {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		switch {
+		case b >= 'a' && b <= 'z', b >= 'A' && b <= 'Z', b >= '0' && b <= '9':
+		case b == '.', b == '_', b == '-', b == '+', b == '@':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// checkTenantDefaults checks [tenant_defaults], naming the downstream when
+// only one is configured.
+func (c *Config) checkTenantDefaults() error {
+	def := &c.TenantDefaults
+	if def.Downstream == "" {
+		if len(c.Downstreams) != 1 {
+			return c.bad("tenant_defaults.downstream", "name the downstream tenants use (one of %s)", strings.Join(sortedKeys(c.Downstreams), ", "))
+		}
+		def.Downstream = sortedKeys(c.Downstreams)[0]
+	}
+	return c.checkTenant("tenant_defaults", def)
+}
+
+// checkTenants checks every [tenants.NAME] and fills what each leaves out
+// from tenant_defaults.
+func (c *Config) checkTenants() error {
+	for _, name := range sortedKeys(c.Tenants) {
+		t := c.Tenants[name]
+		key := "tenants." + name
+		if !ValidName(name) {
+			return c.bad(key, "tenant name must be 1-128 letters, digits or . _ - + @")
+		}
+		if t.AllowUnknownTenants != nil {
+			return c.bad(key+".allow_unknown_tenants", "belongs in [tenant_defaults] only")
+		}
+		t.inherit(c.TenantDefaults)
+		if err := c.checkTenant(key, &t); err != nil {
+			return err
+		}
+		c.Tenants[name] = t
+	}
+	return nil
+}
+
+// inherit fills the keys t leaves out from def.
+func (t *TenantSettings) inherit(def TenantSettings) {
+	t.Downstream = cmp.Or(t.Downstream, def.Downstream)
+	t.Mode = cmp.Or(t.Mode, def.Mode)
+	t.Rate = cmp.Or(t.Rate, def.Rate)
+	t.Capacity = cmp.Or(t.Capacity, def.Capacity)
+	t.Burst = cmp.Or(t.Burst, def.Burst)
+	t.MaxAttempts = cmp.Or(t.MaxAttempts, def.MaxAttempts)
+	if t.Windows == nil {
+		t.Windows = def.Windows
+	}
+}
+
+// checkTenant checks one tenant's settings (key is "tenant_defaults" or
+// "tenants.NAME") and parses its windows.
+func (c *Config) checkTenant(key string, t *TenantSettings) error {
+	bad := func(k, format string, args ...any) error { return c.bad(key+"."+k, format, args...) }
+	if _, ok := c.Downstreams[t.Downstream]; !ok {
+		return bad("downstream", "%q is not configured (configured: %s)", t.Downstream, strings.Join(sortedKeys(c.Downstreams), ", "))
+	}
+	if t.Mode != ModeLeaky && t.Mode != ModeToken {
+		return bad("mode", "%q is not a mode: use \"leaky\" or \"token\"", t.Mode)
+	}
+	if t.Rate == nil || t.Rate.IsZero() {
+		return bad("rate", "is required, such as \"5/s\"")
+	}
+	if t.Capacity == nil || *t.Capacity < 0 || *t.Capacity > 10_000_000 {
+		return bad("capacity", "must be from 0 to 10000000")
+	}
+	if t.Burst == nil || *t.Burst < 1 || *t.Burst > 1_000_000 {
+		return bad("burst", "must be from 1 to 1000000")
+	}
+	if t.MaxAttempts != nil && (*t.MaxAttempts < 1 || *t.MaxAttempts > 100) {
+		return bad("max_attempts", "must be from 1 to 100, got %d", *t.MaxAttempts)
+	}
+	t.windows = nil
+	for i, text := range t.Windows {
+		w, err := leaky.ParseWindow(text)
+		if err != nil {
+			return bad(fmt.Sprintf("windows[%d]", i), "%v", err)
+		}
+		if w.Length <= t.Rate.Interval() {
+			return bad(fmt.Sprintf("windows[%d]", i), "window %q is no longer than one interval of the rate %s: it limits nothing the rate does not", text, t.Rate)
+		}
+		t.windows = append(t.windows, w)
+	}
+	return c.checkHorizon(key, t.Policy(), t.Rate.String())
+}
