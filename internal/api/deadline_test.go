@@ -83,3 +83,23 @@ func sortedKeys(m map[string]any) []string {
 	slices.Sort(keys)
 	return keys
 }
+
+// A repeat of an idempotency key gets the first answer even once the
+// job's deadline has passed: the store looks the key up before it judges
+// the deadline.
+func TestRepeatAfterTheDeadlineGetsTheFirstAnswer(t *testing.T) {
+	t.Parallel()
+	h, _ := newAPI(t)
+	deadline := time.Now().Add(300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	req := `{"payload":1,"idempotency_key":"otp-1","deadline":"` + deadline + `"}`
+	st, _, first := do(h, "POST", "/v1/tenants/acme/jobs", req)
+	if st != http.StatusAccepted {
+		t.Fatalf("first: %d %v", st, first)
+	}
+	d, _ := time.Parse(time.RFC3339Nano, deadline)
+	time.Sleep(time.Until(d) + 10*time.Millisecond) // the deadline passes: that is what this test is about
+	st, _, again := do(h, "POST", "/v1/tenants/acme/jobs", req)
+	if st != http.StatusOK || again["id"] != first["id"] {
+		t.Fatalf("repeat after the deadline: %d %v, want 200 with id %v", st, again, first["id"])
+	}
+}

@@ -61,10 +61,7 @@ func decodeError(err error) error {
 }
 
 // validate checks one job of tenant and turns it into a queue.NewJob.
-// headerKey is the Idempotency-Key header ("" for batch items). A job whose
-// deadline has already passed comes back with a *queue.ImpossibleError
-// (would_expire), the answer the store gives a job it could not send in
-// time: it is that job's answer, not a bad request.
+// headerKey is the Idempotency-Key header ("" for batch items).
 func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayload int64, where string) (queue.NewJob, error) {
 	if len(j.Payload) == 0 || string(j.Payload) == "null" {
 		return queue.NewJob{}, errorf(http.StatusBadRequest, "missing_payload", "%s\"payload\" is required: it is the JSON body sent to the downstream", where)
@@ -93,12 +90,12 @@ func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayl
 	if err != nil {
 		return queue.NewJob{}, err
 	}
-	// Checked here, not left to the store: the stores read the zero time
-	// (0001-01-01T00:00:00Z) and, on Redis, any time up to 1970 as "no
-	// deadline". Every such time has passed, as has a deadline at now
-	// (nothing is sent in no time).
-	if given && !at.After(s.clock.Now()) {
-		return queue.NewJob{}, &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonWouldExpire, Deadline: at}
+	// The stores read the zero time (0001-01-01T00:00:00Z) as "no
+	// deadline": a given deadline before 1970 is passed on as 1970, as
+	// passed as it. The store refuses it (would_expire), after it has
+	// looked up the idempotency key: a repeat still gets its first answer.
+	if epoch := time.Unix(0, 0); given && at.Before(epoch) {
+		at = epoch
 	}
 	nj.Deadline = at
 	return nj, nil
