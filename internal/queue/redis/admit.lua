@@ -1,6 +1,7 @@
 -- One admission decision for one tenant, atomically: the same rules as the
--- embedded store's admit (internal/queue/bolt.go) and internal/leaky's
--- Decide, checked against them on random sequences (admit_lua_test.go).
+-- embedded store's admit (internal/queue/bolt) and internal/leaky's Decide,
+-- checked against them on random sequences (admit_lua_test.go). Run by
+-- enqueue.lua (enqueue.go), which loads it as its function admit_decision.
 --
 -- Times are whole microseconds: Lua numbers are doubles, exact to 2^53, so
 -- microseconds since 1970 are exact and nanoseconds would not be. Slots and
@@ -8,18 +9,34 @@
 -- internal/leaky/pause.go).
 --
 -- KEYS[1]    the tenant's hash: tat, shift, until, held, depth
--- KEYS[2..]  one list per window: the slots of its last N sends, oldest first
--- ARGV       now (0: the server's TIME, one clock for every process), lag
---            (how long a send takes to start), interval, burst, capacity,
---            cost, waiting (-1: the hash's depth), commit (1: keep the
---            decision; 0: only tell it), deadline (0: none), then n and
---            length of each window
+-- KEYS[2]    the tenant's waiting jobs (a zset: id -> slot), not yet claimed
+-- KEYS[3]    the tenant's claimed jobs (a zset: id -> slot), being sent
+-- KEYS[4..]  one list per window: the slots of its last N sends, oldest first
+-- ARGV[1]    now (0: the server's TIME, one clock for every process)
+-- ARGV[2]    lag: how long a send takes to start
+-- ARGV[3]    interval
+-- ARGV[4]    burst
+-- ARGV[5]    capacity
+-- ARGV[6]    cost
+-- ARGV[7]    waiting: the jobs ahead (-1: the hash's depth). With windows
+--            (and a capacity) the jobs that really wait are counted from
+--            KEYS[2] and KEYS[3] instead: depth drops when a job is claimed,
+--            a lead before its slot, and a job may wait for a window long
+--            after its slot of the rate.
+-- ARGV[8]    commit: 1 keeps the decision, 0 only tells it
+-- ARGV[9]    deadline ('': none; any number is one, before 1970 too)
+-- ARGV[10]   the downstream ceiling's interval (0: no ceiling)
+-- ARGV[11]   the downstream ceiling's burst
+-- ARGV[12..] n and length of each window
 --
--- Returns {admitted, slot, dispatch_at, retry_after, depth, now, prompt}:
--- admitted 1, 0, or 3 (it would be sent after its deadline: nothing is
--- kept); the slot in tenant time and the real dispatch time (admitted, 3);
--- the real Retry-After (refused); the depth before this job; the time the
--- decision was made at; prompt 1 if it goes at once (no wait, no pause).
+-- Returns {admitted, slot, dispatch_at, retry_after, depth, now, prompt,
+-- delay}: admitted 1, 0, or 3 (it would be sent after its deadline:
+-- nothing is kept); the slot in tenant time and the real dispatch time
+-- (admitted, 3); the real Retry-After (refused); the depth before this
+-- job; the time the decision was made at; prompt 1 if it goes at once (no
+-- wait, no pause); the expected delay (admitted, 3): until its dispatch
+-- time, or longer if the jobs ahead of it at the downstream's ceiling
+-- (queue.CeilingDelay) take longer.
 
 local function at_least(a, b) if a > b then return a end return b end
 local function at_most(a, b) if a < b then return a end return b end
@@ -33,13 +50,15 @@ local lag, T = tonumber(ARGV[2]), tonumber(ARGV[3])
 local burst, capacity = tonumber(ARGV[4]), tonumber(ARGV[5])
 local cost = at_least(tonumber(ARGV[6]), 1)
 local waiting, commit = tonumber(ARGV[7]), ARGV[8] == '1'
-local deadline = tonumber(ARGV[9])
+local deadline = tonumber(ARGV[9]) -- nil: none
+local ceiling_T, ceiling_burst = tonumber(ARGV[10]), tonumber(ARGV[11])
 
 local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth')
 local tat = tonumber(h[1]) or 0
 local shift, untl, held = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
 local depth = tonumber(h[5]) or 0
 if waiting < 0 then waiting = depth end
+local paused = held > 0 or now < untl
 
 -- Tenant time (leaky.Pause.TenantTime).
 local function tenant_time(t)
@@ -61,9 +80,25 @@ local tau = (burst - 1) * T
 
 -- The windows' bookkeeping.
 local windows = {}
-for i = 2, #KEYS do
-  local k = 10 + (i - 2) * 2
+for i = 4, #KEYS do
+  local k = 12 + (i - 4) * 2
   windows[#windows + 1] = {key = KEYS[i], n = tonumber(ARGV[k]), len = tonumber(ARGV[k + 1])}
+end
+
+-- With windows, the jobs that wait at tnow (the embedded store's waiting):
+-- those due later, claimed or not, and while paused or behind a ceiling
+-- those due already and not claimed; and the earliest slot among those due
+-- later (when the first of them stops waiting). Slots are whole
+-- microseconds: "later than tnow" is "at tnow + 1 or later".
+local windowed = #windows > 0 and capacity > 0
+local next_slot = 0
+if windowed then
+  waiting = redis.call('ZCOUNT', KEYS[2], tnow + 1, '+inf') + redis.call('ZCOUNT', KEYS[3], tnow + 1, '+inf')
+  if paused or ceiling_T > 0 then waiting = waiting + redis.call('ZCOUNT', KEYS[2], '-inf', tnow) end
+  for i = 2, 3 do
+    local first = redis.call('ZRANGEBYSCORE', KEYS[i], tnow + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if first[2] and (next_slot == 0 or tonumber(first[2]) < next_slot) then next_slot = tonumber(first[2]) end
+  end
 end
 local function window_slot(at)
   for _, w in ipairs(windows) do
@@ -98,18 +133,30 @@ else
   admitted = true
 end
 
--- The store's own bound: a paused tenant sends nothing at once.
-local room = capacity + burst
-if held > 0 or now < untl then room = capacity end
-if admitted and waiting >= room then
-  admitted, retry, newtat = false, T, tat
+-- The store's own bound. With windows: a job that would wait is refused
+-- when capacity jobs wait already, until the first of them stops waiting.
+-- Without: a paused tenant sends nothing at once, so capacity wait.
+if windowed then
+  if admitted and (paused or slot > arrival) and waiting >= capacity then
+    admitted, retry, newtat = false, T, tat
+    if next_slot > tnow then retry = next_slot - tnow end
+  end
+else
+  local room = capacity + burst
+  if paused then room = capacity end
+  if admitted and waiting >= room then
+    admitted, retry, newtat = false, T, tat
+  end
 end
 
 if not admitted then
-  return {0, 0, 0, real(tnow + retry) - now, depth, now, 0}
+  return {0, 0, 0, real(tnow + retry) - now, depth, now, 0, 0}
 end
-if deadline > 0 and real(slot) > deadline then
-  return {3, slot, real(slot), 0, depth, now, 0}
+-- queue.CeilingDelay: the jobs ahead go no faster than the ceiling.
+local delay = real(slot) - now
+if ceiling_T > 0 and depth > 0 then delay = at_least(delay, at_least(0, depth + 1 - ceiling_burst) * ceiling_T) end
+if deadline and now + delay > deadline then
+  return {3, slot, real(slot), 0, depth, now, 0, delay}
 end
 if commit then
   redis.call('HSET', KEYS[1], 'tat', newtat, 'depth', depth + 1)
@@ -132,4 +179,4 @@ if commit then
 end
 local prompt = 0
 if slot <= arrival and held == 0 and now >= untl then prompt = 1 end
-return {1, slot, real(slot), 0, depth, now, prompt}
+return {1, slot, real(slot), 0, depth, now, prompt, delay}

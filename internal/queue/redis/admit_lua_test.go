@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/clock"
 	"throttler/internal/leaky"
@@ -13,7 +16,7 @@ import (
 )
 
 // The Lua admission and the Go one agree on every decision, slot, dispatch
-// time and queue.Retry-After, on thousands of random sequences: random policies
+// time and Retry-After, on thousands of random sequences: random policies
 // (leaky, token, burst, capacity, windows), random arrivals, random costs,
 // and pauses and holds coming and going.
 func TestLuaAdmitAgreesWithGo(t *testing.T) {
@@ -35,12 +38,14 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 			}
 		}
 		tenant := fmt.Sprintf("{t%d}", seq)
-		keys := []string{tenant + ":b"}
+		keys := []string{tenant + ":b", tenant + ":waiting", tenant + ":claimed"}
 		for i := range p.Windows {
 			keys = append(keys, fmt.Sprintf("%s:w%d", tenant, i))
 		}
 		var rec queue.TenantRecord
-		var sent []time.Time // slots (tenant time) of admitted jobs: the waiting ones are after now
+		// The slots (tenant time) of admitted jobs still waiting, as the
+		// store's waiting set holds them: a job is sent at its slot.
+		var pending []time.Time
 		now := base
 		for step := 0; step < 40; step++ {
 			now = now.Add(us(rng.Int64N(int64(3 * p.Interval / time.Microsecond))))
@@ -57,46 +62,52 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 				t.Fatal(err)
 			}
 			tnow := pz.TenantTime(now)
-			waiting := 0
-			for _, s := range sent {
-				if s.After(tnow) {
-					waiting++
-				}
+			pending = slices.DeleteFunc(pending, func(s time.Time) bool { return !s.After(tnow) })
+			if err := rdb.ZRemRangeByScore(ctx, keys[1], "-inf", fmt.Sprint(micros(tnow))).Err(); err != nil {
+				t.Fatal(err)
+			}
+			waiting, next := len(pending), time.Time{}
+			if waiting > 0 {
+				next = slices.MinFunc(pending, time.Time.Compare)
 			}
 			cost := min(1+rng.IntN(3), p.MaxCost()) // the store refuses more first
 			lag := us(rng.Int64N(5000))
 			arrival := tnow.Add(lag)
-			d, st, recent := goAdmit(rec, waiting, arrival, now, p, cost)
-			args := []any{micros(now), lag.Microseconds(), p.Interval.Microseconds(), p.Burst, p.Capacity, cost, waiting, 1, 0}
+			d, st, recent := goAdmit(rec, waiting, next, arrival, now, p, cost)
+			args := []any{micros(now), lag.Microseconds(), p.Interval.Microseconds(), p.Burst, p.Capacity, cost, waiting, 1, "", 0, 0}
 			for _, w := range p.Windows {
 				args = append(args, w.N, w.Length.Microseconds())
 			}
-			got, err := admitScript.Run(ctx, rdb, keys, args...).Int64Slice()
-			if err != nil {
+			var got admitDecision
+			if err := admitScript.run(ctx, rdb, keys, args, &got); err != nil {
 				t.Fatal(err)
 			}
 			where := fmt.Sprintf("sequence %d step %d (policy %+v, cost %d, waiting %d, pause %+v)", seq, step, p, cost, waiting, pz)
-			if (got[0] == 1) != d.Admitted {
-				t.Fatalf("%s: Lua admitted=%v, Go %+v", where, got[0] == 1, d)
+			if (got.Code == 1) != d.Admitted {
+				t.Fatalf("%s: Lua admitted=%v, Go %+v", where, got.Code == 1, d)
 			}
 			decisions++
 			if !d.Admitted {
-				if us(got[3]) != d.RetryAfter {
-					t.Fatalf("%s: queue.Retry-After Lua %v, Go %v", where, us(got[3]), d.RetryAfter)
+				if got.RetryAfter != d.RetryAfter {
+					t.Fatalf("%s: Retry-After Lua %v, Go %v", where, got.RetryAfter, d.RetryAfter)
 				}
 				continue
 			}
-			if got[1] != micros(d.Slot) || got[2] != micros(queue.DispatchAt(pz, d.Slot, now)) {
-				t.Fatalf("%s: slot Lua %d dispatch %d, Go %d dispatch %d", where, got[1], got[2], micros(d.Slot), micros(queue.DispatchAt(pz, d.Slot, now)))
+			at := queue.DispatchAt(pz, d.Slot, now)
+			if !got.Slot.Equal(d.Slot) || !got.DispatchAt.Equal(at) || got.Delay != at.Sub(now) {
+				t.Fatalf("%s: slot Lua %v dispatch %v delay %v, Go %v dispatch %v", where, got.Slot, got.DispatchAt, got.Delay, d.Slot, at)
 			}
 			rec.TAT = st.TAT
 			rec.SetRecent(p, recent)
-			sent = append(sent, d.Slot)
+			pending = append(pending, d.Slot)
+			if err := rdb.ZAdd(ctx, keys[1], goredis.Z{Score: float64(micros(d.Slot)), Member: fmt.Sprint(step)}).Err(); err != nil {
+				t.Fatal(err)
+			}
 			if tat, _ := rdb.HGet(ctx, keys[0], "tat").Int64(); tat != micros(st.TAT) {
 				t.Fatalf("%s: TAT Lua %d, Go %d", where, tat, micros(st.TAT))
 			}
 			for i := range p.Windows {
-				list, _ := rdb.LRange(ctx, keys[i+1], 0, -1).Result()
+				list, _ := rdb.LRange(ctx, keys[i+3], 0, -1).Result()
 				if fmt.Sprint(list) != fmt.Sprint(microsList(recent[i])) {
 					t.Fatalf("%s: window %d Lua %v, Go %v", where, i, list, microsList(recent[i]))
 				}
@@ -106,24 +117,66 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 	t.Logf("%d decisions agree", decisions)
 }
 
-// goAdmit is the embedded store's admission (internal/queue/bolt's admit):
-// leaky.Decide under the tenant's pause, with the store's own bound (a
-// paused tenant sends nothing at once) and a refusal's Retry-After in real
-// time. The Lua is checked against it.
-func goAdmit(rec queue.TenantRecord, depth int, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
-	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), arrival, p, cost, depth)
+// goAdmit is the embedded store's admission (internal/queue/bolt's admit),
+// for waiting jobs ahead, the earliest of them due at next: leaky.Decide
+// under the tenant's pause, with the store's own bound (with windows, a job
+// that would wait is refused when capacity jobs wait, until the first of
+// them stops waiting; without, a paused tenant sends nothing at once) and a
+// refusal's Retry-After in real time. The Lua is checked against it.
+func goAdmit(rec queue.TenantRecord, waiting int, next, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
+	tnow := rec.Pause.TenantTime(now)
+	paused, _ := rec.Pause.Paused(now)
+	windowed := len(p.Windows) > 0 && p.Capacity > 0
+	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), arrival, p, cost, waiting)
 	room := p.Capacity + p.Burst
-	if paused, _ := rec.Pause.Paused(now); paused {
+	if paused {
 		room = p.Capacity
 	}
-	if d.Admitted && depth >= room {
+	switch {
+	case !d.Admitted:
+	case windowed && (paused || d.Slot.After(arrival)) && waiting >= p.Capacity:
+		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
+		if next.After(tnow) {
+			d.RetryAfter = next.Sub(tnow)
+		}
+	case !windowed && waiting >= room:
 		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
 	}
 	if !d.Admitted {
-		tnow := rec.Pause.TenantTime(now)
 		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), now).Sub(now)
 	}
 	return d, st, recent
+}
+
+// admitDecision is admit.lua's reply (its header).
+type admitDecision struct {
+	Code             int64
+	Slot, DispatchAt time.Time
+	RetryAfter       time.Duration
+	Depth            int
+	Now              time.Time
+	Prompt           bool
+	Delay            time.Duration
+}
+
+func (a *admitDecision) decode(r *reply) {
+	a.Code = r.int()
+	a.Slot = r.time()
+	a.DispatchAt = r.time()
+	a.RetryAfter = r.duration()
+	a.Depth = int(r.int())
+	a.Now = r.time()
+	a.Prompt = r.flag()
+	a.Delay = r.duration()
+}
+
+// pauseReply is pause.lua's reply, in raw microseconds.
+type pauseReply [4]int64
+
+func (p *pauseReply) decode(r *reply) {
+	for i := range p {
+		p[i] = r.int()
+	}
 }
 
 func microsList(r leaky.Recent) []int64 {
@@ -148,9 +201,10 @@ func TestLuaAdmitInsertsOutOfOrder(t *testing.T) {
 	if err := rdb.RPush(ctx, "{x}:w0", future...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := admitScript.Run(ctx, rdb, []string{"{x}:b", "{x}:w0"}, micros(now), 0, 1000, 1, 10, 2, 0, 1, 0, n, (24 * time.Hour).Microseconds()).Int64Slice()
-	if err != nil || got[0] != 1 || got[1] != micros(now) {
-		t.Fatalf("admit: %v %v", got, err)
+	var got admitDecision
+	err := admitScript.run(ctx, rdb, []string{"{x}:b", "{x}:waiting", "{x}:claimed", "{x}:w0"}, []any{micros(now), 0, 1000, 1, 10, 2, 0, 1, "", 0, 0, n, (24 * time.Hour).Microseconds()}, &got)
+	if err != nil || got.Code != 1 || !got.Slot.Equal(now) {
+		t.Fatalf("admit: %+v %v", got, err)
 	}
 	list, _ := rdb.LRange(ctx, "{x}:w0", 0, 3).Result()
 	want := []string{fmt.Sprint(micros(now)), fmt.Sprint(micros(now)), fmt.Sprint(future[0]), fmt.Sprint(future[1])}
@@ -199,8 +253,8 @@ func TestLuaPauseAgreesWithGo(t *testing.T) {
 				args = []any{"resume", micros(now), tau.Microseconds()}
 				pz = pz.Resume(now)
 			}
-			got, err := pauseScript.Run(ctx, rdb, []string{key}, args...).Int64Slice()
-			if err != nil {
+			var got pauseReply
+			if err := pauseScript.run(ctx, rdb, []string{key}, args, &got); err != nil {
 				t.Fatal(err)
 			}
 			want := []int64{pz.Shift.Microseconds(), microsOf(pz.Until), microsOf(pz.Held), micros(tat)}

@@ -57,111 +57,130 @@ func commands(b *testing.B, rdb *goredis.Client) int64 {
 // what is measured; every job still passes admission, claim, the shared
 // gate and the outcome script.
 //
-//	go test -run '^$' -bench RedisAgainstPlainAsynq -benchtime 1x -count 3 ./internal/queue
+//	go test -run '^$' -bench RedisAgainstPlainAsynq -benchtime 1x -count 3 ./internal/queue/redis
 func BenchmarkRedisAgainstPlainAsynq(b *testing.B) {
-	const jobs, producers, tenants, workers = 20_000, 64, 1000, 256
 	srv := redistest.Start(b, false)
 	for range b.N {
-		// plain asynq
-		rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: 300})
-		rdb.FlushAll(context.Background())
-		before := commands(b, rdb)
-		var handled atomic.Int64
-		done := make(chan struct{})
-		qs := map[string]int{}
-		for shard := range Shards {
-			qs[queueName(shard)] = 1
+		plain, plainCmds := runPlainAsynq(b, srv.Addr)
+		ours, ourCmds, admitTrips := runThroughStore(b, srv.Addr)
+		b.ReportMetric(float64(benchJobs)/plain.Seconds(), "asynq-jobs/s")
+		b.ReportMetric(float64(benchJobs)/ours.Seconds(), "throttler-jobs/s")
+		b.ReportMetric(plain.Seconds()/ours.Seconds(), "ratio")
+		b.ReportMetric(float64(admitTrips)/benchJobs, "round-trips/admission")
+		b.ReportMetric(float64(plainCmds)/benchJobs, "asynq-cmds/job")
+		b.ReportMetric(float64(ourCmds)/benchJobs, "throttler-cmds/job")
+	}
+}
+
+// The benchmark's load: jobs from producers over tenants, handled by
+// workers.
+const benchJobs, benchProducers, benchTenants, benchWorkers = 20_000, 64, 1000, 256
+
+// runPlainAsynq runs the jobs through plain asynq (a no-op handler, no
+// limiter): how long it took, and the Redis commands it ran.
+func runPlainAsynq(b *testing.B, addr string) (time.Duration, int64) {
+	rdb := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 300})
+	defer rdb.Close()
+	rdb.FlushAll(context.Background())
+	before := commands(b, rdb)
+	var handled atomic.Int64
+	done := make(chan struct{})
+	qs := map[string]int{}
+	for shard := range Shards {
+		qs[queueName(shard)] = 1
+	}
+	server := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: benchWorkers, Queues: qs,
+		TaskCheckInterval: 20 * time.Millisecond, LogLevel: asynq.ErrorLevel})
+	server.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		if handled.Add(1) == benchJobs {
+			close(done)
 		}
-		server := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: workers, Queues: qs,
-			TaskCheckInterval: 20 * time.Millisecond, LogLevel: asynq.ErrorLevel})
-		server.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-			if handled.Add(1) == jobs {
+		return nil
+	}))
+	client := asynq.NewClientFromRedisClient(rdb)
+	began := time.Now()
+	produce(b, benchProducers, benchJobs, func(i int) error {
+		_, err := client.Enqueue(asynq.NewTask("x", []byte(fmt.Sprintf(`{"n":%d}`, i))),
+			asynq.Queue(queueName(shardOf(fmt.Sprint("t", i%benchTenants)))))
+		return err
+	})
+	<-done
+	took := time.Since(began)
+	server.Shutdown()
+	return took, commands(b, rdb) - before
+}
+
+// runThroughStore runs the same jobs through the store, as an API process
+// and a worker process would (the admissions' round trips are counted on
+// the API's own connection): how long it took, the Redis commands it ran,
+// and the round trips of the admissions.
+func runThroughStore(b *testing.B, addr string) (took time.Duration, cmds, admitTrips int64) {
+	rdb := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 300})
+	defer rdb.Close()
+	rdb.FlushAll(context.Background())
+	apiConn := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 100})
+	defer apiConn.Close()
+	rt := &roundTrips{}
+	apiConn.AddHook(rt)
+	fast := func(string) leaky.Policy { return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 1000} }
+	s, err := Open(context.Background(), Options{Client: rdb, StartLag: -1, Policy: fast})
+	if err != nil {
+		b.Fatal(err)
+	}
+	api, err := Open(context.Background(), Options{Client: apiConn, StartLag: -1, Policy: fast})
+	if err != nil {
+		b.Fatal(err)
+	}
+	before := commands(b, rdb)
+	var handled atomic.Int64
+	done := make(chan struct{})
+	ctx, stop := context.WithCancel(context.Background())
+	consumed := make(chan struct{})
+	go func() {
+		defer close(consumed)
+		s.Consume(ctx, func(ctx context.Context, j queue.Job) queue.Outcome {
+			if !passGate(ctx, s, j.Tenant) {
+				return queue.Outcome{Result: queue.Released}
+			}
+			if handled.Add(1) == benchJobs {
 				close(done)
 			}
-			return nil
-		}))
-		client := asynq.NewClientFromRedisClient(rdb)
-		began := time.Now()
-		produce(b, producers, jobs, func(i int) error {
-			_, err := client.Enqueue(asynq.NewTask("x", []byte(fmt.Sprintf(`{"n":%d}`, i))),
-				asynq.Queue(queueName(shardOf(fmt.Sprint("t", i%tenants)))))
-			return err
-		})
-		<-done
-		plain := time.Since(began)
-		server.Shutdown()
-		plainCmds := commands(b, rdb) - before
-		rdb.Close()
+			return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: time.Now()}
+		}, queue.ConsumeOptions{Concurrency: benchWorkers})
+	}()
+	began := time.Now()
+	trips := rt.n.Load()
+	produce(b, benchProducers, benchJobs, func(i int) error {
+		out, err := api.Enqueue(context.Background(), fmt.Sprint("t", i%benchTenants), []queue.NewJob{payload(i)})
+		if err == nil && !out[0].Admitted() {
+			err = fmt.Errorf("refused: %+v", out[0])
+		}
+		return err
+	})
+	admitTrips = rt.n.Load() - trips
+	<-done
+	took = time.Since(began)
+	stop()
+	<-consumed
+	if testing.Verbose() {
+		info, _ := rdb.Info(context.Background(), "commandstats").Result()
+		b.Log(info)
+	}
+	return took, commands(b, rdb) - before, admitTrips
+}
 
-		// the Redis store, same jobs
-		// An API process and a worker process, as it were: the admissions'
-		// round trips are counted on the API's own connection.
-		rdb = goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: 300})
-		rdb.FlushAll(context.Background())
-		apiConn := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: 100})
-		rt := &roundTrips{}
-		apiConn.AddHook(rt)
-		fast := func(string) leaky.Policy { return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 1000} }
-		s, err := Open(context.Background(), Options{Client: rdb, StartLag: -1, Policy: fast})
+// passGate waits at the shared gate until tenant may send; false if it
+// cannot be asked.
+func passGate(ctx context.Context, s *Store, tenant string) bool {
+	for {
+		ans, err := s.PassGate(ctx, queue.GateRequest{Downstream: "d", Tenant: tenant, Policy: leaky.Policy{Interval: time.Millisecond, Burst: 1}})
 		if err != nil {
-			b.Fatal(err)
+			return false
 		}
-		api, err := Open(context.Background(), Options{Client: apiConn, StartLag: -1, Policy: fast})
-		if err != nil {
-			b.Fatal(err)
+		if ans.Wait == 0 {
+			return true
 		}
-		before = commands(b, rdb)
-		handled.Store(0)
-		done = make(chan struct{})
-		ctx, stop := context.WithCancel(context.Background())
-		consumed := make(chan struct{})
-		go func() {
-			defer close(consumed)
-			s.Consume(ctx, func(ctx context.Context, j queue.Job) queue.Outcome {
-				for {
-					ans, err := s.PassGate(ctx, queue.GateRequest{Downstream: "d", Tenant: j.Tenant, Policy: leaky.Policy{Interval: time.Millisecond, Burst: 1}})
-					if err != nil {
-						return queue.Outcome{Result: queue.Released}
-					}
-					if ans.Wait == 0 {
-						break
-					}
-					time.Sleep(ans.Wait)
-				}
-				if handled.Add(1) == jobs {
-					close(done)
-				}
-				return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: time.Now()}
-			}, queue.ConsumeOptions{Concurrency: workers})
-		}()
-		began = time.Now()
-		trips := rt.n.Load()
-		produce(b, producers, jobs, func(i int) error {
-			out, err := api.Enqueue(context.Background(), fmt.Sprint("t", i%tenants), []queue.NewJob{payload(i)})
-			if err == nil && !out[0].Admitted() {
-				err = fmt.Errorf("refused: %+v", out[0])
-			}
-			return err
-		})
-		admitTrips := rt.n.Load() - trips
-		<-done
-		ours := time.Since(began)
-		stop()
-		<-consumed
-		ourCmds := commands(b, rdb) - before
-		if testing.Verbose() {
-			info, _ := rdb.Info(context.Background(), "commandstats").Result()
-			b.Log(info)
-		}
-		rdb.Close()
-		apiConn.Close()
-
-		b.ReportMetric(float64(jobs)/plain.Seconds(), "asynq-jobs/s")
-		b.ReportMetric(float64(jobs)/ours.Seconds(), "throttler-jobs/s")
-		b.ReportMetric(plain.Seconds()/ours.Seconds(), "ratio")
-		b.ReportMetric(float64(admitTrips)/jobs, "round-trips/admission")
-		b.ReportMetric(float64(plainCmds)/jobs, "asynq-cmds/job")
-		b.ReportMetric(float64(ourCmds)/jobs, "throttler-cmds/job")
+		time.Sleep(ans.Wait)
 	}
 }
 

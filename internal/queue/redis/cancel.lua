@@ -1,17 +1,25 @@
--- Cancels a waiting job. Microseconds.
+-- Cancels a waiting job: Store.Cancel (job.go). Microseconds.
 --
--- KEYS  1 job hash, 2 tenant hash, 3 hand-off zset, 4 active zset,
---       5 its idempotency key (its hash again if none)
--- ARGV  1 now (0: the server's TIME), 2 retention (ms), 3 interval,
---       4 '1' if the last job of the schedule gives its place back (burst
---       1, no windows), 5 idle ttl (ms)
+-- KEYS[1]  the job's hash
+-- KEYS[2]  its tenant's hash
+-- KEYS[3]  the shard's hand-off zset
+-- KEYS[4]  the shard's active-tenants zset
+-- KEYS[5]  its idempotency key's key (its hash again if none)
+-- KEYS[6]  the tenant's waiting jobs (zset: id -> slot)
+-- ARGV[1]  now (0: the server's TIME)
+-- ARGV[2]  retention (ms)
+-- ARGV[3]  the tenant's interval
+-- ARGV[4]  '1' if the last job of the schedule gives its place back
+--          (burst 1, no windows)
+-- ARGV[5]  idle ttl (ms)
 --
--- Returns {0} no such job, {1, state} not waiting, {2, now} cancelled.
+-- Returns {code, state, finished_at}: code 0 no such job, 1 not waiting
+-- (state says what it is), 2 cancelled (at finished_at).
 
 local now = server_now(ARGV[1])
 local j = redis.call('HMGET', KEYS[1], 'state', 'slot', 'cost', 'tenant', 'id')
-if not j[1] then return {0} end
-if j[1] ~= 'queued' and j[1] ~= 'retrying' then return {1, j[1]} end
+if not j[1] then return {0, '', 0} end
+if j[1] ~= 'queued' and j[1] ~= 'retrying' then return {1, j[1], 0} end
 redis.call('HSET', KEYS[1], 'state', 'cancelled', 'fin', now)
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[2]))
@@ -27,6 +35,7 @@ if ARGV[4] == '1' then
   end
 end
 redis.call('ZREM', KEYS[3], j[5])
+redis.call('ZREM', KEYS[6], j[5])
 inactive(KEYS[4], j[4])
 settle(KEYS[2], now, tonumber(ARGV[5]))
-return {2, now}
+return {2, 'cancelled', now}

@@ -3,24 +3,34 @@
 -- asynq's polling, early starts, retries and many workers do. A GCRA per
 -- lane (the tenant's rate; the downstream's ceiling) and the lanes'
 -- windows ("N per DURATION", counted on the grants, that is on real
--- sends), in the server's time. Microseconds.
+-- sends), in the server's time. Run by Store.PassGate (gate.go).
+-- Microseconds.
 --
--- KEYS  1 the tenant's lane, 2 the downstream's lane (hashes: tat, hold),
---       then one list per window: the tenant's, then the downstream's (the
---       times of their last N grants)
--- ARGV  1 now (0: the server's TIME), 2 tenant interval, 3 tenant
---       tolerance, 4 downstream interval (0: no ceiling, holds only),
---       5 downstream tolerance, 6 cost, 7 slack (how early a send may go:
---       late timers must not push the rest back), 8 idle ttl (ms),
---       9 the tenant's windows, 10 the downstream's, then n and length per
---       window; to give back a grant that was not used and ask again:
---       'again', then the grant's answer (below) without its first item
+-- KEYS[1]    the tenant's lane (a hash: tat, hold)
+-- KEYS[2]    the downstream's lane (a hash: tat, hold)
+-- KEYS[3..]  one list per window, the tenant's then the downstream's: the
+--            times of their last N grants
+-- ARGV[1]    now (0: the server's TIME)
+-- ARGV[2]    the tenant's interval
+-- ARGV[3]    the tenant's tolerance
+-- ARGV[4]    the downstream's interval (0: no ceiling, holds only)
+-- ARGV[5]    the downstream's tolerance
+-- ARGV[6]    cost
+-- ARGV[7]    slack: how early a send may go (late timers must not push the
+--            rest back)
+-- ARGV[8]    idle ttl (ms)
+-- ARGV[9]    the number of the tenant's windows
+-- ARGV[10]   the number of the downstream's windows
+-- ARGV[11..] n and length per window
+-- then       to give back a grant that was not used and ask again:
+--            'again', then the grant's tat_t_before, tat_t_after,
+--            tat_d_before, tat_d_after, granted_at (the reply's items 4-8)
 --
--- Returns {0, tat before, tat after (tenant), tat before, tat after
--- (downstream), time of the grant} go; {1, wait} not yet; {2, until} a lane
--- is held (pushback, operator hold) until then. Giving a grant back puts
--- each lane's TAT back and takes it out of the windows, unless a grant came
--- after it.
+-- Returns {code, wait, held_until, tat_t_before, tat_t_after, tat_d_before,
+-- tat_d_after, granted_at}: code 0 go (a grant: each lane's TAT before and
+-- after it, and its time), 1 not yet (wait), 2 a lane is held (pushback,
+-- operator hold) until held_until. Giving a grant back puts each lane's
+-- TAT back and takes it out of the windows, unless a grant came after it.
 
 local function at_least(a, b) if a > b then return a end return b end
 
@@ -61,7 +71,7 @@ local tat_t, hold_t = tonumber(t[1]) or 0, tonumber(t[2]) or 0
 local tat_d, hold_d = tonumber(d[1]) or 0, tonumber(d[2]) or 0
 
 local hold = at_least(hold_t, hold_d)
-if hold > now then return {2, hold} end
+if hold > now then return {2, 0, hold, 0, 0, 0, 0, 0} end
 local wait = tat_t - taut - slack - now
 if Td > 0 then wait = at_least(wait, tat_d - taud - slack - now) end
 for _, w in ipairs(windows) do
@@ -73,18 +83,18 @@ for _, w in ipairs(windows) do
     wait = at_least(wait, tonumber(redis.call('LINDEX', w.key, out - 1)) + w.len - now)
   end
 end
-if wait > 0 then return {1, wait} end
+if wait > 0 then return {1, wait, 0, 0, 0, 0, 0, 0} end
 
-local out = {0, tat_t, 0, tat_d, tat_d, now}
+local out = {0, 0, 0, tat_t, 0, tat_d, tat_d, now}
 tat_t = at_least(tat_t, now) + cost * Tt
 redis.call('HSET', KEYS[1], 'tat', tat_t)
 redis.call('PEXPIRE', KEYS[1], math.floor((tat_t - now) / 1000) + idle_ms)
-out[3] = tat_t
+out[5] = tat_t
 if Td > 0 then
   tat_d = at_least(tat_d, now) + cost * Td
   redis.call('HSET', KEYS[2], 'tat', tat_d)
   redis.call('PEXPIRE', KEYS[2], math.floor((tat_d - now) / 1000) + idle_ms)
-  out[5] = tat_d
+  out[7] = tat_d
 end
 for _, w in ipairs(windows) do
   for _ = 1, cost do redis.call('RPUSH', w.key, now) end

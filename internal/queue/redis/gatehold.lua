@@ -1,11 +1,17 @@
 -- Holds or frees a gate lane (see gate.lua), so that sends already handed
--- to any process's dispatcher stop. Microseconds.
+-- to any process's dispatcher stop: after a pushback (Store.holdLanes,
+-- gate.go) and for an operator's hold (Store.setHold, hold.go).
+-- Microseconds.
 --
--- KEYS  1 the lane
--- ARGV  1 op: 'until' (a pushback: held until ARGV[2]; the first send
---       after it goes at once and the rest one interval apart, ARGV[3]
---       being the lane's tolerance), 'hold' (an operator's, until freed),
---       'free'; 4 how long the lane outlives the hold (ms)
+-- KEYS[1]  the lane
+-- ARGV[1]  op: 'until' (a pushback: held until ARGV[2]; the first send
+--          after it goes at once and the rest one interval apart),
+--          'hold' (an operator's, until freed), 'free'
+-- ARGV[2]  'until': the end of the hold
+-- ARGV[3]  'until': the lane's tolerance
+-- ARGV[4]  how long the lane outlives the hold (ms)
+--
+-- Returns 1.
 
 local op = ARGV[1]
 if op == 'free' then

@@ -1,5 +1,7 @@
 -- Helpers shared by the Redis scripts, put in front of each script that
--- uses them (redis_scripts.go). Microseconds.
+-- uses them (newScript in script.go, withLib). Microseconds. Each is a
+-- local function of the script it is put in front of: a script that uses
+-- none of them loads without it.
 
 local function at_least(a, b) if a > b then return a end return b end
 
@@ -25,6 +27,32 @@ local function settle(tk, now, idle_ms)
   end
   local real_tat = at_least(tonumber(h[6]) or 0, (tonumber(h[4]) or 0) + (tonumber(h[5]) or 0))
   redis.call('PEXPIRE', tk, at_least(0, math.floor((real_tat - now) / 1000)) + idle_ms)
+end
+
+-- Keeps key k at least ms more.
+local function keep(k, ms)
+  local cur = redis.call('PTTL', k)
+  if cur == -1 or (cur >= 0 and cur < ms) then redis.call('PEXPIRE', k, ms) end
+end
+
+-- The tenant time at now of the tenant of hash tk (leaky.Pause.TenantTime).
+local function tenant_time(tk, now)
+  local h = redis.call('HMGET', tk, 'shift', 'until', 'held')
+  local shift, untl, held = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0
+  local t = now
+  if held > 0 and held < t then t = held end
+  if t < untl then t = untl end
+  return t - shift
+end
+
+-- A claimed job's attempt ended the job at tenant time tnow: it leaves
+-- the tenant's claimed set (see shardKeys.claimed) once its slot has come.
+-- Until then it keeps its place, as any job short of its slot: an attempt
+-- that ended early does not free a place early. Places whose slots have
+-- come go with it.
+local function leave_claimed(claimed, id, slot, tnow)
+  if slot <= tnow then redis.call('ZREM', claimed, id) end
+  redis.call('ZREMRANGEBYSCORE', claimed, '-inf', tnow)
 end
 
 -- A job's idempotency key (see shardKeys.idem).

@@ -1,11 +1,16 @@
 -- A tenant's pause, atomically: the same rules as leaky.Pause (PauseUntil,
 -- Hold, Resume) and the embedded store's TAT floor after a pause (no burst
--- when it ends), checked against them in admit_lua_test.go. Microseconds.
+-- when it ends), checked against them in admit_lua_test.go. Run by
+-- Store.Pause and Store.Resume (hold.go) with 'hold' and 'resume'; a
+-- pushback ('until') is recorded by the Go rule instead (outcome.go), and
+-- 'until' is here so the tests check the whole of leaky.Pause. Microseconds.
 --
 -- KEYS[1]  the tenant's hash: tat, shift, until, held
--- ARGV     op ('until' | 'hold' | 'resume'), now (0: the server's TIME),
---          tolerance ((burst-1) * interval), then for 'until': the end of
---          the pause and the slot of the job pushed back (0: none)
+-- ARGV[1]  op: 'until' | 'hold' | 'resume'
+-- ARGV[2]  now (0: the server's TIME)
+-- ARGV[3]  tolerance: (burst-1) * interval
+-- ARGV[4]  'until': the end of the pause
+-- ARGV[5]  'until': the slot of the job pushed back (0: none)
 --
 -- Returns {shift, until, held, tat}.
 

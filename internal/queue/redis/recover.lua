@@ -4,12 +4,15 @@
 -- says how long to wait); asynq's own recovery of the dead worker's task, a
 -- minute or two later, then finds a task that no longer carries it. An
 -- attempt may have been sent: the retry carries the same Idempotency-Key.
--- Microseconds.
+-- Run by the recoverer (recoverer.go). Microseconds.
 --
--- KEYS  1 in-flight zset, 2 hand-off zset (the new tasks go through it)
--- ARGV  1 now (0: the server's TIME), 2 the shard's key prefix, 3 limit
+-- KEYS[1]  the shard's in-flight zset (job id -> lease end)
+-- KEYS[2]  the shard's hand-off zset (the new tasks go through it)
+-- ARGV[1]  now (0: the server's TIME)
+-- ARGV[2]  the shard's key prefix (shardKeys.tag)
+-- ARGV[3]  the most jobs to take back
 --
--- Returns {job id, task id, tenant, ...}: the tasks to make.
+-- Returns {{job id, task id, tenant}, ...}: the tasks to make.
 
 local now = server_now(ARGV[1])
 local out = {}
@@ -18,7 +21,7 @@ for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   -- Keys in the shard's hash tag: the same slot as KEYS.
   local jk = ARGV[2] .. 'job:' .. id
-  local j = redis.call('HMGET', jk, 'state', 'tenant')
+  local j = redis.call('HMGET', jk, 'state', 'tenant', 'slot')
   if j[1] == 'dispatching' or j[1] == 'queued' or j[1] == 'retrying' then
     local task = id .. '.' .. redis.call('HINCRBY', jk, 'lives', 1)
     redis.call('HSET', jk, 'task', task)
@@ -27,11 +30,11 @@ for _, id in ipairs(ids) do
       local tk = ARGV[2] .. 'tenant:' .. j[2]
       redis.call('HINCRBY', tk, 'inflight', -1)
       redis.call('HINCRBY', tk, 'depth', 1)
+      redis.call('ZREM', ARGV[2] .. 'claimed:' .. j[2], id)
+      redis.call('ZADD', ARGV[2] .. 'waiting:' .. j[2], tonumber(j[3]) or 0, id)
     end
     redis.call('ZADD', KEYS[2], now, id)
-    out[#out + 1] = id
-    out[#out + 1] = task
-    out[#out + 1] = j[2]
+    out[#out + 1] = {id, task, j[2] or ''}
   end
 end
 return out

@@ -77,7 +77,7 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 	}
 	bucketKeys := func() int {
 		n := 0
-		for _, pattern := range []string{"throttler:*:tenant:*", "throttler:*:gate:tenant:*", "throttler:*:window:*"} {
+		for _, pattern := range []string{"throttler:*:tenant:*", "throttler:*:gate:tenant:*", "throttler:*:window:*", "throttler:*:waiting:*", "throttler:*:claimed:*"} {
 			iter := rdb.Scan(ctx, 0, pattern, 10000).Iterator()
 			for iter.Next(ctx) {
 				n++

@@ -1,0 +1,235 @@
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+)
+
+var (
+	// admitLua is the admission decision as one Redis script, the same
+	// rules as the embedded store's (checked against them in
+	// admit_lua_test.go).
+	//
+	//go:embed admit.lua
+	admitLua string
+	//go:embed enqueue.lua
+	enqueueLua string
+
+	// admitScript is admit.lua alone, as the agreement tests run it.
+	admitScript = newScript("admit.lua", admitLua, false)
+	// enqueueScript admits and keeps a batch; admit.lua is its decision,
+	// loaded as a function (its KEYS and ARGV become the function's own).
+	enqueueScript = newScript("enqueue.lua", "local function admit_decision(KEYS, ARGV)\n"+admitLua+"\nend\n"+enqueueLua, true)
+)
+
+// enqueue.lua's codes (its header).
+const (
+	admitRefused     = 0
+	admitAdmitted    = 1
+	admitRepeat      = 2
+	admitWouldExpire = 3
+	admitNotFailed   = 4
+)
+
+// admitReply is enqueue.lua's answer for one job.
+type admitReply struct {
+	Code       int64
+	Slot       time.Time // tenant time
+	DispatchAt time.Time
+	Delay      time.Duration // the expected delay, the ceiling counted
+	RetryAfter time.Duration
+	Depth      int // before this job
+	Now        time.Time
+	Prompt     bool
+	Task       string      // a retry admitted: its new task
+	Pause      leaky.Pause // a repeat: the tenant's, which moves its dispatch time
+	Job        map[string]string
+}
+
+func (a *admitReply) decode(r *reply) {
+	a.Code = r.int()
+	a.Slot = r.time()
+	a.DispatchAt = r.time()
+	a.Delay = r.duration()
+	a.RetryAfter = r.duration()
+	a.Depth = int(r.int())
+	a.Now = r.time()
+	a.Prompt = r.flag()
+	a.Task = r.str()
+	a.Pause = leaky.Pause{Shift: r.duration(), Until: r.time(), Held: r.time()}
+	a.Job = r.hash()
+	if a.Code < admitRefused || a.Code > admitNotFailed {
+		r.err = fmt.Errorf("unknown code %d", a.Code)
+	}
+}
+
+type admitReplies []admitReply
+
+func (l *admitReplies) decode(r *reply) {
+	r.each(func(r *reply) {
+		var a admitReply
+		a.decode(r)
+		*l = append(*l, a)
+	})
+}
+
+// admitCall is one run of enqueue.lua for a tenant, built up job by job.
+type admitCall struct {
+	keys []string
+	args []any
+	ids  []string // each job's id, in order
+}
+
+// newAdmitCall starts a call of mode ("new", or "retry") for tenant, of
+// policy p under ceiling (nil: none).
+func (s *Store) newAdmitCall(k shardKeys, tenant string, p leaky.Policy, ceiling *leaky.Policy, mode string) *admitCall {
+	var ceilingT int64
+	var ceilingBurst int
+	if ceiling != nil {
+		ceilingT, ceilingBurst = usCeil(ceiling.Interval), ceiling.Burst
+	}
+	c := &admitCall{
+		keys: []string{k.tenant(tenant), k.handoff(), k.active(), k.failed(tenant), k.waiting(tenant), k.claimed(tenant)},
+		args: []any{s.now(), usCeil(s.lag), usCeil(p.Interval), p.Burst, p.Capacity, ceilingT, ceilingBurst,
+			s.idle.Milliseconds(), mode, tenant, k.tag, len(p.Windows)},
+	}
+	for _, w := range p.Windows {
+		c.keys = append(c.keys, k.window(tenant, w))
+		c.args = append(c.args, w.N, usCeil(w.Length))
+	}
+	return c
+}
+
+// add puts a job in the call: its hash's key, its idempotency key's key
+// (its hash's again if none), its id and its task's.
+func (c *admitCall) add(jobKey, idemKey, id, task string, nj queue.NewJob) {
+	c.keys = append(c.keys, jobKey, idemKey)
+	c.args = append(c.args, id, task, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline))
+	c.ids = append(c.ids, id)
+}
+
+func (c *admitCall) run(ctx context.Context, s *Store) (admitReplies, error) {
+	var out admitReplies
+	if err := enqueueScript.run(ctx, s.rdb, c.keys, c.args, &out); err != nil {
+		return nil, err
+	}
+	if len(out) != len(c.ids) {
+		return nil, fmt.Errorf("enqueue.lua: %d replies for %d jobs", len(out), len(c.ids))
+	}
+	return out, nil
+}
+
+// Enqueue implements queue.Store: one script decides and keeps the whole
+// batch (nothing is admitted if it fails) and answers every job from what
+// it read itself, a repeated key too; then each admitted job becomes an
+// asynq task. A job whose task cannot be made (Redis went away just then)
+// is still admitted: it is in the hand-off set, and the sweeper makes its
+// task.
+func (s *Store) Enqueue(ctx context.Context, tenant string, jobs []queue.NewJob) ([]queue.Admission, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p := s.policy(tenant)
+	_, ceiling := s.ceiling(tenant)
+	out := make([]queue.Admission, len(jobs))
+	plan := queue.Precheck(tenant, jobs, queue.MaxCost(p, ceiling), p.Capacity, out)
+	if len(plan.Decide) > 0 {
+		shard := shardOf(tenant)
+		k := keysOf(shard)
+		call := s.newAdmitCall(k, tenant, p, ceiling, "new")
+		idNow := s.localNow()
+		for _, i := range plan.Decide {
+			id := newJobID(idNow, shard)
+			ik := k.job(id)
+			if key := jobs[i].IdempotencyKey; key != "" {
+				ik = k.idem(tenant, key)
+			}
+			call.add(k.job(id), ik, id, id, jobs[i])
+		}
+		replies, err := call.run(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		var admitted []queue.Job
+		for n, i := range plan.Decide {
+			out[i] = s.admission(tenant, p, jobs[i], call.ids[n], replies[n])
+			if replies[n].Code == admitAdmitted {
+				admitted = append(admitted, out[i].Job)
+			}
+		}
+		for _, j := range admitted {
+			s.makeTask(ctx, j)
+		}
+	}
+	plan.FillRepeats(out)
+	return out, nil
+}
+
+// admission is the answer to job nj, given id, from enqueue.lua's reply r.
+func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id string, r admitReply) queue.Admission {
+	switch r.Code {
+	case admitRefused:
+		return queue.Admission{Rejected: queue.Rejection(tenant, p, leaky.Decision{RetryAfter: r.RetryAfter}, r.Depth), QueueDepth: r.Depth, Capacity: p.Capacity}
+	case admitWouldExpire:
+		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: r.Delay, Deadline: nj.Deadline},
+			QueueDepth: r.Depth, Capacity: p.Capacity}
+	case admitRepeat: // the first job, as Job reads it
+		prev := underPause(jobFromHash(r.Job), r.Pause, r.Now)
+		return queue.Admission{Job: prev, Duplicate: true, ExpectedDelay: prev.AdmitDelay, QueueDepth: prev.AdmitDepth, Capacity: p.Capacity}
+	}
+	j := queue.Job{
+		ID: id, Tenant: tenant, State: queue.StateQueued, Payload: nj.Payload,
+		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: r.Now, DispatchAt: r.DispatchAt, Slot: r.Slot,
+		AdmitDelay: r.Delay, AdmitDepth: r.Depth + 1, Prompt: r.Prompt, Deadline: nj.Deadline,
+	}
+	if c := max(nj.Cost, 1); c > 1 {
+		j.Cost = c
+	}
+	return queue.Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: j.AdmitDepth, Capacity: p.Capacity}
+}
+
+// Retry implements queue.Store: the failed job takes a new slot like a new
+// job, under a new task id (its old task is gone).
+func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
+	shard, ok := shardOfID(id)
+	if !ok {
+		return queue.Admission{}, queue.ErrNotFound
+	}
+	j, err := s.Job(ctx, id)
+	if err != nil {
+		return queue.Admission{}, err
+	}
+	if j.State != queue.StateFailed {
+		return queue.Admission{}, &queue.StateError{ID: id, State: j.State, Op: "retry"}
+	}
+	k := keysOf(shard)
+	p := s.policy(j.Tenant)
+	_, ceiling := s.ceiling(j.Tenant)
+	call := s.newAdmitCall(k, j.Tenant, p, ceiling, "retry")
+	// Its payload and key stay in its hash; the script names the new task.
+	call.add(k.job(id), k.idemOf(j), id, "", queue.NewJob{Cost: j.Cost, Deadline: j.Deadline})
+	replies, err := call.run(ctx, s)
+	if err != nil {
+		return queue.Admission{}, err
+	}
+	r := replies[0]
+	if r.Code == admitNotFailed { // another retry took it meanwhile
+		return queue.Admission{}, &queue.StateError{ID: id, State: queue.JobState(r.Job["state"]), Op: "retry"}
+	}
+	a := s.admission(j.Tenant, p, queue.NewJob{Payload: j.Payload, IdempotencyKey: j.IdempotencyKey, Cost: j.Cost, Deadline: j.Deadline}, id, r)
+	if r.Code == admitAdmitted {
+		a.Job.EnqueuedAt, a.Job.Attempts = j.EnqueuedAt, 0
+		if err := s.enqueueTask(ctx, id, j.Tenant, r.Task, a.Job.DispatchAt); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+			s.log.Warn("job sent again, its asynq task not made yet: the sweeper will make it", "job", id, "err", err)
+		}
+	}
+	return a, nil
+}

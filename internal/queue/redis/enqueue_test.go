@@ -1,0 +1,221 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+	"throttler/internal/testutil"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// failReads fails the client's reads of hashes (HGETALL, HMGET) while it
+// is armed; scripts and asynq's own commands pass.
+type failReads struct{ armed atomic.Bool }
+
+func (f *failReads) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (f *failReads) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if name := cmd.Name(); f.armed.Load() && (name == "hgetall" || name == "hmget") {
+			err := fmt.Errorf("%s refused by the test", name)
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (f *failReads) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// openFake opens a store on a redis-server of the test's own, deciding on
+// clk, with each tenant's downstream ceiling from ceiling (nil: none).
+func openFake(t *testing.T, rdb *goredis.Client, clk clock.Clock, policy queue.PolicyFunc, ceiling queue.CeilingFunc) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), Options{Client: rdb, Clock: clk, Policy: policy, Ceiling: ceiling, StartLag: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// taskExists reports whether the asynq task that carries job id exists.
+func taskExists(t *testing.T, rdb *goredis.Client, id string) bool {
+	t.Helper()
+	shard, ok := shardOfID(id)
+	if !ok {
+		t.Fatalf("%q is not a job id of this store", id)
+	}
+	n, err := rdb.Exists(context.Background(), "asynq:{"+queueName(shard)+"}:t:"+id).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// Issue 12 #7: a batch whose admission script ran is durable. A repeated
+// key's answer must not need a second read that can fail after the commit
+// (the call would answer 503, the client would retry, and the key-less jobs
+// of the batch would be admitted twice): the call succeeds, the repeat is
+// answered as the first time, and every job admitted gets its task.
+func TestRepeatIsAnsweredWithoutASecondRead(t *testing.T) {
+	rdb := redisClient(t, 0)
+	reads := &failReads{}
+	rdb.AddHook(reads)
+	ctx := context.Background()
+	s := openFake(t, rdb, clock.NewFake(t0), leaky20(10), nil)
+	keyed := queue.NewJob{Payload: []byte(`"k"`), IdempotencyKey: "k"}
+	first, err := s.Enqueue(ctx, "acme", []queue.NewJob{keyed})
+	if err != nil || !first[0].Admitted() {
+		t.Fatalf("first use of the key: %+v %v", first, err)
+	}
+
+	reads.armed.Store(true)
+	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(1), keyed, payload(2)})
+	reads.armed.Store(false)
+	if err != nil {
+		t.Fatalf("Enqueue after its admission script ran: %v (the batch is durable: it must be answered)", err)
+	}
+	if !out[0].Admitted() || out[0].Duplicate || !out[2].Admitted() || out[2].Duplicate {
+		t.Fatalf("key-less jobs: %+v, %+v; want both admitted", out[0], out[2])
+	}
+	r, f := out[1], first[0]
+	if !r.Duplicate || r.Job.ID != f.Job.ID || r.ExpectedDelay != f.ExpectedDelay || r.QueueDepth != f.QueueDepth ||
+		r.Job.State != queue.StateQueued || r.Job.Tenant != "acme" || !r.Job.EnqueuedAt.Equal(f.Job.EnqueuedAt) || r.Job.AdmitDelay != f.Job.AdmitDelay {
+		t.Fatalf("the repeat: %+v\nwant the first answer again: %+v", r, f)
+	}
+	for _, a := range []queue.Admission{out[0], out[2]} {
+		if !taskExists(t, rdb, a.Job.ID) {
+			t.Errorf("job %s admitted, its asynq task not made", a.Job.ID)
+		}
+	}
+	if st, err := s.Tenant(ctx, "acme"); err != nil || st.Accepted != 3 || st.QueueDepth != 3 {
+		t.Fatalf("status %+v %v, want 3 accepted and waiting", st, err)
+	}
+}
+
+// Issue 12 #8: the expected delay counts the downstream's ceiling, as the
+// embedded store does (queue.CeilingDelay): at admission, in the deadline
+// check, and in the tenant's status.
+func TestExpectedDelayCountsTheCeiling(t *testing.T) {
+	rdb := redisClient(t, 0)
+	ctx := context.Background()
+	// The tenant may send every 50 ms; its downstream, every 100 ms.
+	ceiling := &leaky.Policy{Interval: 2 * T, Burst: 1}
+	s := openFake(t, rdb, clock.NewFake(t0), leaky20(10), func(string) (string, *leaky.Policy) { return "sms", ceiling })
+	for i := range 5 {
+		out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(i)})
+		if err != nil || !out[0].Admitted() {
+			t.Fatalf("job %d: %+v %v", i, out, err)
+		}
+		want := max(time.Duration(i)*T, queue.CeilingDelay(ceiling, i))
+		if a := out[0]; a.ExpectedDelay != want || a.Job.AdmitDelay != want {
+			t.Fatalf("job %d: expected delay %v (told %v), want %v: %d jobs ahead at the ceiling's %v", i, a.ExpectedDelay, a.Job.AdmitDelay, want, i, ceiling.Interval)
+		}
+	}
+	st, err := s.Tenant(ctx, "acme")
+	if want := queue.CeilingDelay(ceiling, 5); err != nil || st.ExpectedDelay != want {
+		t.Fatalf("status: expected delay %v %v, want %v", st.ExpectedDelay, err, want)
+	}
+	// Its own schedule would send it in 250 ms; the ceiling, in 500 ms.
+	late := queue.NewJob{Payload: []byte(`1`), Deadline: t0.Add(450 * time.Millisecond)}
+	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{late})
+	if err != nil || out[0].Impossible == nil || out[0].Impossible.Reason != queue.ReasonWouldExpire || out[0].Impossible.ExpectedDelay != 500*time.Millisecond {
+		t.Fatalf("a job due in 450 ms behind 5 at the ceiling: %+v %v, want would_expire after 500ms", out, err)
+	}
+}
+
+// Issue 12 #6 on Redis: any deadline given is a deadline, one at or before
+// 1970 too (the scripts took 0 and below as none): a deadline already past
+// is refused as would_expire, as the embedded store refuses it.
+func TestDeadlineAtOrBefore1970IsADeadline(t *testing.T) {
+	rdb := redisClient(t, 0)
+	ctx := context.Background()
+	s := openFake(t, rdb, clock.NewFake(t0), leaky20(10), nil)
+	for _, deadline := range []time.Time{time.Unix(0, 0), time.Unix(-3600, 0), time.Unix(0, 1000), t0.Add(-time.Second)} {
+		out, err := s.Enqueue(ctx, "acme", []queue.NewJob{{Payload: []byte(`1`), Deadline: deadline}})
+		if err != nil || out[0].Impossible == nil || out[0].Impossible.Reason != queue.ReasonWouldExpire || !out[0].Impossible.Deadline.Equal(deadline) {
+			t.Fatalf("deadline %s: %+v %v, want would_expire", deadline.UTC().Format(time.RFC3339Nano), out[0], err)
+		}
+	}
+	// A job with no deadline is kept, and never expires for want of one.
+	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(1)})
+	if err != nil || !out[0].Admitted() {
+		t.Fatalf("no deadline: %+v %v", out, err)
+	}
+	if j, err := s.Job(ctx, out[0].Job.ID); err != nil || !j.Deadline.IsZero() {
+		t.Fatalf("no deadline read back as %v %v", j.Deadline, err)
+	}
+	if st, err := s.Tenant(ctx, "acme"); err != nil || st.Accepted != 1 || st.QueueDepth != 1 {
+		t.Fatalf("status %+v %v, want the one job without a deadline", st, err)
+	}
+}
+
+// A retry refused in the script because the job is no longer failed (a
+// concurrent retry took it first) names the job in its StateError.
+func TestRetryRefusedInTheScriptNamesTheJob(t *testing.T) {
+	rdb := redisClient(t, 0)
+	ctx := context.Background()
+	clk := clock.NewFake(t0)
+	s := openFake(t, rdb, clk, leaky20(10), nil)
+	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(1)})
+	if err != nil || !out[0].Admitted() {
+		t.Fatalf("enqueue: %+v %v", out, err)
+	}
+	id := out[0].Job.ID
+	stop := consume(t, s, queue.DefaultLead, func(context.Context, queue.Job) queue.Outcome {
+		return queue.Outcome{Result: queue.Failed, Status: 400, Error: "no"}
+	})
+	waitJob(t, s, id, queue.StateFailed)
+	stop()
+
+	// Between Retry's read (failed) and its script, another retry takes
+	// the job.
+	k := keysOf(shardOf("acme")).job(id)
+	rdb.AddHook(beforeScript(func() { rdb.HSet(context.Background(), k, "state", "queued") }))
+	_, err = s.Retry(ctx, id)
+	var se *queue.StateError
+	if !errors.As(err, &se) || se.ID != id || se.State != queue.StateQueued || !strings.Contains(err.Error(), id) {
+		t.Fatalf("retry of a job retried meanwhile: %v, want a StateError naming job %s", err, id)
+	}
+}
+
+// beforeScript runs f once, before the next script the client runs.
+type beforeScriptHook struct {
+	once atomic.Bool
+	f    func()
+}
+
+func beforeScript(f func()) *beforeScriptHook { return &beforeScriptHook{f: f} }
+
+func (h *beforeScriptHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *beforeScriptHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.once.CompareAndSwap(false, true) {
+			h.f()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *beforeScriptHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// waitJob waits until job id is in state.
+func waitJob(t *testing.T, s queue.Store, id string, state queue.JobState) {
+	t.Helper()
+	testutil.WaitFor(t, 10*time.Second, "job "+id+" "+string(state), func() bool {
+		j, err := s.Job(context.Background(), id)
+		return err == nil && j.State == state
+	})
+}

@@ -1,0 +1,168 @@
+package redis
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+)
+
+// tenantState is a tenant's hash, read.
+type tenantState struct {
+	rec             queue.TenantRecord // without its windows (lists of their own)
+	depth, inFlight int
+}
+
+// tenantFields are the fields of a tenant's hash that parseTenant reads.
+var tenantFields = []string{"tat", "shift", "until", "held", "depth", "inflight", "accepted", "rejected", "delivered", "failed", "cancelled", "expired"}
+
+// parseTenant reads HMGET's answer for tenantFields (a field not there
+// reads 0).
+func parseTenant(v []any) tenantState {
+	n := func(i int) int64 {
+		if i >= len(v) {
+			return 0
+		}
+		s, _ := v[i].(string)
+		x, _ := strconv.ParseInt(s, 10, 64)
+		return x
+	}
+	return tenantState{
+		rec: queue.TenantRecord{
+			TAT:      fromMicros(n(0)),
+			Pause:    leaky.Pause{Shift: time.Duration(n(1)) * time.Microsecond, Until: fromMicros(n(2)), Held: fromMicros(n(3))},
+			Accepted: n(6), Rejected: n(7), Delivered: n(8), Failed: n(9), Cancelled: n(10), Expired: n(11),
+		},
+		depth: int(n(4)), inFlight: int(n(5)),
+	}
+}
+
+// parseRecent reads a window's list: the slots of its last sends, in
+// microseconds.
+func parseRecent(list []string) leaky.Recent {
+	out := make(leaky.Recent, 0, len(list))
+	for _, us := range list {
+		n, _ := strconv.ParseInt(us, 10, 64)
+		out = append(out, time.UnixMicro(n))
+	}
+	return out
+}
+
+// Tenant implements queue.Store.
+func (s *Store) Tenant(ctx context.Context, tenant string) (queue.TenantStatus, error) {
+	v, err := s.rdb.HMGet(ctx, keysOf(shardOf(tenant)).tenant(tenant), tenantFields...).Result()
+	if err != nil {
+		return queue.TenantStatus{}, queue.Unavailable(err)
+	}
+	now, err := s.serverNow(ctx)
+	if err != nil {
+		return queue.TenantStatus{}, err
+	}
+	return s.status(ctx, tenant, parseTenant(v), now)
+}
+
+// status is what ts says of tenant name at now. Its expected delay counts
+// its windows and its downstream's ceiling, as admission does.
+func (s *Store) status(ctx context.Context, name string, ts tenantState, now time.Time) (queue.TenantStatus, error) {
+	p := s.policy(name)
+	pz := ts.rec.Pause
+	tnow := pz.TenantTime(now)
+	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: ts.rec.TAT}, tnow, p))
+	if len(p.Windows) > 0 {
+		k := keysOf(shardOf(name))
+		recent := make([]leaky.Recent, len(p.Windows))
+		for i, w := range p.Windows {
+			l, err := s.rdb.LRange(ctx, k.window(name, w), 0, -1).Result()
+			if err != nil {
+				return queue.TenantStatus{}, queue.Unavailable(err)
+			}
+			recent[i] = parseRecent(l)
+		}
+		slot = leaky.WindowSlot(recent, p, slot, 1)
+	}
+	_, ceiling := s.ceiling(name)
+	depth := max(ts.depth, 0)
+	paused, until := pz.Paused(now)
+	return queue.TenantStatus{
+		Tenant: name, QueueDepth: depth, InFlight: max(ts.inFlight, 0),
+		ExpectedDelay: max(queue.DispatchAt(pz, slot, now).Sub(now), queue.CeilingDelay(ceiling, depth)),
+		Paused:        paused, PausedUntil: until, Held: !pz.Held.IsZero(),
+		Accepted: ts.rec.Accepted, Rejected: ts.rec.Rejected, Delivered: ts.rec.Delivered,
+		Failed: ts.rec.Failed, Cancelled: ts.rec.Cancelled, Expired: ts.rec.Expired,
+	}, nil
+}
+
+// Tenants implements queue.Store.
+func (s *Store) Tenants(ctx context.Context, offset, limit int) ([]queue.TenantStatus, error) {
+	page, err := s.activePage(ctx, offset, limit)
+	if err != nil || len(page) == 0 {
+		return nil, err
+	}
+	// One pipeline for the page: a scrape of /metrics reads every busy
+	// tenant.
+	cmds := make([]*goredis.SliceCmd, len(page))
+	_, err = s.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		for i, name := range page {
+			cmds[i] = p.HMGet(ctx, keysOf(shardOf(name)).tenant(name), tenantFields...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, queue.Unavailable(err)
+	}
+	now, err := s.serverNow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]queue.TenantStatus, 0, len(page))
+	for i, name := range page {
+		st, err := s.status(ctx, name, parseTenant(cmds[i].Val()), now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// activePage names the tenants with jobs, deepest first, from offset, at
+// most limit (0: all).
+func (s *Store) activePage(ctx context.Context, offset, limit int) ([]string, error) {
+	type entry struct {
+		name string
+		n    float64
+	}
+	var all []entry
+	for shard := range Shards {
+		zs, err := s.rdb.ZRangeWithScores(ctx, keysOf(shard).active(), 0, -1).Result()
+		if err != nil {
+			return nil, queue.Unavailable(err)
+		}
+		for _, z := range zs {
+			if name, ok := z.Member.(string); ok && z.Score > 0 {
+				all = append(all, entry{name, z.Score})
+			}
+		}
+	}
+	slices.SortFunc(all, func(a, b entry) int {
+		return cmp.Or(cmp.Compare(b.n, a.n), cmp.Compare(a.name, b.name))
+	})
+	if offset >= len(all) {
+		return nil, nil
+	}
+	all = all[offset:]
+	if limit > 0 && len(all) > limit {
+		all = all[:limit]
+	}
+	names := make([]string, len(all))
+	for i, e := range all {
+		names[i] = e.name
+	}
+	return names, nil
+}

@@ -1,0 +1,127 @@
+package redis
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+)
+
+// The index admission counts waiting jobs from (a tenant's waiting and
+// claimed sets, by slot) follows every job through its life: admitted,
+// cancelled, claimed, retried after a failure (at its new slot), released
+// unsent, failed, delivered; a job whose attempt ended before its slot
+// keeps its place until then. Once no job is left and every slot has
+// passed, neither set is.
+func TestWaitingIndexFollowsTheJobs(t *testing.T) {
+	rdb := redisClient(t, 0)
+	ctx := context.Background()
+	clk := clock.NewFake(t0)
+	w, _ := leaky.ParseWindow("100/1m")
+	s := openFake(t, rdb, clk, func(string) leaky.Policy {
+		return leaky.Policy{Interval: T, Burst: 1, Capacity: 10, Windows: []leaky.Window{w}}
+	}, nil)
+	k := keysOf(shardOf("acme"))
+	index := func() (waiting, claimed map[string]float64) {
+		waiting, claimed = map[string]float64{}, map[string]float64{}
+		for key, m := range map[string]map[string]float64{k.waiting("acme"): waiting, k.claimed("acme"): claimed} {
+			zs, err := rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, z := range zs {
+				m[z.Member.(string)] = z.Score
+			}
+		}
+		return waiting, claimed
+	}
+	var ids []string
+	for i := range 4 {
+		out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(i)})
+		if err != nil || !out[0].Admitted() {
+			t.Fatalf("job %d: %+v %v", i, out, err)
+		}
+		ids = append(ids, out[0].Job.ID)
+		if waiting, _ := index(); waiting[ids[i]] != float64(micros(out[0].Job.Slot)) {
+			t.Fatalf("job %d admitted: waiting set %v, want it at its slot %v", i, waiting, out[0].Job.Slot)
+		}
+	}
+	if _, err := s.Cancel(ctx, ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	if waiting, _ := index(); len(waiting) != 3 {
+		t.Fatalf("after a cancel: waiting set %v, want 3", waiting)
+	}
+
+	// Job 0 fails once (5xx) then goes; job 1 is released unsent once,
+	// then fails for good; each waits for its slot, as the dispatcher
+	// does. Job 2 ends at once, before its slot.
+	var mu sync.Mutex
+	tries := map[string]int{}
+	stop := consume(t, s, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
+		mu.Lock()
+		tries[j.ID]++
+		n := tries[j.ID]
+		mu.Unlock()
+		if _, claimed := index(); claimed[j.ID] != float64(micros(j.Slot)) {
+			t.Errorf("job %s handed over: claimed set %v, want it at its slot", j.ID, claimed)
+		}
+		if j.ID == ids[2] {
+			return queue.Outcome{Result: queue.Succeeded, SentAt: clk.Now(), Status: 200}
+		}
+		if j.ID == ids[1] && n == 1 {
+			return queue.Outcome{Result: queue.Released}
+		}
+		<-clk.After(j.DispatchAt.Sub(clk.Now()))
+		switch {
+		case j.ID == ids[0] && n == 1:
+			return queue.Outcome{Result: queue.Retry, SentAt: clk.Now(), Status: 503, Error: "busy", NotBefore: clk.Now().Add(time.Second)}
+		case j.ID == ids[1]:
+			return queue.Outcome{Result: queue.Failed, SentAt: clk.Now(), Status: 400, Error: "no"}
+		}
+		return queue.Outcome{Result: queue.Succeeded, SentAt: clk.Now(), Status: 200}
+	})
+	waitJob(t, s, ids[2], queue.StateSucceeded)
+	if waiting, claimed := index(); claimed[ids[2]] == 0 || waiting[ids[2]] != 0 {
+		t.Fatalf("job 2 done before its slot: waiting %v claimed %v, want it to keep its place until its slot", waiting, claimed)
+	}
+	advanceUntil(t, clk, 10*time.Millisecond, "job 0 retrying", func() bool {
+		j, err := s.Job(ctx, ids[0])
+		return err == nil && j.State == queue.StateRetrying
+	})
+	j, _ := s.Job(ctx, ids[0])
+	if waiting, claimed := index(); waiting[ids[0]] != float64(micros(j.Slot)) || claimed[ids[0]] != 0 {
+		t.Fatalf("job 0 to be retried at %v: waiting %v claimed %v, want it waiting at its new slot", j.Slot, waiting, claimed)
+	}
+	advanceUntil(t, clk, 10*time.Millisecond, "every job done", func() bool {
+		for i, want := range []queue.JobState{queue.StateSucceeded, queue.StateFailed, queue.StateSucceeded} {
+			if j, err := s.Job(ctx, ids[i]); err != nil || j.State != want {
+				return false
+			}
+		}
+		return true
+	})
+	stop()
+	if n, err := rdb.Exists(ctx, k.waiting("acme"), k.claimed("acme")).Result(); err != nil || n != 0 {
+		waiting, claimed := index()
+		t.Fatalf("every job done, every slot past: index sets left: waiting %v claimed %v (%v)", waiting, claimed, err)
+	}
+}
+
+// advanceUntil advances clk by step every 2 ms of real time (asynq works in
+// real time) until cond holds, for at most 10 s.
+func advanceUntil(t *testing.T, clk *clock.Fake, step time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10 s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+		clk.Advance(step)
+	}
+}
