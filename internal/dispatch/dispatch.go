@@ -152,14 +152,11 @@ func (d *Dispatcher) breaker(downstream string) *breaker {
 	return b
 }
 
-// indefinitely is the end of an operator hold on the gate: none.
-var indefinitely = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
-
 // HoldTenant stops a tenant's sends that wait for their slot at the gate
 // (an operator hold: the store has stopped handing its jobs over; these
 // were handed over just before). They go back in line, unsent.
 func (d *Dispatcher) HoldTenant(tenant string) {
-	d.gate.Hold(tenantKey(tenant), indefinitely)
+	d.gate.Hold(tenantKey(tenant), clock.Never)
 }
 
 // ResumeTenant ends HoldTenant: the queue goes on one interval apart, not
@@ -195,7 +192,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 	br := d.breaker(r.Downstream)
 	// Asked as of the job's own time: a job handed over just before the
 	// next probe is the probe.
-	probe, until, ok := br.allow(later(d.clock.Now(), job.DispatchAt))
+	probe, until, ok := br.allow(clock.Later(d.clock.Now(), job.DispatchAt))
 	if !ok {
 		// The downstream is failing: this job waits for the next probe,
 		// first in its tenant's queue, and uses up none of its attempts.
@@ -338,7 +335,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		if held.Busy {
 			return queue.Outcome{Result: queue.Released, NotBefore: held.Until, Error: held.Error()}, ""
 		}
-		if !held.Until.Before(indefinitely) {
+		if !held.Until.Before(clock.Never) {
 			return queue.Outcome{Result: queue.Released}, "" // the store holds the tenant
 		}
 		return queue.Outcome{Result: queue.Released, PauseUntil: held.Until}, ""
@@ -400,7 +397,7 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until time.Time, msg string) queue.Outcome {
 	// At least one interval: "Retry-After: 0" must not mean "again at once,
 	// and again".
-	until = later(until, d.clock.Now().Add(r.Policy.Interval))
+	until = clock.Later(until, d.clock.Now().Add(r.Policy.Interval))
 	d.gate.Hold(tenantKey(job.Tenant), until)
 	d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
 	if r.Ceiling != nil {

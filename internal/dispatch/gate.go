@@ -177,13 +177,13 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			k := g.key(l.Key)
 			// Held past the moment this send would go: give up, and go
 			// back in line. A hold that ends before then only delays it.
-			if k.heldUntil.After(later(now, notBefore)) {
+			if k.heldUntil.After(clock.Later(now, notBefore)) {
 				until := k.heldUntil
 				leave()
 				g.mu.Unlock()
 				return nil, &HeldError{Key: l.Key, Until: until}
 			}
-			allowed = later(allowed, k.heldUntil)
+			allowed = clock.Later(allowed, k.heldUntil)
 			heldWake = append(heldWake, k.held)
 			if l.Policy.Interval == 0 {
 				continue // a lane for holds only: no rate
@@ -205,7 +205,7 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 				continue
 			}
 			w := leaky.WindowSlot(g.keys[l.Key].recent, l.Policy, allowed, max(l.Cost, 1))
-			if w.Sub(later(now, notBefore)) > windowGrace {
+			if w.Sub(clock.Later(now, notBefore)) > windowGrace {
 				leave()
 				g.mu.Unlock()
 				return nil, &HeldError{Key: l.Key, Until: w}
@@ -218,7 +218,7 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			for _, l := range lanes {
 				if l.Policy.Interval > 0 {
 					k := g.keys[l.Key]
-					k.tat = later(k.tat, now).Add(l.step())
+					k.tat = clock.Later(k.tat, now).Add(l.step())
 					k.outstanding = t.done
 				}
 			}
@@ -283,7 +283,7 @@ func (g *Gate) Space(key string, tat time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	k := g.key(key)
-	k.tat = later(k.tat, tat)
+	k.tat = clock.Later(k.tat, tat)
 }
 
 // Unhold ends a hold on key at once (an operator's resume).
@@ -305,7 +305,7 @@ func (t *Ticket) Wrote(wrote time.Time) {
 		if len(l.Policy.Windows) > 0 {
 			k.recent = leaky.Record(k.recent, l.Policy, wrote, max(l.Cost, 1))
 			for _, w := range l.Policy.Windows {
-				k.keepUntil = later(k.keepUntil, wrote.Add(w.Length))
+				k.keepUntil = clock.Later(k.keepUntil, wrote.Add(w.Length))
 			}
 		}
 	})
@@ -345,11 +345,4 @@ func (g *Gate) sweep(now time.Time) {
 			delete(g.keys, key)
 		}
 	}
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
