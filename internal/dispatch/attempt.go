@@ -57,12 +57,13 @@ type attempt struct {
 	remote RemoteGate // the gate a shared store's processes pass too; nil: none
 
 	stop context.Context // the service stopping
-	// ctx is the request's, gateCtx the wait at the gate's. Once begun, an
-	// attempt is not cut short by a stop: a request cut off mid-write
-	// would leave the downstream guessing, and the job was handed over
-	// only a moment before its slot.
+	// ctx is the request's. Once begun, an attempt is not cut short by a
+	// stop: a request cut off mid-write would leave the downstream
+	// guessing. gateCtx, the wait at the gate, is: nothing is written yet.
 	ctx, gateCtx       context.Context
-	cancel, cancelDial context.CancelFunc
+	cancel, cancelGate context.CancelFunc
+	unwatchStop        func() bool
+	timeout            *timeout
 
 	mu sync.Mutex
 	// sentAt is when the request was written; zero while it was not.
@@ -75,8 +76,7 @@ type attempt struct {
 	// unpaced is the gate's ticket when the connection is not ours (no
 	// pacedConn): the send counts as lasting until the attempt ends.
 	unpaced *Ticket
-	timeout *time.Timer // the per-attempt timeout, from the write on
-	over    bool        // the outcome is being decided: a late report changes nothing
+	over    bool // the outcome is being decided: a late report changes nothing
 }
 
 // Why the gate let nothing be written, beside *HeldError.
@@ -108,15 +108,17 @@ func (d *Dispatcher) newAttempt(stop context.Context, job queue.Job, r Route) *a
 		a.remote = func(ctx context.Context) (queue.GateAnswer, error) { return d.shared(ctx, req) }
 	}
 	a.ctx, a.cancel = context.WithCancel(context.WithoutCancel(stop))
-	// A bound on connecting: the slot is near, so this is generous.
-	a.ctx, a.cancelDial = context.WithTimeout(a.ctx, job.DispatchAt.Sub(d.clock.Now())+r.Timeout+10*time.Second)
-	a.gateCtx = a.ctx
+	a.gateCtx, a.cancelGate = context.WithCancel(a.ctx)
+	a.unwatchStop = context.AfterFunc(stop, a.cancelGate)
+	a.timeout = startTimeout(d.clock, r.Timeout, a.cancel)
 	return a
 }
 
 // end lets go of what the attempt holds, once its outcome is decided.
 func (a *attempt) end() {
-	a.cancelDial()
+	a.timeout.end()
+	a.unwatchStop()
+	a.cancelGate()
 	a.cancel()
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -172,9 +174,12 @@ func (a *attempt) gotConn(info httptrace.GotConnInfo) {
 }
 
 // passGate waits at the gate until the request may be written, and returns
-// the ticket to resolve. If the gate refuses, the reason is kept for
-// classify and nothing may be written.
+// the ticket to resolve. The timeout stands still meanwhile: the wait is
+// not part of the attempt, however long. If the gate refuses, the reason
+// is kept for classify and nothing may be written.
 func (a *attempt) passGate() (*Ticket, error) {
+	a.timeout.standStill()
+	defer a.timeout.run()
 	ticket, err := a.waitAtGate()
 	if err != nil {
 		a.refuse(err)
@@ -228,36 +233,30 @@ func (a *attempt) refuse(err error) {
 func (a *attempt) wrote(at time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.over {
-		return
-	}
-	a.sentAt = at
-	if a.timeout == nil {
-		a.timeout = time.AfterFunc(a.route.Timeout, a.cancel)
+	if !a.over {
+		a.sentAt = at
 	}
 }
 
-// send sends the request and reads the answer.
+// send sends the request and reads the answer, all within the timeout but
+// for the wait at the gate.
 func (a *attempt) send(req *http.Request) sent {
 	resp, err := a.d.client.Do(req)
-	a.mu.Lock()
-	pw := a.paced
-	a.mu.Unlock()
-	if err == nil && pw != nil {
-		<-pw.done // an answer means the write was made: wait until it is told
-	}
-	a.mu.Lock()
-	a.over = true
-	if a.timeout != nil {
-		a.timeout.Stop()
-	}
-	s := sent{at: a.sentAt, err: err, refused: a.refused}
-	a.mu.Unlock()
-	s.timedOut = errors.Is(a.ctx.Err(), context.Canceled) || errors.Is(a.ctx.Err(), context.DeadlineExceeded)
+	var ans *answer
 	if err == nil {
+		a.mu.Lock()
+		pw := a.paced
+		a.mu.Unlock()
+		if pw != nil {
+			<-pw.done // an answer means the write was made: wait until it is told
+		}
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes))
 		resp.Body.Close()
-		s.answer = &answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: body}
+		ans = &answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: body}
 	}
-	return s
+	timedOut := a.timeout.end()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.over = true
+	return sent{at: a.sentAt, answer: ans, err: err, refused: a.refused, timedOut: timedOut}
 }

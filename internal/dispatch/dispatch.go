@@ -20,8 +20,11 @@ import (
 
 // Route is where and how a tenant's jobs go.
 type Route struct {
-	Downstream  string
-	URL         string
+	Downstream string
+	URL        string
+	// Timeout bounds an attempt's connection setup, write and answer; never
+	// its wait at the gate (for its slot, its rate, a window, a ceiling),
+	// however long.
 	Timeout     time.Duration
 	MaxAttempts int
 	Policy      leaky.Policy
@@ -119,7 +122,9 @@ func NewClient(maxConns int) *http.Client {
 	}
 }
 
-// Handle sends one job: it implements queue.Handler.
+// Handle sends one job: it implements queue.Handler. A stop cuts short a
+// wait at the gate (the job is Released, nothing sent), never a request
+// being written or answered.
 func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 	if stop.Err() != nil {
 		return queue.Outcome{Result: queue.Released}
