@@ -44,12 +44,12 @@ func TestLoweredRateBacklogIsDeliveredAtTheNewPace(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the reload", func() bool { return strings.Contains(p.logs(), "config reloaded") })
+	testutil.WaitFor(t, 5*time.Second, "the reload", func() bool { return strings.Contains(p.logs(), "config reloaded") })
 
 	// At most n seconds at the new rate, and a little more for the sends
 	// that went at the old one; a job retried after a failure (backoff, the
 	// breaker's cooldown) comes later than this.
-	waitFor(t, (n+2)*time.Second, "every job at the downstream", func() bool { return len(ds.All()) >= n })
+	testutil.WaitFor(t, (n+2)*time.Second, "every job at the downstream", func() bool { return len(ds.All()) >= n })
 	a := ds.All()
 	for i, x := range a {
 		if i >= len(ids) || x.Key != ids[i] || x.Attempt != "1" {
