@@ -282,8 +282,8 @@ func TestGatePassesInSlotOrder(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			order <- at
 			tk.Wrote(clk.Now())
+			order <- at
 		}()
 	}
 	testutil.WaitFor(t, 5*time.Second, "3 sends waiting", func() bool {
@@ -294,7 +294,7 @@ func TestGatePassesInSlotOrder(t *testing.T) {
 	})
 	waitWaiters(t, clk, 1) // the head waits on its timer; the others on it
 	clk.Advance(100 * time.Millisecond)
-	for _, want := range []int{10, 20, 30} {
+	for i, want := range []int{10, 20, 30} {
 		select {
 		case got := <-order:
 			if got != want {
@@ -303,7 +303,13 @@ func TestGatePassesInSlotOrder(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("stuck")
 		}
-		clk.Advance(time.Millisecond)
+		if i < 2 {
+			// The next one waits one interval after that write, on its
+			// timer: the clock moves once it does (moved before, the
+			// timer would be set from the new time, and wait on).
+			waitWaiters(t, clk, 1)
+			clk.Advance(time.Millisecond)
+		}
 	}
 }
 
