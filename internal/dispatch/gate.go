@@ -167,7 +167,7 @@ func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane
 			return t, nil
 		}
 		g.mu.Unlock()
-		if err := tr.wait(ctx, g.clock, now); err != nil {
+		if err := tr.wait(ctx, g.clock); err != nil {
 			g.mu.Lock()
 			g.leave(me, lanes)
 			g.mu.Unlock()
@@ -191,11 +191,12 @@ func (tr turn) ready(now time.Time) bool {
 }
 
 // wait blocks until something the send waits for changes (or its time
-// comes), or ctx is done.
-func (tr turn) wait(ctx context.Context, clk clock.Clock, now time.Time) error {
+// comes), or ctx is done. The timer is set from the clock read here, not
+// from the look's: time that passed since does not make it late.
+func (tr turn) wait(ctx context.Context, clk clock.Clock) error {
 	var timer <-chan time.Time
 	if tr.busy == nil && tr.ahead == nil {
-		timer = clk.After(tr.at.Sub(now))
+		timer = clk.After(tr.at.Sub(clk.Now()))
 	}
 	select {
 	case <-ctx.Done():
