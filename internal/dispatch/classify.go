@@ -1,14 +1,165 @@
 package dispatch
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"throttler/internal/clock"
+	"throttler/internal/queue"
 )
+
+// classify turns what an attempt's send came to into the job's outcome and
+// the answer's class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error;
+// "" if nothing was sent), and tells the breaker how the downstream did.
+// probe says the attempt was the breaker's half-open probe.
+func (d *Dispatcher) classify(job queue.Job, r Route, br *breaker, probe bool, s sent) (queue.Outcome, string) {
+	now := d.clock.Now()
+	switch {
+	case s.err != nil && s.at.IsZero() && s.refused != nil:
+		// The gate let nothing be written: says nothing of the downstream.
+		br.report(now, probe, unsent)
+		return unsentOutcome(s.refused), ""
+	case s.err != nil:
+		what, class := "connection error", "connection_error"
+		if s.timedOut {
+			what, class = fmt.Sprintf("timeout after %v", r.Timeout), "timeout"
+		}
+		if s.at.IsZero() {
+			class = "connection_error" // nothing was written
+		}
+		return d.failure(job, r, br, probe, queue.Outcome{SentAt: s.at}, now, fmt.Sprintf("%s: %v", what, unwrapURL(s.err))), class
+	}
+	return d.classifyAnswer(job, r, br, probe, s, now)
+}
+
+// unsentOutcome is the outcome of an attempt the gate let write nothing,
+// for the reason refused: no attempt is used up.
+func unsentOutcome(refused error) queue.Outcome {
+	var held *HeldError
+	switch {
+	case errors.Is(refused, errExpired):
+		return queue.Outcome{Result: queue.Expired}
+	case errors.As(refused, &held) && held.Busy:
+		// Busy for now (a full window, the shared gate's backlog): back in
+		// line, not before then.
+		return queue.Outcome{Result: queue.Released, NotBefore: held.Until, Error: held.Error()}
+	case held != nil && held.Until.Before(clock.Never):
+		// Paused while it waited for its slot: it goes back in line behind
+		// the job that was pushed back.
+		return queue.Outcome{Result: queue.Released, PauseUntil: held.Until}
+	default:
+		// The store holds the tenant (an operator's pause), or the service
+		// is stopping: back in line as it was.
+		return queue.Outcome{Result: queue.Released}
+	}
+}
+
+// classifyAnswer classifies the downstream's answer (DESIGN.md invariant 6):
+// 2xx succeeded; 429, and 503 with Retry-After, push the tenant back; other
+// 5xx and 408 are failures, retried; redirects and other 4xx fail the job.
+func (d *Dispatcher) classifyAnswer(job queue.Job, r Route, br *breaker, probe bool, s sent, now time.Time) (queue.Outcome, string) {
+	st, body := s.answer.status, s.answer.body
+	out := queue.Outcome{SentAt: s.at, Status: st}
+	wait, hasWait := retryAfter(s.answer.retryAfter, now)
+	switch {
+	case st >= 200 && st < 300:
+		br.report(now, probe, healthy)
+		out.Result = queue.Succeeded
+		return out, "2xx"
+	case st == http.StatusTooManyRequests || (st == http.StatusServiceUnavailable && hasWait):
+		br.report(now, probe, healthy) // it answers: it is up, and asks us to wait
+		class := "5xx"
+		if st == http.StatusTooManyRequests {
+			class = "429"
+		}
+		if !hasWait {
+			wait = d.backoff(job.Attempts)
+		}
+		return d.pushback(job, r, out, now.Add(wait), statusError(st, body)), class
+	case st >= 500 || st == http.StatusRequestTimeout:
+		class := "5xx"
+		if st < 500 {
+			class = "4xx"
+		}
+		return d.failure(job, r, br, probe, out, now, statusError(st, body)), class
+	case st >= 300 && st < 400:
+		br.report(now, probe, healthy)
+		out.Result = queue.Failed
+		out.Error = statusError(st, body) + " (redirects are not followed: point the downstream url at the final address)"
+		return out, "3xx"
+	default:
+		br.report(now, probe, healthy)
+		out.Result = queue.Failed
+		out.Error = statusError(st, body)
+		return out, "4xx"
+	}
+}
+
+// pushback pauses the job's tenant until until (and the downstream, when it
+// has a ceiling: its account-wide limit is what was hit): sends waiting at
+// the gate give up and go back in line; the job keeps its place, first when
+// the pause ends, and its attempts are not used up.
+func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until time.Time, msg string) queue.Outcome {
+	// At least one interval: "Retry-After: 0" must not mean "again at once,
+	// and again".
+	until = clock.Later(until, d.clock.Now().Add(r.Policy.Interval))
+	d.gate.Hold(tenantKey(job.Tenant), until)
+	d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
+	if r.Ceiling != nil {
+		d.gate.Hold(downstreamKey(r.Downstream), until)
+		d.gate.Space(downstreamKey(r.Downstream), until.Add(r.Ceiling.Tolerance()))
+	}
+	out.Result, out.Error, out.NotBefore, out.PauseUntil = queue.Retry, msg, until, until
+	out.PauseDownstream = r.Ceiling != nil
+	return out
+}
+
+// failure handles a 5xx, timeout or connection error: it feeds the
+// circuit breaker, and retries the job with backoff or fails it once its
+// attempts are used up. A failed probe only waits for the next one.
+func (d *Dispatcher) failure(job queue.Job, r Route, br *breaker, probe bool, out queue.Outcome, now time.Time, msg string) queue.Outcome {
+	opened, probeAt := br.report(now, probe, failing)
+	if opened {
+		// Sends of other jobs waiting for their slot give up now.
+		d.gate.Hold(downstreamKey(r.Downstream), probeAt)
+	}
+	if probe {
+		out.Result, out.NotBefore, out.PauseUntil = queue.Retry, probeAt, probeAt
+		out.Error = fmt.Sprintf("%s (circuit breaker open: next probe at %s)", msg, probeAt.UTC().Format(time.RFC3339))
+		return out
+	}
+	out.Error = msg
+	if job.Failures+1 >= r.MaxAttempts {
+		out.Result = queue.Failed
+		out.Error = fmt.Sprintf("gave up after %d failed attempts: %s", job.Failures+1, msg)
+		return out
+	}
+	out.Result = queue.Retry
+	out.NotBefore = now.Add(d.backoff(job.Attempts))
+	return out
+}
+
+// backoff is backoff(attempt) on the dispatcher's random source.
+func (d *Dispatcher) backoff(attempt int) time.Duration {
+	d.randMu.Lock()
+	defer d.randMu.Unlock()
+	return backoff(attempt, d.rand)
+}
+
+func unwrapURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
 
 // Backoff bounds for 5xx, timeouts and connection errors.
 const (

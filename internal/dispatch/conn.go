@@ -3,13 +3,12 @@ package dispatch
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"throttler/internal/clock"
 	"throttler/internal/queue"
 )
 
@@ -26,30 +25,17 @@ type pacedConn struct {
 	pending *pacedWrite
 }
 
-// pacedWrite is what the next write on a connection must wait for.
+// pacedWrite is what the next write on a connection must do first: pass
+// the gate (or give up, writing nothing), and tell when it wrote.
 type pacedWrite struct {
-	ctx       context.Context
-	gate      *Gate
-	lanes     []Lane
-	notBefore time.Time
-	deadline  time.Time // zero: none; past it nothing is written
-	// refused is set if the gate did not let the write go because a lane
-	// is held.
-	refused atomic.Pointer[HeldError]
-	// expired is set if the gate let the write go only after the deadline.
-	expired atomic.Bool
-	// remote, if set, is the gate shared with other processes (Redis),
-	// passed after this process's own.
-	remote RemoteGate
-	wrote  func(time.Time) // told when the first bytes were written
+	pass  func() (*Ticket, error) // waits at the gate; an error: write nothing
+	wrote func(time.Time)         // told when the first bytes were written
+	clock clock.Clock
 	// done is closed once the write was made (and wrote told) or refused.
 	// An answer can be read before the writing goroutine gets to tell
 	// wrote; whoever reads the answer waits for this first.
 	done chan struct{}
 }
-
-// errExpired is a write refused because the job's deadline passed first.
-var errExpired = errors.New("deadline passed before the request could be written")
 
 func (c *pacedConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
@@ -60,33 +46,16 @@ func (c *pacedConn) Write(p []byte) (int, error) {
 		return c.Conn.Write(p)
 	}
 	defer close(pw.done)
-	t, err := pw.gate.WaitLanes(pw.ctx, pw.notBefore, pw.lanes...)
-	if err == nil && !pw.deadline.IsZero() && t.At.After(pw.deadline) {
-		t.Done()
-		pw.expired.Store(true)
-		return 0, errExpired
-	}
-	if err == nil && pw.remote != nil {
-		if err = passRemote(pw.ctx, pw.remote); err != nil {
-			t.Done()
-		} else if !pw.deadline.IsZero() && pw.gate.clock.Now().After(pw.deadline) {
-			t.Done()
-			pw.expired.Store(true)
-			return 0, errExpired
-		}
-	}
+	ticket, err := pw.pass()
 	if err != nil {
-		if h, ok := err.(*HeldError); ok {
-			pw.refused.Store(h)
-		}
 		return 0, err // nothing written
 	}
 	n, err := c.Conn.Write(p)
 	// Stamped after the write returns: the bytes left no later than this,
 	// even if the thread was descheduled inside the call. Counted as sent
 	// even on error: some bytes may have left.
-	at := pw.gate.clock.Now()
-	t.Wrote(at)
+	at := pw.clock.Now()
+	ticket.Wrote(at)
 	pw.wrote(at)
 	return n, err
 }
@@ -137,39 +106,47 @@ const (
 // once. A held lane, or a gate that cannot be asked, is a *HeldError: the
 // job goes back to waiting, nothing is sent. So is a lane busy for longer
 // than maxRemoteWait (a downstream's ceiling with a backlog), or a gate
-// whose answers keep coming back too late to be used.
-func passRemote(ctx context.Context, remote RemoteGate) error {
-	asked := time.Now()
+// whose answers keep coming back too late to be used. A grant that comes
+// after deadline (zero: none) is errExpired. When ctx is done first, it
+// returns ctx's error.
+//
+// A grant is used only if it came within remoteBudget of asking, on the
+// clock read last before the write: after that check only the attempt's
+// timeout is started again (no I/O) before the bytes go.
+func passRemote(ctx context.Context, clk clock.Clock, remote RemoteGate, deadline time.Time) error {
+	asked := clk.Now()
 	ans, err := remote(ctx)
 	for late := 0; ; {
 		switch {
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
 		case err != nil:
-			return &HeldError{Key: "the shared gate (" + err.Error() + ")", Until: time.Now().Add(time.Second), Busy: true}
+			return &HeldError{Key: "the shared gate (" + err.Error() + ")", Until: clk.Now().Add(time.Second), Busy: true}
 		case !ans.HeldUntil.IsZero():
 			return &HeldError{Key: "the shared gate", Until: ans.HeldUntil}
 		case ans.Wait > maxRemoteWait:
-			return &HeldError{Key: "the shared gate", Until: time.Now().Add(ans.Wait), Busy: true}
+			return &HeldError{Key: "the shared gate", Until: clk.Now().Add(ans.Wait), Busy: true}
 		case ans.Wait > 0:
-			t := time.NewTimer(ans.Wait)
 			select {
 			case <-ctx.Done():
-				t.Stop()
 				return ctx.Err()
-			case <-t.C:
+			case <-clk.After(ans.Wait):
 			}
-			asked = time.Now()
+			asked = clk.Now()
 			ans, err = remote(ctx)
-		case time.Since(asked) <= remoteBudget:
+		case !deadline.IsZero() && clk.Now().After(deadline):
+			return errExpired
+		case clk.Now().Sub(asked) <= remoteBudget:
 			return nil
 		case late >= maxLateGrants:
-			return &HeldError{Key: fmt.Sprintf("the shared gate (its answers took over %v %d times in a row: is Redis far, or fsyncing every write?)", remoteBudget, late), Until: time.Now().Add(time.Second), Busy: true}
+			return &HeldError{Key: fmt.Sprintf("the shared gate (its answers took over %v %d times in a row: is Redis far, or fsyncing every write?)", remoteBudget, late), Until: clk.Now().Add(time.Second), Busy: true}
 		default:
 			// Granted too long ago: a write now could reach the downstream
 			// too close to another process's next send. Give the grant
 			// back (unless another came after it) and ask again, in one
 			// round trip.
 			late++
-			asked = time.Now()
+			asked = clk.Now()
 			ans, err = ans.Again(ctx)
 		}
 	}

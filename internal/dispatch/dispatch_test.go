@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"throttler/internal/downstreamtest"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
+	"throttler/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -60,22 +62,14 @@ func newDispatcher(t *testing.T, url string, r Route) *Dispatcher {
 	t.Helper()
 	r.URL = url
 	r.Downstream = "test"
-	r.Timeout = cmpOr(r.Timeout, 2*time.Second)
-	r.MaxAttempts = cmpOr(r.MaxAttempts, 5)
+	r.Timeout = cmp.Or(r.Timeout, 2*time.Second)
+	r.MaxAttempts = cmp.Or(r.MaxAttempts, 5)
 	if r.Policy.Interval == 0 {
 		r.Policy = leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1, Capacity: 10}
 	}
 	client := NewClient(16)
 	t.Cleanup(client.CloseIdleConnections)
 	return New(Options{Routes: func(string) Route { return r }, Client: client})
-}
-
-func cmpOr[T comparable](a, b T) T {
-	var zero T
-	if a == zero {
-		return b
-	}
-	return a
 }
 
 // job is a job on its attempt-th attempt, all earlier ones failed.
@@ -212,7 +206,9 @@ func TestTimeoutAndConnectionErrorsRetry(t *testing.T) {
 func TestHugeResponseIsReadOnlyUpToTheCap(t *testing.T) {
 	t.Parallel()
 	var written atomic.Int64
+	stopped := make(chan struct{}) // the server stopped writing
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(stopped)
 		w.WriteHeader(400)
 		chunk := make([]byte, 32<<10)
 		for i := 0; i < (1<<30)/len(chunk); i++ { // 1 GB if anyone reads it
@@ -229,8 +225,13 @@ func TestHugeResponseIsReadOnlyUpToTheCap(t *testing.T) {
 	if out.Result != queue.Failed || len(out.Error) > 1024 {
 		t.Fatalf("outcome %v, error of %d bytes", out.Result, len(out.Error))
 	}
-	// The server stops once its socket buffers fill: far below 1 GB.
-	time.Sleep(50 * time.Millisecond)
+	// The server stops once the connection is closed, its socket buffers
+	// full: far below 1 GB.
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the server still writes after %d bytes: the body is being read", written.Load())
+	}
 	if n := written.Load(); n > 64<<20 {
 		t.Fatalf("server wrote %d bytes: the body was read past the cap", n)
 	}
@@ -277,7 +278,7 @@ func TestPacingSeenAtTheDownstream(t *testing.T) {
 	if len(a) != 30 {
 		t.Fatalf("%d arrivals, want 30", len(a))
 	}
-	if raceEnabled {
+	if testutil.Race {
 		t.Skip("spacing is checked without -race")
 	}
 	downstreamtest.CheckWindows(t, a, T, 1)

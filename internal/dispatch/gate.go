@@ -28,10 +28,10 @@ import (
 type Gate struct {
 	clock clock.Clock
 
-	mu    sync.Mutex
-	keys  map[string]*gateKey
-	calls int
-	seq   uint64 // orders waiters with the same slot
+	mu     sync.Mutex
+	keys   map[string]*gateKey
+	passes int    // sends let go, to sweep now and then
+	seq    uint64 // orders waiters with the same slot
 }
 
 // Lane is one rule a send must pass: Key's own GCRA under Policy, and
@@ -143,114 +143,156 @@ func (g *Gate) Wait(ctx context.Context, key string, p leaky.Policy, notBefore t
 }
 
 // WaitLanes blocks until a send may go at or after notBefore on every lane
-// (one or two) and returns its ticket. It returns early when ctx is done, or with a
-// *HeldError when a lane is held. The caller must resolve the ticket: Wrote
-// when the request is written, Done when the attempt ends (either is
+// (one or two) and returns its ticket. It returns early when ctx is done, or
+// with a *HeldError when a lane is held. The caller must resolve the ticket:
+// Wrote when the request is written, Done when the attempt ends (either is
 // enough; both are fine).
 func (g *Gate) WaitLanes(ctx context.Context, notBefore time.Time, lanes ...Lane) (*Ticket, error) {
 	if len(lanes) < 1 || len(lanes) > 2 {
 		panic("dispatch: a send passes one or two lanes")
 	}
+	me := g.join(notBefore, lanes)
+	for {
+		g.mu.Lock()
+		now := g.clock.Now()
+		tr, err := g.look(me, lanes, now)
+		if err != nil {
+			g.leave(me, lanes)
+			g.mu.Unlock()
+			return nil, err
+		}
+		if tr.ready(now) {
+			t := g.let(me, lanes, now)
+			g.mu.Unlock()
+			return t, nil
+		}
+		g.mu.Unlock()
+		if err := tr.wait(ctx, g.clock); err != nil {
+			g.mu.Lock()
+			g.leave(me, lanes)
+			g.mu.Unlock()
+			return nil, err
+		}
+	}
+}
+
+// turn is what one look at a send's lanes found: the earliest it may go,
+// and what else it waits for.
+type turn struct {
+	at    time.Time        // the earliest it may go
+	busy  chan struct{}    // a lane's last send is not resolved yet (closed when it is)
+	ahead chan struct{}    // an earlier send of its tenant goes first (closed when a waiter leaves)
+	holds [2]chan struct{} // closed when a hold begins on one of its lanes
+}
+
+// ready reports whether the send may go now.
+func (tr turn) ready(now time.Time) bool {
+	return tr.busy == nil && tr.ahead == nil && !now.Before(tr.at)
+}
+
+// wait blocks until something the send waits for changes (or its time
+// comes), or ctx is done. The timer is set from the clock read here, not
+// from the look's: time that passed since does not make it late.
+func (tr turn) wait(ctx context.Context, clk clock.Clock) error {
+	var timer <-chan time.Time
+	if tr.busy == nil && tr.ahead == nil {
+		timer = clk.After(tr.at.Sub(clk.Now()))
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tr.busy:
+	case <-tr.ahead:
+	case <-timer:
+	case <-tr.holds[0]: // a hold on any lane wakes it to give up
+	case <-tr.holds[1]:
+	}
+	return nil
+}
+
+// join puts a send of slot notBefore in line on its lanes.
+func (g *Gate) join(notBefore time.Time, lanes []Lane) *waiter {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.seq++
 	me := &waiter{at: notBefore, seq: g.seq}
 	for _, l := range lanes {
 		k := g.key(l.Key)
 		k.waiters = append(k.waiters, me)
 	}
-	g.mu.Unlock()
-	leave := func() { // g.mu held
-		for _, l := range lanes {
-			g.keys[l.Key].leave(me)
+	return me
+}
+
+// leave takes a send out of line (g.mu held).
+func (g *Gate) leave(me *waiter, lanes []Lane) {
+	for _, l := range lanes {
+		g.keys[l.Key].leave(me)
+	}
+}
+
+// look finds when a send may go on its lanes, as of now (g.mu held): after
+// its slot, its turn among its tenant's sends, each lane's spacing and
+// holds, and room in each lane's windows. A lane held past the moment the
+// send would go is a *HeldError: it gives up, and goes back in line. A hold
+// that ends before then only delays it.
+func (g *Gate) look(me *waiter, lanes []Lane, now time.Time) (turn, error) {
+	tr := turn{at: me.at}
+	if k := g.keys[lanes[0].Key]; lanes[0].Policy.Interval > 0 && k.first() != me {
+		tr.ahead = k.moved
+	}
+	goesAt := clock.Later(now, me.at)
+	for i, l := range lanes {
+		k := g.key(l.Key)
+		if k.heldUntil.After(goesAt) {
+			return tr, &HeldError{Key: l.Key, Until: k.heldUntil}
+		}
+		tr.at = clock.Later(tr.at, k.heldUntil)
+		tr.holds[i] = k.held
+		if l.Policy.Interval == 0 {
+			continue // a lane for holds only: no rate
+		}
+		if k.outstanding != nil && tr.busy == nil {
+			tr.busy = k.outstanding
+		}
+		tr.at = clock.Later(tr.at, k.tat.Add(-l.Policy.Tolerance()-slack(l.Policy)))
+	}
+	return g.roomInWindows(tr, lanes, goesAt)
+}
+
+// roomInWindows moves tr.at on to when every lane's windows have room (g.mu
+// held). Windows count real writes: a send delayed past its slot (a
+// ceiling, a slow connection, a pushback's resend) must not crowd a window.
+// A window that is full for longer than windowGrace past goesAt holds the
+// lane instead: the job goes back in line, unsent, and nothing counts it as
+// a failure.
+func (g *Gate) roomInWindows(tr turn, lanes []Lane, goesAt time.Time) (turn, error) {
+	for _, l := range lanes {
+		if len(l.Policy.Windows) == 0 {
+			continue
+		}
+		w := leaky.WindowSlot(g.keys[l.Key].recent, l.Policy, tr.at, max(l.Cost, 1))
+		if w.Sub(goesAt) > windowGrace {
+			return tr, &HeldError{Key: l.Key, Until: w}
+		}
+		tr.at = w
+	}
+	return tr, nil
+}
+
+// let lets a send go now (g.mu held): it leaves the line, and each lane
+// with a rate moves its schedule on and waits for the send to be resolved.
+func (g *Gate) let(me *waiter, lanes []Lane, now time.Time) *Ticket {
+	g.leave(me, lanes)
+	t := &Ticket{g: g, lanes: lanes, At: now, done: make(chan struct{})}
+	for _, l := range lanes {
+		if l.Policy.Interval > 0 {
+			k := g.keys[l.Key]
+			k.tat = clock.Later(k.tat, now).Add(l.step())
+			k.outstanding = t.done
 		}
 	}
-	for {
-		g.mu.Lock()
-		now := g.clock.Now()
-		var busy, ahead chan struct{}
-		var heldWake []chan struct{}
-		allowed := notBefore
-		if k := g.keys[lanes[0].Key]; lanes[0].Policy.Interval > 0 && k.first() != me {
-			ahead = k.moved // an earlier send of this tenant goes first
-		}
-		for _, l := range lanes {
-			k := g.key(l.Key)
-			// Held past the moment this send would go: give up, and go
-			// back in line. A hold that ends before then only delays it.
-			if k.heldUntil.After(later(now, notBefore)) {
-				until := k.heldUntil
-				leave()
-				g.mu.Unlock()
-				return nil, &HeldError{Key: l.Key, Until: until}
-			}
-			allowed = later(allowed, k.heldUntil)
-			heldWake = append(heldWake, k.held)
-			if l.Policy.Interval == 0 {
-				continue // a lane for holds only: no rate
-			}
-			if k.outstanding != nil && busy == nil {
-				busy = k.outstanding
-			}
-			if a := k.tat.Add(-l.Policy.Tolerance() - slack(l.Policy)); a.After(allowed) {
-				allowed = a
-			}
-		}
-		// Windows count real writes: a send delayed past its slot (a
-		// ceiling, a slow connection, a pushback's resend) must not crowd
-		// a window. A window that is full for longer than windowGrace
-		// holds the lane instead: the job goes back in line, unsent, and
-		// nothing counts it as a failure.
-		for _, l := range lanes {
-			if len(l.Policy.Windows) == 0 {
-				continue
-			}
-			w := leaky.WindowSlot(g.keys[l.Key].recent, l.Policy, allowed, max(l.Cost, 1))
-			if w.Sub(later(now, notBefore)) > windowGrace {
-				leave()
-				g.mu.Unlock()
-				return nil, &HeldError{Key: l.Key, Until: w}
-			}
-			allowed = w
-		}
-		if busy == nil && ahead == nil && !now.Before(allowed) {
-			leave()
-			t := &Ticket{g: g, lanes: lanes, At: now, done: make(chan struct{})}
-			for _, l := range lanes {
-				if l.Policy.Interval > 0 {
-					k := g.keys[l.Key]
-					k.tat = later(k.tat, now).Add(l.step())
-					k.outstanding = t.done
-				}
-			}
-			g.sweep(now)
-			g.mu.Unlock()
-			return t, nil
-		}
-		g.mu.Unlock()
-		var timer <-chan time.Time
-		if busy == nil && ahead == nil {
-			timer = g.clock.After(allowed.Sub(now))
-		}
-		// A hold on any lane wakes us to give up (a send has at most two
-		// lanes: its tenant and its downstream).
-		var held0, held1 <-chan struct{}
-		held0 = heldWake[0]
-		if len(heldWake) > 1 {
-			held1 = heldWake[1]
-		}
-		select {
-		case <-ctx.Done():
-			g.mu.Lock()
-			leave()
-			g.mu.Unlock()
-			return nil, ctx.Err()
-		case <-busy:
-		case <-ahead:
-		case <-timer:
-		case <-held0:
-		case <-held1:
-		}
-	}
+	g.sweep(now)
+	return t
 }
 
 // key returns the state of key, creating it (g.mu held).
@@ -283,7 +325,7 @@ func (g *Gate) Space(key string, tat time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	k := g.key(key)
-	k.tat = later(k.tat, tat)
+	k.tat = clock.Later(k.tat, tat)
 }
 
 // Unhold ends a hold on key at once (an operator's resume).
@@ -305,7 +347,7 @@ func (t *Ticket) Wrote(wrote time.Time) {
 		if len(l.Policy.Windows) > 0 {
 			k.recent = leaky.Record(k.recent, l.Policy, wrote, max(l.Cost, 1))
 			for _, w := range l.Policy.Windows {
-				k.keepUntil = later(k.keepUntil, wrote.Add(w.Length))
+				k.keepUntil = clock.Later(k.keepUntil, wrote.Add(w.Length))
 			}
 		}
 	})
@@ -336,8 +378,8 @@ func (t *Ticket) resolve(f func(*gateKey, Lane)) {
 // sweep forgets keys that can no longer hold anyone back, now and then:
 // memory grows with active tenants only.
 func (g *Gate) sweep(now time.Time) {
-	g.calls++
-	if g.calls%4096 != 0 {
+	g.passes++
+	if g.passes%4096 != 0 {
 		return
 	}
 	for key, k := range g.keys {
@@ -345,11 +387,4 @@ func (g *Gate) sweep(now time.Time) {
 			delete(g.keys, key)
 		}
 	}
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }

@@ -1,0 +1,262 @@
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"sync"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+)
+
+// attempt makes one attempt: it checks that the job may go (its deadline,
+// the downstream's breaker), sends it (connect, wait at the gate for the
+// slot and the lanes, write, read the answer) and classifies what came back.
+func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome, string) {
+	r := d.routes(job.Tenant)
+	now := d.clock.Now()
+	if !job.Deadline.IsZero() && now.After(job.Deadline) {
+		return queue.Outcome{Result: queue.Expired}, ""
+	}
+	br := d.breaker(r.Downstream)
+	// Asked as of the job's own time: a job handed over just before the
+	// next probe is the probe.
+	probe, until, ok := br.allow(clock.Later(now, job.DispatchAt))
+	if !ok {
+		// The downstream is failing: this job waits for the next probe,
+		// first in its tenant's queue, and uses up none of its attempts.
+		return queue.Outcome{Result: queue.Released, PauseUntil: until}, ""
+	}
+	a := d.newAttempt(stop, job, r)
+	defer a.end()
+	req, err := a.request()
+	if err != nil {
+		br.report(now, probe, unsent)
+		return queue.Outcome{Result: queue.Failed, Error: fmt.Sprintf("cannot build the request to %s: %v", r.Downstream, err)}, ""
+	}
+	return d.classify(job, r, br, probe, a.send(req))
+}
+
+// attempt is one job's attempt in progress: what its steps share. It
+// connects, waits at the gate for its slot and its lanes right before the
+// request is written (passGate, from the goroutine that writes), writes, and
+// reads the answer (send). The gate and the connection report from
+// net/http's goroutines, hence mu.
+type attempt struct {
+	d      *Dispatcher
+	job    queue.Job
+	route  Route
+	lanes  []Lane
+	remote RemoteGate // the gate a shared store's processes pass too; nil: none
+
+	stop context.Context // the service stopping
+	// ctx is the request's. Once begun, an attempt is not cut short by a
+	// stop: a request cut off mid-write would leave the downstream
+	// guessing. gateCtx, the wait at the gate, is: nothing is written yet.
+	ctx, gateCtx       context.Context
+	cancel, cancelGate context.CancelFunc
+	unwatchStop        func() bool
+	timeout            *timeout
+
+	mu sync.Mutex
+	// sentAt is when the request was written; zero while it was not.
+	sentAt time.Time
+	// refused says why the gate let nothing be written (*HeldError,
+	// errExpired, errStopped); nil if it did not refuse.
+	refused error
+	// paced is the last connection write armed to pass the gate.
+	paced *pacedWrite
+	// unpaced is the gate's ticket when the connection is not ours (no
+	// pacedConn): the send counts as lasting until the attempt ends.
+	unpaced *Ticket
+	over    bool // the outcome is being decided: a late report changes nothing
+}
+
+// Why the gate let nothing be written, beside *HeldError.
+var (
+	errExpired = errors.New("deadline passed before the request could be written")
+	errStopped = errors.New("the service is stopping: the send that waited at the gate goes back in line")
+)
+
+// sent is what an attempt's send came to, for classify.
+type sent struct {
+	at       time.Time // when the request was written; zero if it was not
+	answer   *answer   // nil: none (err says why)
+	err      error
+	refused  error // why the gate let nothing be written; nil if it did not refuse
+	timedOut bool  // the downstream timeout ran out
+}
+
+// answer is the downstream's answer, read within the timeout.
+type answer struct {
+	status     int
+	retryAfter string
+	body       []byte // its first MaxResponseBytes
+}
+
+func (d *Dispatcher) newAttempt(stop context.Context, job queue.Job, r Route) *attempt {
+	a := &attempt{d: d, job: job, route: r, lanes: r.lanes(job.Tenant, job.Cost), stop: stop}
+	if d.shared != nil {
+		req := queue.GateRequest{Downstream: r.Downstream, Tenant: job.Tenant, Policy: r.Policy, Ceiling: r.Ceiling, Cost: job.Cost, Slack: remoteSlack}
+		a.remote = func(ctx context.Context) (queue.GateAnswer, error) { return d.shared(ctx, req) }
+	}
+	a.ctx, a.cancel = context.WithCancel(context.WithoutCancel(stop))
+	a.gateCtx, a.cancelGate = context.WithCancel(a.ctx)
+	a.unwatchStop = context.AfterFunc(stop, a.cancelGate)
+	a.timeout = startTimeout(d.clock, r.Timeout, a.cancel)
+	return a
+}
+
+// end lets go of what the attempt holds, once its outcome is decided.
+func (a *attempt) end() {
+	a.timeout.end()
+	a.unwatchStop()
+	a.cancelGate()
+	a.cancel()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.unpaced != nil {
+		a.unpaced.Done()
+	}
+}
+
+// request builds the downstream request (DESIGN.md section 6), with the
+// hook that arms the gate once a connection is ready.
+func (a *attempt) request() (*http.Request, error) {
+	trace := &httptrace.ClientTrace{GotConn: a.gotConn}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(a.ctx, trace), http.MethodPost, a.route.URL, bytes.NewReader(a.job.Payload))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "throttler")
+	req.Header.Set("Idempotency-Key", a.job.ID)
+	req.Header.Set("X-Throttler-Tenant", a.job.Tenant)
+	req.Header.Set("X-Throttler-Attempt", strconv.Itoa(a.job.Attempts))
+	return req, nil
+}
+
+// gotConn runs once the connection is ready, before the request is written
+// (again after a dead idle connection: nothing was written on that one). The
+// gate is passed at the write itself, in the goroutine that writes. On a
+// connection that is not ours (a client not from NewClient) it is passed
+// here instead, and nothing is written if it refuses.
+func (a *attempt) gotConn(info httptrace.GotConnInfo) {
+	pw := &pacedWrite{pass: a.passGate, wrote: a.wrote, clock: a.d.clock, done: make(chan struct{})}
+	if pace(info.Conn, pw) {
+		a.mu.Lock()
+		a.paced = pw
+		a.mu.Unlock()
+		return
+	}
+	a.mu.Lock()
+	if a.unpaced != nil {
+		a.unpaced.Done()
+		a.unpaced = nil
+	}
+	a.mu.Unlock()
+	ticket, err := a.passGate()
+	if err != nil {
+		a.cancel() // nothing may be written
+		return
+	}
+	a.mu.Lock()
+	a.unpaced = ticket
+	a.mu.Unlock()
+	a.wrote(ticket.At)
+}
+
+// passGate waits at the gate until the request may be written, and returns
+// the ticket to resolve. The timeout stands still meanwhile: the wait is
+// not part of the attempt, however long. If the gate refuses, the reason
+// is kept for classify and nothing may be written.
+func (a *attempt) passGate() (*Ticket, error) {
+	a.timeout.standStill()
+	defer a.timeout.run()
+	ticket, err := a.waitAtGate()
+	if err != nil {
+		a.refuse(err)
+	}
+	return ticket, err
+}
+
+// waitAtGate waits for the job's slot and its lanes (its tenant's rate and
+// windows, its downstream's ceiling, their holds), then for the shared gate
+// if there is one. It gives up when a lane is held, the deadline passes
+// first, or the service stops.
+func (a *attempt) waitAtGate() (*Ticket, error) {
+	d, job := a.d, a.job
+	ticket, err := d.gate.WaitLanes(a.gateCtx, job.DispatchAt, a.lanes...)
+	if err != nil {
+		return nil, err
+	}
+	if !job.Deadline.IsZero() && ticket.At.After(job.Deadline) {
+		ticket.Done()
+		return nil, errExpired
+	}
+	if a.remote != nil {
+		if err := passRemote(a.gateCtx, d.clock, a.remote, job.Deadline); err != nil {
+			ticket.Done()
+			return nil, err
+		}
+	}
+	return ticket, nil
+}
+
+// refuse keeps why the gate let nothing be written: a held lane, the
+// deadline, or the service stopping (the wait was cut short). Any other
+// error is not the gate's refusal, and classify sees it as what it is.
+func (a *attempt) refuse(err error) {
+	var held *HeldError
+	switch {
+	case errors.As(err, &held), errors.Is(err, errExpired):
+	case a.stop.Err() != nil && a.gateCtx.Err() != nil:
+		err = errStopped
+	default:
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.refused == nil {
+		a.refused = err
+	}
+}
+
+// wrote records when the request was written.
+func (a *attempt) wrote(at time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.over {
+		a.sentAt = at
+	}
+}
+
+// send sends the request and reads the answer, all within the timeout but
+// for the wait at the gate.
+func (a *attempt) send(req *http.Request) sent {
+	resp, err := a.d.client.Do(req)
+	var ans *answer
+	if err == nil {
+		a.mu.Lock()
+		pw := a.paced
+		a.mu.Unlock()
+		if pw != nil {
+			<-pw.done // an answer means the write was made: wait until it is told
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes))
+		resp.Body.Close()
+		ans = &answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: body}
+	}
+	timedOut := a.timeout.end()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.over = true
+	return sent{at: a.sentAt, answer: ans, err: err, refused: a.refused, timedOut: timedOut}
+}

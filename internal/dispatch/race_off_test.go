@@ -1,5 +1,0 @@
-//go:build !race
-
-package dispatch
-
-const raceEnabled = false
