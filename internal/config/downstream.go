@@ -12,7 +12,9 @@ import (
 type Downstream struct {
 	// URL receives a POST per attempt. Required.
 	URL string `toml:"url"`
-	// Timeout bounds one attempt from the moment the request is written.
+	// Timeout bounds one attempt: connecting, writing the request and reading
+	// the answer. A wait at the gate (the rate, a window, a ceiling) is not
+	// part of it: waiting for a turn is never an attempt.
 	// Default 5s.
 	Timeout Duration `toml:"timeout"`
 	// Rate is a ceiling across all tenants of this downstream (optional):
