@@ -37,89 +37,22 @@ func (s *Store) recover() error {
 // apart, in their original order. After an unclean stop, any job whose time
 // passed may have been sent at that time.
 func (s *Store) respace(tx *bbolt.Tx, now time.Time, clean bool) error {
-	type waiting struct {
-		key    []byte
-		slot   time.Time
-		id     string
-		moved  bool
-		tenant string
-		job    queue.Job
-	}
-	due := tx.Bucket(bucketDue)
-	byTenant := map[string][]*waiting{} // in slot order, as the index is
-	var tenants []string
-	c := due.Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		slot, id := parseDueKey(k)
-		name := string(v)
-		if _, ok := byTenant[name]; !ok {
-			tenants = append(tenants, name)
-		}
-		j, ok, err := getJob(tx, id, false)
-		if err != nil || !ok {
-			return fmt.Errorf("job %s in the due index but not stored (%v)", id, err)
-		}
-		byTenant[name] = append(byTenant[name], &waiting{key: slices.Clone(k), slot: slot, id: id, tenant: name, job: j})
+	byTenant, tenants, err := readWaiting(tx)
+	if err != nil {
+		return err
 	}
 	moved := 0
 	for _, name := range tenants {
-		jobs := byTenant[name]
 		tm, err := s.loadTenantTx(tx, name)
 		if err != nil {
 			return err
 		}
-		tm.depth += len(jobs)
-		pz := tm.rec.Pause
-		if !pz.Held.IsZero() {
-			continue // held: nothing goes until an operator resumes it
-		}
-		p := s.policy(name)
-		floor := now
-		if !tm.rec.LastAttemptAt.IsZero() {
-			floor = clock.Later(floor, tm.rec.LastAttemptAt.Add(p.Interval))
-		}
-		if at, _ := pz.Real(jobs[0].slot); !at.After(now) && !clean {
-			// One of them may have been written at any moment before the
-			// crash (its time, or later: a slow connection, a held gate):
-			// only "before now" is sure.
-			floor = clock.Later(floor, now.Add(p.Interval))
-		}
-		recent := tm.rec.Recent(p)
-		for _, w := range jobs {
-			if at, _ := pz.Real(w.slot); !at.Before(floor) {
-				break // on schedule: so are the later ones
-			}
-			// Real(floor - Shift) is floor: floor is past the pause's end.
-			// The old slot stays in the windows' bookkeeping: it may have
-			// been sent.
-			cost := w.job.EffectiveCost()
-			w.slot, w.moved = leaky.WindowSlot(recent, p, floor.Add(-pz.Shift), cost), true
-			recent = leaky.Record(recent, p, w.slot, cost)
-			floor = w.slot.Add(pz.Shift).Add(time.Duration(cost) * p.Interval)
-			if next := w.slot.Add(time.Duration(cost) * p.Interval); tm.rec.TAT.Before(next) {
-				tm.rec.TAT = next
-			}
-			moved++
-		}
-		tm.rec.SetRecent(p, recent)
+		tm.depth += len(byTenant[name])
+		moved += respaceTenant(tm, byTenant[name], s.policy(name), now, clean)
 	}
 	for _, name := range tenants {
-		pz := s.tenants[name].rec.Pause
-		for _, w := range byTenant[name] {
-			j := w.job
-			if w.moved {
-				j.Slot, j.DispatchAt = w.slot, queue.DispatchAt(pz, w.slot, now)
-				if err := putJob(tx, j); err != nil {
-					return err
-				}
-				if err := due.Delete(w.key); err != nil {
-					return err
-				}
-				if err := due.Put(dueKey(w.slot, w.id), []byte(name)); err != nil {
-					return err
-				}
-			}
-			s.sched.add(entryOf(j, queue.RealAt(pz, w.slot)))
+		if err := s.scheduleWaiting(tx, name, byTenant[name], now); err != nil {
+			return err
 		}
 	}
 	for name, tm := range s.tenants {
@@ -129,6 +62,105 @@ func (s *Store) respace(tx *bbolt.Tx, now time.Time, clean bool) error {
 	}
 	if moved > 0 {
 		s.log.Info("spaced out jobs whose time passed while stopped", "jobs", moved, "clean_stop", clean)
+	}
+	return nil
+}
+
+// waitingJob is a job of the due index, read at open.
+type waitingJob struct {
+	key   []byte
+	slot  time.Time
+	moved bool
+	job   queue.Job
+}
+
+// readWaiting reads the due index: each tenant's waiting jobs in slot
+// order (as the index is), and the tenants in the order first seen.
+func readWaiting(tx *bbolt.Tx) (map[string][]*waitingJob, []string, error) {
+	byTenant := map[string][]*waitingJob{}
+	var tenants []string
+	c := tx.Bucket(bucketDue).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		slot, id := parseDueKey(k)
+		name := string(v)
+		if _, ok := byTenant[name]; !ok {
+			tenants = append(tenants, name)
+		}
+		j, ok, err := getJob(tx, id, false)
+		if err != nil || !ok {
+			return nil, nil, fmt.Errorf("job %s in the due index but not stored (%v)", id, err)
+		}
+		byTenant[name] = append(byTenant[name], &waitingJob{key: slices.Clone(k), slot: slot, job: j})
+	}
+	return byTenant, tenants, nil
+}
+
+// respaceTenant moves a tenant's overdue jobs (see respace) and returns how
+// many it moved. After an unclean stop, the sends before the crash may have
+// used the tenant's whole burst just before now: the moved jobs and what
+// comes after them get no burst of their own, so the next slot after the
+// last moved job is one interval after it.
+func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.Time, clean bool) int {
+	pz := tm.rec.Pause
+	if !pz.Held.IsZero() {
+		return 0 // held: nothing goes until an operator resumes it
+	}
+	floor := now
+	if !tm.rec.LastAttemptAt.IsZero() {
+		floor = clock.Later(floor, tm.rec.LastAttemptAt.Add(p.Interval))
+	}
+	crashed := false
+	if at, _ := pz.Real(jobs[0].slot); !at.After(now) && !clean {
+		// One of them may have been written at any moment before the
+		// crash (its time, or later: a slow connection, a held gate):
+		// only "before now" is sure.
+		floor = clock.Later(floor, now.Add(p.Interval))
+		crashed = true
+	}
+	recent := tm.rec.Recent(p)
+	moved := 0
+	for _, w := range jobs {
+		if at, _ := pz.Real(w.slot); !at.Before(floor) {
+			break // on schedule: so are the later ones
+		}
+		// Real(floor - Shift) is floor: floor is past the pause's end.
+		// The old slot stays in the windows' bookkeeping: it may have
+		// been sent.
+		cost := w.job.EffectiveCost()
+		w.slot, w.moved = leaky.WindowSlot(recent, p, floor.Add(-pz.Shift), cost), true
+		recent = leaky.Record(recent, p, w.slot, cost)
+		floor = w.slot.Add(pz.Shift).Add(time.Duration(cost) * p.Interval)
+		next := w.slot.Add(time.Duration(cost) * p.Interval)
+		if crashed {
+			next = next.Add(p.Tolerance()) // no burst credit: see above
+		}
+		tm.rec.TAT = clock.Later(tm.rec.TAT, next)
+		moved++
+	}
+	tm.rec.SetRecent(p, recent)
+	return moved
+}
+
+// scheduleWaiting writes a tenant's moved jobs at their new slots and puts
+// all its waiting jobs in the in-memory schedule.
+func (s *Store) scheduleWaiting(tx *bbolt.Tx, name string, jobs []*waitingJob, now time.Time) error {
+	due := tx.Bucket(bucketDue)
+	pz := s.tenants[name].rec.Pause
+	for _, w := range jobs {
+		j := w.job
+		if w.moved {
+			j.Slot, j.DispatchAt = w.slot, queue.DispatchAt(pz, w.slot, now)
+			if err := putJob(tx, j); err != nil {
+				return err
+			}
+			if err := due.Delete(w.key); err != nil {
+				return err
+			}
+			if err := due.Put(dueKey(w.slot, j.ID), []byte(name)); err != nil {
+				return err
+			}
+		}
+		s.sched.add(entryOf(j, queue.RealAt(pz, w.slot)))
 	}
 	return nil
 }

@@ -570,3 +570,74 @@ func TestPromptJobsDoNotDriftLate(t *testing.T) {
 		t.Fatalf("after 300 prompt sends a prompt job is told %v, want about the overhead %v", last.ExpectedDelay, overhead)
 	}
 }
+
+// crashCopy is what a kill -9 of s would leave right now: its file as last
+// committed (bbolt commits are atomic and fsynced). Opening the copy is a
+// restart after that crash.
+func crashCopy(t *testing.T, s *Store) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "crashed.db")
+	if err := s.db.View(func(tx *bbolt.Tx) error { return tx.CopyFile(path, 0o600) }); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// After a crash, sends just before it may have used the tenant's whole
+// burst: the jobs re-spaced at the restart, and the jobs and retries after
+// them, get no burst of their own. (Found by the model test: burst 2, a
+// retry after a crash went 50 ms after the re-spaced send, T = 100 ms.)
+func TestCrashLeavesNoBurstCredit(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	const T = 100 * time.Millisecond
+	policy := func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 2, Capacity: 5} }
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: policy}).(*Store)
+	for i := range 2 { // both go at once: the burst
+		queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(i))
+	}
+	written := make(chan struct{}, 2)
+	release := make(chan struct{})
+	queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		written <- struct{}{} // the request is written now, at T0
+		<-release
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
+	})
+	for range 2 {
+		select {
+		case <-written:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the burst was not handed over")
+		}
+	}
+	path := crashCopy(t, s) // killed with both written, neither recorded
+	close(release)
+
+	clk.Advance(10 * time.Millisecond)
+	r, err := Open(path, Options{Clock: clk, Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	next := queuetest.EnqueueOne(t, r, "acme", queuetest.Payload(9))
+	var last time.Time
+	for _, id := range r.sched.waitingIDs("acme") {
+		if j, _ := r.Job(context.Background(), id); j.ID != next.Job.ID {
+			last = clock.Later(last, j.DispatchAt)
+		}
+	}
+	if next.Job.DispatchAt.Before(last.Add(T)) {
+		t.Fatalf("after the crash a new job is due %v, the last re-spaced one %v: want at least T (%v) after it, no burst",
+			next.Job.DispatchAt.Sub(queuetest.T0), last.Sub(queuetest.T0), T)
+	}
+}
+
+// waitingIDs lists a tenant's waiting jobs (tests; s.mu held or the store
+// not in use).
+func (sc *schedule) waitingIDs(tenant string) []string {
+	var ids []string
+	for id := range sc.byTenant[tenant] {
+		ids = append(ids, id)
+	}
+	return ids
+}
