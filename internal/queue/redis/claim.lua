@@ -112,7 +112,6 @@ redis.call('ZREM', KEYS[3], jobid)
 redis.call('ZADD', KEYS[5], now + lease, jobid)
 redis.call('ZREM', KEYS[6], jobid)
 redis.call('ZADD', KEYS[7], slot, jobid)
-keep(KEYS[7], math.floor((dispatch_at - now) / 1000) + tonumber(ARGV[9]))
 local out = reply(2, 0, dispatch_at)
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all do out[#out + 1] = all[i] end

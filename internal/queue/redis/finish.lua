@@ -35,7 +35,7 @@ redis.call('HSET', KEYS[1], 'state', state, 'fin', now, 'sent', sent, 'status', 
 redis.call('PEXPIRE', KEYS[1], retention)
 redis.call('PEXPIRE', KEYS[6], retention)
 redis.call('ZREM', KEYS[3], id)
-leave_claimed(KEYS[7], id, tonumber(j[7]) or 0, tenant_time(KEYS[2], now))
+leave_claimed(KEYS[7], tonumber(j[7]) or 0, tenant_time(KEYS[2], now), tonumber(ARGV[8]))
 redis.call('HINCRBY', KEYS[2], 'inflight', -1)
 if state == 'succeeded' then
   redis.call('HINCRBY', KEYS[2], 'delivered', 1)

@@ -45,14 +45,14 @@ local function tenant_time(tk, now)
   return t - shift
 end
 
--- A claimed job's attempt ended the job at tenant time tnow: it leaves
--- the tenant's claimed set (see shardKeys.claimed) once its slot has come.
--- Until then it keeps its place, as any job short of its slot: an attempt
--- that ended early does not free a place early. Places whose slots have
--- come go with it.
-local function leave_claimed(claimed, id, slot, tnow)
-  if slot <= tnow then redis.call('ZREM', claimed, id) end
+-- A claimed job of slot ended at tenant time tnow: it leaves the tenant's
+-- claimed set (see shardKeys.claimed) once its slot has come. Until then
+-- it keeps its place, as any job short of its slot (an attempt that ended
+-- early does not free a place early), and the set lives at least until
+-- then. Places whose slots have come go with it.
+local function leave_claimed(claimed, slot, tnow, idle_ms)
   redis.call('ZREMRANGEBYSCORE', claimed, '-inf', tnow)
+  if slot > tnow then keep(claimed, math.floor((slot - tnow) / 1000) + idle_ms) end
 end
 
 -- A job's idempotency key (see shardKeys.idem).

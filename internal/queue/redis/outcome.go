@@ -217,8 +217,7 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k shar
 
 // leaveClaimed queues the move of job cur out of its tenant's claimed set:
 // to the waiting set at its slot if it waits again; if it is finished, once
-// its slot has come (as lib.lua's leave_claimed; a finished job keeps the
-// slot it was claimed at).
+// its slot has come (as lib.lua's leave_claimed).
 func (s *Store) leaveClaimed(ctx context.Context, pipe goredis.Pipeliner, k shardKeys, cur queue.Job, st outcomeState) {
 	claimed := k.claimed(cur.Tenant)
 	if !cur.State.Finished() {
@@ -226,11 +225,11 @@ func (s *Store) leaveClaimed(ctx context.Context, pipe goredis.Pipeliner, k shar
 		pipe.ZAdd(ctx, k.waiting(cur.Tenant), goredis.Z{Score: float64(micros(cur.Slot)), Member: cur.ID})
 		return
 	}
-	tnow := micros(st.rec.Pause.TenantTime(st.now))
-	if micros(cur.Slot) <= tnow {
-		pipe.ZRem(ctx, claimed, cur.ID)
+	tnow := st.rec.Pause.TenantTime(st.now)
+	pipe.ZRemRangeByScore(ctx, claimed, "-inf", strconv.FormatInt(micros(tnow), 10))
+	if cur.Slot.After(tnow) {
+		pipe.PExpire(ctx, claimed, cur.Slot.Sub(tnow)+s.idle)
 	}
-	pipe.ZRemRangeByScore(ctx, claimed, "-inf", strconv.FormatInt(tnow, 10))
 }
 
 // writeWindows queues the rewrite of tenant's windows from rec.
