@@ -122,15 +122,16 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	c := s.newCall(failed.Tenant, tm, 1)
 	d, st, recent := s.admit(c, failed.EffectiveCost())
 	at := queue.DispatchAt(tm.rec.Pause, d.Slot, c.now)
+	delay := max(at.Sub(c.now), queue.CeilingDelay(c.ceiling, tm.depth))
 	switch {
 	case !d.Admitted:
 		tm.rec.Rejected++
 		tm.dirty = true
 		s.mu.Unlock()
 		return queue.Admission{Rejected: queue.Rejection(c.tenant, c.policy, d, tm.depth), QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
-	case !failed.Deadline.IsZero() && at.After(failed.Deadline):
+	case !failed.Deadline.IsZero() && c.now.Add(delay).After(failed.Deadline):
 		s.mu.Unlock()
-		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: at.Sub(c.now), Deadline: failed.Deadline}, QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
+		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: delay, Deadline: failed.Deadline}, QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
 	}
 	tm.rec.TAT = st.TAT
 	tm.rec.SetRecent(c.policy, recent)
@@ -162,7 +163,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 		return queue.Admission{}, queue.Unavailable(err)
 	}
 	s.pokeIfSooner(due)
-	return queue.Admission{Job: j, ExpectedDelay: j.DispatchAt.Sub(c.now), QueueDepth: depth, Capacity: c.policy.Capacity}, nil
+	return queue.Admission{Job: j, ExpectedDelay: delay, QueueDepth: depth, Capacity: c.policy.Capacity}, nil
 }
 
 // failedJob reads a job to retry and its tenant (s.mu held): a StateError

@@ -67,6 +67,9 @@ func Run(t *testing.T, d Driver) {
 		{"WindowBesideTheRate", testWindowBesideTheRate},
 		{"WindowsKeepTheQueueBound", testWindowsKeepTheQueueBound},
 		{"FullWindowRetryAfterIsExact", testFullWindowRetryAfterIsExact},
+		{"ExpectedDelayCountsTheCeiling", testExpectedDelayCountsTheCeiling},
+		{"CeilingWindowsBoundTheCost", testCeilingWindowsBoundTheCost},
+		{"RetryCountsTheCeiling", testRetryCountsTheCeiling},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 	}
 	for _, tc := range tests {

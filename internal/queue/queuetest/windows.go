@@ -82,7 +82,13 @@ func testWindowsKeepTheQueueBound(t *testing.T, d Driver) {
 		got := make(chan Handed, 10)
 		Consume(t, s, 100*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
 			got <- Handed{Job: j, At: clk.Now()}
-			return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
+			// As the dispatcher does: the request is written at its slot.
+			select {
+			case <-clk.After(j.DispatchAt.Sub(clk.Now())):
+			case <-ctx.Done():
+				return queue.Outcome{Result: queue.Released}
+			}
+			return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
 		})
 		WaitHanded(t, clk, got, time.Millisecond) // slot 0
 		WaitHanded(t, clk, got, time.Millisecond) // slot 100 ms, handed a lead early

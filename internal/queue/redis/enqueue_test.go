@@ -12,7 +12,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/clock"
-	"throttler/internal/leaky"
 	"throttler/internal/queue"
 	"throttler/internal/testutil"
 )
@@ -101,37 +100,6 @@ func TestRepeatIsAnsweredWithoutASecondRead(t *testing.T) {
 	}
 	if st, err := s.Tenant(ctx, "acme"); err != nil || st.Accepted != 3 || st.QueueDepth != 3 {
 		t.Fatalf("status %+v %v, want 3 accepted and waiting", st, err)
-	}
-}
-
-// Issue 12 #8: the expected delay counts the downstream's ceiling, as the
-// embedded store does (queue.CeilingDelay): at admission, in the deadline
-// check, and in the tenant's status.
-func TestExpectedDelayCountsTheCeiling(t *testing.T) {
-	rdb := redisClient(t, 0)
-	ctx := context.Background()
-	// The tenant may send every 50 ms; its downstream, every 100 ms.
-	ceiling := &leaky.Policy{Interval: 2 * T, Burst: 1}
-	s := openFake(t, rdb, clock.NewFake(t0), leaky20(10), func(string) (string, *leaky.Policy) { return "sms", ceiling })
-	for i := range 5 {
-		out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(i)})
-		if err != nil || !out[0].Admitted() {
-			t.Fatalf("job %d: %+v %v", i, out, err)
-		}
-		want := max(time.Duration(i)*T, queue.CeilingDelay(ceiling, i))
-		if a := out[0]; a.ExpectedDelay != want || a.Job.AdmitDelay != want {
-			t.Fatalf("job %d: expected delay %v (told %v), want %v: %d jobs ahead at the ceiling's %v", i, a.ExpectedDelay, a.Job.AdmitDelay, want, i, ceiling.Interval)
-		}
-	}
-	st, err := s.Tenant(ctx, "acme")
-	if want := queue.CeilingDelay(ceiling, 5); err != nil || st.ExpectedDelay != want {
-		t.Fatalf("status: expected delay %v %v, want %v", st.ExpectedDelay, err, want)
-	}
-	// Its own schedule would send it in 250 ms; the ceiling, in 500 ms.
-	late := queue.NewJob{Payload: []byte(`1`), Deadline: t0.Add(450 * time.Millisecond)}
-	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{late})
-	if err != nil || out[0].Impossible == nil || out[0].Impossible.Reason != queue.ReasonWouldExpire || out[0].Impossible.ExpectedDelay != 500*time.Millisecond {
-		t.Fatalf("a job due in 450 ms behind 5 at the ceiling: %+v %v, want would_expire after 500ms", out, err)
 	}
 }
 

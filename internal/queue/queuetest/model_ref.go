@@ -1,0 +1,616 @@
+package queuetest
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// The reference model: DESIGN.md sections 2-4 and the Store contract
+// (queue.Store, queue.Outcome), written again from the text, apart from
+// internal/leaky and the backends, so that two implementations check each
+// other.
+//
+// Rules, in brief (T interval, B burst, C capacity, tau = (B-1)T, all
+// schedule times in tenant time, which stands still while the tenant is
+// paused):
+//
+//   - admission (GCRA with a queue): slot = max(now, tat - tau); a job of
+//     cost c is admitted iff max(tat, now) + (c-1)T - tau - now <= C*T; then
+//     tat = max(tat, now) + cT. Refused: Retry-After is the time until it
+//     would be admitted. Cost above C+B (or a window's N): 422.
+//   - room: besides the schedule, at most C+B jobs are waiting or going at
+//     once (C while paused: nothing goes at once). With windows the bound
+//     is by count alone (a window makes jobs wait, it never refuses them):
+//     a job that cannot go at once is admitted iff fewer than C wait.
+//   - windows: a send goes no sooner than every window of length L holds at
+//     most N sends scheduled (each cost-c send counts c); a window new to a
+//     policy starts empty; the rest of the schedule follows a moved job.
+//   - deadline: a job that would be sent after it is refused (422), and a
+//     job not sent by it ends expired, never sent.
+//   - outcomes: 2xx delivered; 4xx failed (Store.Retry takes it back like a
+//     new job); 5xx and timeouts take a new slot at the schedule's next
+//     place and no sooner than the backoff; 429 with Retry-After keeps the
+//     job's slot and stops the tenant's clock from that slot until then.
+//   - operator hold: the clock stands still until resume; jobs admitted
+//     meanwhile go one interval apart after it.
+//   - crash: whatever was committed stays; an attempt written and not
+//     recorded may be sent again (same job id, so the same
+//     Idempotency-Key), and after a restart the tenant's next send comes no
+//     sooner than one interval after the last moment one of its jobs could
+//     have been written. Where that leaves the store a choice (how far
+//     beyond), the model takes the store's times and checks the bound.
+//
+// What the model leaves to the store and only bounds: the exact slot a
+// window gives (at or after the earliest one that fits), and the spacing a
+// restart chooses.
+
+type mstate int
+
+const (
+	msWaiting mstate = iota
+	msInFlight
+	msSucceeded
+	msFailed
+	msCancelled
+	msExpired
+)
+
+func (s mstate) String() string {
+	return [...]string{"waiting", "in flight", "succeeded", "failed", "cancelled", "expired"}[s]
+}
+
+// mpause is a tenant's clock: tenant time = real time minus the pauses so
+// far, standing still while paused (DESIGN.md section 4).
+type mpause struct {
+	shift time.Duration // how far tenant time runs behind, once the pause is over
+	until time.Time     // a timed pause (pushback) ends then
+	held  time.Time     // an operator hold began then (zero: none)
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func (p mpause) tenantTime(now time.Time) time.Time {
+	t := now
+	if !p.held.IsZero() && p.held.Before(t) {
+		t = p.held
+	}
+	return laterOf(t, p.until).Add(-p.shift)
+}
+
+// real is when tenant time reaches slot (false while held: never).
+func (p mpause) real(slot time.Time) (time.Time, bool) {
+	if !p.held.IsZero() {
+		return time.Time{}, false
+	}
+	return laterOf(p.until, slot.Add(p.shift)), true
+}
+
+func (p mpause) paused(now time.Time) bool { return !p.held.IsZero() || now.Before(p.until) }
+
+// pushback stops tenant time from min(now, from) until until.
+func (p mpause) pushback(now, until, from time.Time) mpause {
+	if !until.After(now) {
+		return p
+	}
+	frozen := p.tenantTime(now)
+	if !from.IsZero() && from.Before(frozen) {
+		frozen = from
+	}
+	p.until = laterOf(p.until, until)
+	p.shift = p.until.Sub(frozen)
+	return p
+}
+
+func (p mpause) hold(now time.Time) mpause {
+	if p.held.IsZero() {
+		p.held = now
+	}
+	return p
+}
+
+func (p mpause) resume(now time.Time) mpause {
+	if p.held.IsZero() {
+		return p
+	}
+	frozen := p.tenantTime(now)
+	p.held = time.Time{}
+	p.until = laterOf(p.until, now)
+	p.shift = p.until.Sub(frozen)
+	return p
+}
+
+// told is what people are told of slot at now: its real time, or for a held
+// tenant the time it would have if resumed now.
+func (p mpause) told(slot, now time.Time) time.Time {
+	at, _ := p.resume(now).real(slot)
+	return at
+}
+
+// mtag is the policy a slot was given under: the spacing and windows the
+// send is checked against (a reload does not move jobs already waiting:
+// they keep the spacing they were given; the dispatcher's gate re-paces
+// live sends, this test checks the store's schedule).
+type mtag struct {
+	T, tau time.Duration
+	wins   []*mwin
+}
+
+type mentry struct {
+	at     time.Time // tenant time
+	weight int
+}
+
+// mwin is one window of a tenant's policy: its scheduled sends.
+type mwin struct {
+	spec    WindowSpec
+	entries []mentry
+	// writes seen at the downstream of jobs scheduled under this window
+	writes []mentry // real time
+}
+
+type mjob struct {
+	n        int // admission order in the run
+	id       string
+	tn       *mtenant
+	key      string
+	cost     int
+	deadline time.Time
+	payload  string
+	state    mstate
+	slot     time.Time // tenant time of the next attempt
+	attempts int       // attempts recorded
+	tag      mtag
+	writes   []time.Time
+	// the attempt in flight
+	writeAt  time.Time
+	answer   Answer
+	answerAt time.Time // a timeout's answer
+	// possiblySent: a write whose outcome was never recorded (a crash came
+	// between): sending it again is allowed, with the same id.
+	possiblySent bool
+	pushedBack   bool // its last attempt was answered 429: the next is a resend
+	// what it was told at admission (or at Store.Retry)
+	admittedAt time.Time
+	promised   time.Duration
+	// the first answer, told again for a repeat of its key
+	promisedFirst time.Duration
+	admitDepth    int
+	// disturbed: a pause or a crash came between the promise and the
+	// first attempt, so the promise no longer has to hold.
+	disturbed bool
+}
+
+type capChange struct {
+	at time.Time
+	c  int
+}
+
+type mtenant struct {
+	name         string
+	pol          PolicySpec
+	maxT         time.Duration
+	caps         []capChange
+	tat          time.Time
+	persistedTAT time.Time // as last written with the tenant's record
+	pz           mpause
+	lastRecorded time.Time // the last send whose outcome was recorded
+	wins         []*mwin   // of the current policy
+	jobs         []*mjob
+	keys         map[string]*mjob
+	// rate check: GCRA on the writes seen at the downstream, weighted by
+	// cost and not
+	rateTAT, rateTAT1 time.Time
+	writes            []time.Time
+	lastWriteT        time.Duration
+	lastWriteCost     int
+}
+
+func (tn *mtenant) tau() time.Duration { return time.Duration(tn.pol.Burst-1) * tn.pol.Interval }
+
+func (tn *mtenant) tagNow() mtag {
+	return mtag{T: tn.pol.Interval, tau: tn.tau(), wins: slices.Clone(tn.wins)}
+}
+
+func (tn *mtenant) maxCost() int {
+	n := tn.pol.Capacity + tn.pol.Burst
+	for _, w := range tn.pol.Windows {
+		n = min(n, w.N)
+	}
+	return n
+}
+
+func (tn *mtenant) waiting() []*mjob {
+	var out []*mjob
+	for _, j := range tn.jobs {
+		if j.state == msWaiting {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+func (tn *mtenant) count(s mstate) int {
+	n := 0
+	for _, j := range tn.jobs {
+		if j.state == s {
+			n++
+		}
+	}
+	return n
+}
+
+// windowFits reports whether cost more sends at t keep every window of
+// the policy at N or fewer.
+func (tn *mtenant) windowFits(t time.Time, cost int) bool {
+	for _, w := range tn.wins {
+		// Every window (x-L, x] holding t: x from t to t+L.
+		xs := []time.Time{t}
+		for _, e := range w.entries {
+			if e.at.After(t) && e.at.Before(t.Add(w.spec.Length)) {
+				xs = append(xs, e.at)
+			}
+		}
+		for _, x := range xs {
+			n := cost
+			for _, e := range w.entries {
+				if e.at.After(x.Add(-w.spec.Length)) && !e.at.After(x) {
+					n += e.weight
+				}
+			}
+			if n > w.spec.N {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// earliestWindow is the first time at or after at when cost more sends fit
+// every window.
+func (tn *mtenant) earliestWindow(at time.Time, cost int) time.Time {
+	if len(tn.wins) == 0 {
+		return at
+	}
+	cands := []time.Time{at}
+	for _, w := range tn.wins {
+		for _, e := range w.entries {
+			if c := e.at.Add(w.spec.Length); c.After(at) {
+				cands = append(cands, c)
+			}
+		}
+	}
+	slices.SortFunc(cands, func(a, b time.Time) int { return a.Compare(b) })
+	for _, c := range cands {
+		if tn.windowFits(c, cost) {
+			return c
+		}
+	}
+	return cands[len(cands)-1] // not reached: past every entry it fits
+}
+
+func (tn *mtenant) recordWindows(at time.Time, cost int) {
+	for _, w := range tn.wins {
+		w.entries = append(w.entries, mentry{at: at, weight: cost})
+	}
+}
+
+// capacityBound is the most queued jobs admitted since since may hold: the
+// largest capacity in force meanwhile.
+func (tn *mtenant) capacityBound(since time.Time) int {
+	c := 0
+	for i, ch := range tn.caps {
+		if i+1 < len(tn.caps) && !tn.caps[i+1].at.After(since) {
+			continue
+		}
+		c = max(c, ch.c)
+	}
+	return c
+}
+
+type model struct {
+	tenants map[string]*mtenant
+	order   []string
+	jobs    []*mjob
+	byID    map[string]*mjob
+	known   Defect
+}
+
+func newModel(known Defect) *model {
+	m := &model{tenants: map[string]*mtenant{}, byID: map[string]*mjob{}, known: known}
+	for _, name := range modelTenants {
+		tn := &mtenant{name: name, keys: map[string]*mjob{}}
+		m.tenants[name] = tn
+		m.order = append(m.order, name)
+		m.reload(tn, defaultModelPolicy, T0)
+	}
+	return m
+}
+
+func (m *model) reload(tn *mtenant, p PolicySpec, now time.Time) {
+	// A faster rate allows the next send sooner: the writes so far are
+	// spaced by the faster of the two.
+	if n := len(tn.writes); n > 0 && p.Interval < tn.pol.Interval {
+		last := tn.writes[n-1]
+		tn.rateTAT = earliest(tn.rateTAT, last.Add(time.Duration(tn.lastWriteCost)*p.Interval))
+		tn.rateTAT1 = earliest(tn.rateTAT1, last.Add(p.Interval))
+	}
+	tn.pol = p
+	tn.maxT = max(tn.maxT, p.Interval)
+	tn.caps = append(tn.caps, capChange{at: now, c: p.Capacity})
+	// Windows are kept by what they say: one that stays keeps its sends, a
+	// new one starts empty, a dropped one is forgotten.
+	var wins []*mwin
+	for _, ws := range p.Windows {
+		var found *mwin
+		for _, w := range tn.wins {
+			if w.spec == ws {
+				found = w
+			}
+		}
+		if found == nil {
+			found = &mwin{spec: ws}
+		}
+		wins = append(wins, found)
+	}
+	tn.wins = wins
+}
+
+// Decision kinds.
+const (
+	mAdmitted = iota + 1
+	mRejected
+	mCostTooLarge
+	mWouldExpire
+)
+
+type mdecision struct {
+	kind int
+	slot time.Time // admitted: tenant time (with windows: the earliest the store may give)
+	// delay: admitted or would_expire: real time until its slot (with
+	// windows, at least this)
+	delay time.Duration
+	exact bool // delay and slot are exact (no window)
+	// ra: rejected: Retry-After (raExact: exactly; else at least)
+	ra      time.Duration
+	raExact bool
+	raWhy   string
+	maxCost int
+}
+
+// decide admits or refuses a job of cost with deadline (zero: none) for tn
+// at now, without changing anything.
+func (m *model) decide(tn *mtenant, now time.Time, cost int, deadline time.Time, inCall map[*mjob]bool) mdecision {
+	p := tn.pol
+	T, C, B := p.Interval, p.Capacity, p.Burst
+	tau := tn.tau()
+	cost = max(cost, 1)
+	if mc := tn.maxCost(); cost > mc {
+		return mdecision{kind: mCostTooLarge, maxCost: mc}
+	}
+	tt := tn.pz.tenantTime(now)
+	paused := tn.pz.paused(now)
+	told := func(s time.Time) time.Time { return tn.pz.told(s, now) }
+	waiting := tn.waiting()
+	// dispatch times of the waiting jobs as people are told them, soonest
+	// first: when each of them stops waiting. With windows the bound counts
+	// only the jobs that really wait (not one that goes now).
+	var leave []time.Time
+	for _, j := range waiting {
+		if len(tn.wins) > 0 && inCall[j] && m.known&DefectBatchWindow != 0 {
+			continue // the store counts only jobs of earlier calls
+		}
+		if at := told(j.slot); len(tn.wins) == 0 || paused || at.After(now) {
+			leave = append(leave, at)
+		}
+	}
+	slices.SortFunc(leave, func(a, b time.Time) int { return a.Compare(b) })
+	// untilFewer is when fewer than n wait.
+	untilFewer := func(n int) time.Time {
+		if len(leave) < n {
+			return now
+		}
+		return leave[len(leave)-n]
+	}
+	var d mdecision
+	if len(tn.wins) == 0 {
+		base := laterOf(tn.tat, tt)
+		slot := laterOf(tt, tn.tat.Add(-tau))
+		excess := base.Add(time.Duration(cost-1) * T).Add(-tau).Sub(tt)
+		if excess > time.Duration(C)*T {
+			return mdecision{kind: mRejected, ra: told(tt.Add(excess - time.Duration(C)*T)).Sub(now), raExact: true, raWhy: "schedule"}
+		}
+		room := C + B
+		if paused {
+			room = C // nothing goes at once: every job waits
+		}
+		if len(waiting) >= room {
+			// Admitted once the pause is over (room C+B again) and fewer
+			// than C+B wait.
+			at := laterOf(now, tn.pz.resume(now).until)
+			at = laterOf(at, untilFewer(C+B))
+			return mdecision{kind: mRejected, ra: at.Sub(now), raExact: true, raWhy: "count"}
+		}
+		d = mdecision{kind: mAdmitted, slot: slot, delay: told(slot).Sub(now), exact: true}
+	} else {
+		s0 := laterOf(tt, tn.tat.Add(-tau))
+		s := tn.earliestWindow(s0, cost)
+		atOnce := !paused && s.Equal(tt)
+		// The earliest time it could go at once: the schedule and every
+		// window allow it then (tenant time, as if resumed).
+		onceAt := tn.earliestWindow(laterOf(tt, tn.tat.Add(time.Duration(cost-1)*T).Add(-tau)), cost)
+		if C == 0 {
+			excess := laterOf(tn.tat, tt).Add(time.Duration(cost-1) * T).Add(-tau).Sub(tt)
+			if excess > 0 || !atOnce {
+				return mdecision{kind: mRejected, ra: told(onceAt).Sub(now), raExact: false, raWhy: "window"}
+			}
+		} else {
+			if !atOnce && len(leave) >= C {
+				at := untilFewer(C)
+				if !paused {
+					at = earliest(at, told(onceAt))
+				}
+				return mdecision{kind: mRejected, ra: laterOf(now, at).Sub(now), raExact: false, raWhy: "window count"}
+			}
+		}
+		d = mdecision{kind: mAdmitted, slot: s, delay: told(s).Sub(now)}
+	}
+	if !deadline.IsZero() && now.Add(d.delay).After(deadline) {
+		return mdecision{kind: mWouldExpire, delay: d.delay, exact: d.exact}
+	}
+	return d
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// take applies an admitted decision (with the slot the store gave, for
+// windows) to tn for job j.
+func (m *model) take(tn *mtenant, j *mjob, now time.Time, slot time.Time) {
+	T := tn.pol.Interval
+	tt := tn.pz.tenantTime(now)
+	next := laterOf(tn.tat, tt).Add(time.Duration(j.cost) * T)
+	if len(tn.wins) > 0 {
+		next = laterOf(next, slot.Add(time.Duration(j.cost)*T)) // the rest follow a moved job
+		tn.recordWindows(slot, j.cost)
+	}
+	tn.tat = next
+	j.slot, j.tag, j.state, j.attempts = slot, tn.tagNow(), msWaiting, 0
+	j.admittedAt, j.promised, j.disturbed = now, tn.pz.told(slot, now).Sub(now), false
+	j.possiblySent = false
+}
+
+// reserve gives j (an attempt failed at now) its next slot: the schedule's
+// next place from now, no sooner than notBefore. It returns the slot the
+// model expects; with windows that is the earliest the store may give.
+func (m *model) reserve(tn *mtenant, j *mjob, now, notBefore time.Time) (time.Time, bool) {
+	T := tn.pol.Interval
+	tnow := tn.pz.tenantTime(now)
+	tnb := tn.pz.tenantTime(notBefore)
+	r := laterOf(tnow, tn.tat.Add(-tn.tau()))
+	tn.tat = laterOf(tn.tat, tnow).Add(time.Duration(j.cost) * T)
+	at := laterOf(r, tnb)
+	exact := true
+	if len(tn.wins) > 0 {
+		at = tn.earliestWindow(at, j.cost)
+		exact = false
+	}
+	return at, exact
+}
+
+// placeReserved completes reserve once the slot is known (windows).
+func (m *model) placeReserved(tn *mtenant, j *mjob, slot time.Time, backoffRuled bool) {
+	if len(tn.wins) > 0 {
+		tn.recordWindows(slot, j.cost)
+		if !backoffRuled {
+			tn.tat = laterOf(tn.tat, slot.Add(time.Duration(j.cost)*tn.pol.Interval))
+		}
+	}
+	j.slot, j.tag = slot, tn.tagNow()
+}
+
+// expireIfLate ends j if its next attempt, as told now, would come after its
+// deadline.
+func (m *model) expireIfLate(j *mjob, now time.Time) {
+	if j.state == msWaiting && !j.deadline.IsZero() && j.tn.pz.told(j.slot, now).After(j.deadline) {
+		j.state = msExpired
+	}
+}
+
+// disturb marks tn's waiting jobs: their promise no longer binds.
+func (tn *mtenant) disturb() {
+	for _, j := range tn.jobs {
+		if j.state == msWaiting {
+			j.disturbed = true
+		}
+	}
+}
+
+// due lists the jobs that must be written at now (in admission order).
+func (m *model) due(now time.Time) []*mjob {
+	var out []*mjob
+	for _, j := range m.jobs {
+		if j.state != msWaiting {
+			continue
+		}
+		if at, ok := j.tn.pz.real(j.slot); ok && !at.After(now) {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// next is the model's next event after now: a job due, a timeout's answer,
+// a deadline (zero if none).
+func (m *model) next(now time.Time) time.Time {
+	var at time.Time
+	consider := func(t time.Time) {
+		if t.After(now) && (at.IsZero() || t.Before(at)) {
+			at = t
+		}
+	}
+	for _, j := range m.jobs {
+		switch j.state {
+		case msWaiting:
+			if r, ok := j.tn.pz.real(j.slot); ok {
+				consider(r)
+			}
+			if !j.deadline.IsZero() {
+				consider(j.deadline)
+			}
+		case msInFlight:
+			consider(j.answerAt)
+		}
+	}
+	return at
+}
+
+// expire ends the waiting jobs whose deadline has passed at now: they were
+// not sent in time and never will be.
+func (m *model) expire(now time.Time) {
+	for _, j := range m.jobs {
+		if j.state == msWaiting && !j.deadline.IsZero() && j.deadline.Before(now) {
+			j.state = msExpired
+		}
+	}
+}
+
+// crash is what a kill -9 at at leaves: every attempt in flight is
+// forgotten (its job waits at its slot as committed, and may be sent
+// again), and what was held only in memory is gone.
+func (m *model) crash() {
+	for _, name := range m.order {
+		tn := m.tenants[name]
+		tn.tat = tn.persistedTAT
+		for _, j := range tn.jobs {
+			if j.state == msInFlight {
+				j.state = msWaiting
+				j.possiblySent = true
+				j.answerAt = time.Time{}
+			}
+			if j.state == msWaiting {
+				j.disturbed = true
+			}
+		}
+	}
+}
+
+func (m *model) describe(j *mjob) string {
+	return fmt.Sprintf("job #%d (%s of %s, cost %d)", j.n, shortID(j.id), j.tn.name, j.cost)
+}
+
+func shortID(id string) string {
+	if len(id) > 8 {
+		return id[len(id)-8:]
+	}
+	return id
+}
