@@ -166,8 +166,9 @@ func busy(t *testing.T, base string) []string {
 
 // The page an operator keeps open: screenshots at laptop and phone widths
 // (artefacts), and its buttons, each one's effect checked through the API:
-// a viewer sees no button; an admin looks up a failed job, retries it (it
-// is queued again), pauses beta (held) and resumes it (not held).
+// a scoped token sees its tenant alone; a viewer sees no button; an admin
+// looks up a failed job, retries it (it is queued again), pauses beta
+// (held) and resumes it (not held).
 func TestStatusPageOperator(t *testing.T) {
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
@@ -183,6 +184,10 @@ func TestStatusPageOperator(t *testing.T) {
 
 	job := failed[0]
 	plan := []map[string]any{
+		// A token scoped to tenant a sees a alone, and no downstream.
+		{"do": "token", "value": tokProducerA, "role": "producer"},
+		{"do": "present", "sel": `#rows tr[data-tenant="a"]`},
+		{"do": "absent", "sel": `#rows tr[data-tenant="beta"], #downstreams .ds`},
 		{"do": "token", "value": tokViewer, "role": "viewer"},
 		{"do": "select", "tenant": "beta"},
 		{"do": "present", "sel": `#failed tr[data-job="` + job + `"]`},
