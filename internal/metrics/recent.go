@@ -59,7 +59,10 @@ type DownstreamSample struct {
 // deepest busy tenants (one store read, the same the page's first page
 // makes), keeps a ring of samples for each, follows a tenant that has
 // left that list until it has been idle for a whole window, and tracks at
-// most 2*Tenants tenants (the longest idle are dropped first).
+// most 2*Tenants tenants (the longest idle are dropped first). The list is
+// read at most once per 20 times what a read took (a store with a million
+// busy tenants takes a while to list them): sampling takes at most about 5%
+// of the store's time, and the samples grow further apart instead.
 //
 // Start it with Metrics.KeepRecent; safe for concurrent use.
 type Recent struct {
@@ -71,7 +74,13 @@ type Recent struct {
 	mu          sync.Mutex
 	tenants     map[string]*tenantTrack
 	downstreams map[string]*ring[DownstreamSample]
+	tenantEvery time.Duration // every, or more if reading the list is slow
+	nextTenants time.Time     // the next pass that reads the tenants
 }
+
+// costShare: a pass that reads the tenants comes at most once per this
+// many times what the last one took.
+const costShare = 20
 
 type tenantTrack struct {
 	samples  ring[TenantSample]
@@ -85,6 +94,7 @@ func (m *Metrics) KeepRecent(ctx context.Context, opts RecentOptions) *Recent {
 		tenantsLimit: cmp.Or(opts.Tenants, RecentTenantsDefault),
 		tenants:      map[string]*tenantTrack{}, downstreams: map[string]*ring[DownstreamSample]{}}
 	rc.keep = max(2, int(rc.window/rc.every))
+	rc.tenantEvery = rc.every
 	rc.sample(ctx)
 	rc.pass = startstop.Periodic{Name: "recent samples", Every: rc.every, Run: rc.sample}
 	rc.pass.Start(ctx)
@@ -99,19 +109,32 @@ func (m *Metrics) Recent() *Recent { return m.recent.Load() }
 // readable.
 func (rc *Recent) Stop() { rc.pass.Stop() }
 
-// Every is the time between samples; Window how long they are kept.
-func (rc *Recent) Every() time.Duration  { return rc.every }
+// Every is the time between samples of the tenants now (more than
+// RecentOptions.Every if listing them is slow); Window how long samples
+// are kept.
+func (rc *Recent) Every() time.Duration {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.tenantEvery
+}
+
 func (rc *Recent) Window() time.Duration { return rc.window }
 
-// Tenants returns the samples, oldest first, of those of names that are
-// tracked.
+// Tenants returns the samples of the last window, oldest first, of those
+// of names that are tracked.
 func (rc *Recent) Tenants(names []string) map[string][]TenantSample {
+	since := time.Now().Add(-rc.window)
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	out := make(map[string][]TenantSample, len(names))
 	for _, n := range names {
 		if tr, ok := rc.tenants[n]; ok {
-			out[n] = tr.samples.all()
+			all := tr.samples.all()
+			i := 0
+			for i < len(all) && all[i].At.Before(since) {
+				i++
+			}
+			out[n] = all[i:]
 		}
 	}
 	return out
@@ -140,6 +163,23 @@ func (rc *Recent) Downstreams() map[string][]DownstreamSample {
 func (rc *Recent) sample(ctx context.Context) {
 	now := time.Now()
 	rc.sampleDownstreams(now)
+	rc.mu.Lock()
+	skip := now.Before(rc.nextTenants)
+	rc.mu.Unlock()
+	if !skip {
+		rc.sampleTenants(ctx, now)
+		took := time.Since(now)
+		rc.mu.Lock()
+		rc.tenantEvery = max(rc.every, costShare*took)
+		// Half an interval early: the ticks that drive passes jitter.
+		rc.nextTenants = now.Add(rc.tenantEvery - rc.every/2)
+		rc.mu.Unlock()
+	}
+}
+
+// sampleTenants reads the busiest tenants, and those followed that are no
+// longer among them.
+func (rc *Recent) sampleTenants(ctx context.Context, now time.Time) {
 	busy, err := rc.m.store.Tenants(ctx, 0, rc.tenantsLimit)
 	if err != nil {
 		return

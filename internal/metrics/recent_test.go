@@ -18,7 +18,9 @@ import (
 type depths struct {
 	mu    sync.Mutex
 	depth map[string]int
-	reads int // Tenant calls
+	reads int           // Tenant calls
+	lists int           // Tenants calls
+	slow  time.Duration // how long Tenants takes
 }
 
 func (d *depths) set(tenant string, n int) {
@@ -30,6 +32,8 @@ func (d *depths) set(tenant string, n int) {
 func (d *depths) Tenants(_ context.Context, offset, limit int) ([]queue.TenantStatus, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.lists++
+	time.Sleep(d.slow)
 	var out []queue.TenantStatus
 	for name, n := range d.depth {
 		if n > 0 {
@@ -62,6 +66,14 @@ func recentSetup(t *testing.T, opts RecentOptions) (*Metrics, *depths, *Recent) 
 	return m, store, rc
 }
 
+// pass takes a pass now, as if its time had come.
+func pass(rc *Recent) {
+	rc.mu.Lock()
+	rc.nextTenants = time.Time{}
+	rc.mu.Unlock()
+	rc.sample(context.Background())
+}
+
 // Only the deepest busy tenants are sampled, a tenant that left the list is
 // followed until it has been idle a whole window, and no more than twice
 // the limit are ever tracked.
@@ -71,11 +83,10 @@ func TestRecentIsBounded(t *testing.T) {
 	if m.Recent() != rc {
 		t.Fatal("Recent() is not the running sampler")
 	}
-	ctx := context.Background()
 	for i := 1; i <= 10; i++ {
 		store.set(fmt.Sprintf("t%02d", i), i)
 	}
-	rc.sample(ctx)
+	pass(rc)
 	got := rc.Tenants([]string{"t10", "t09", "t08", "t07"})
 	if len(got) != 3 || len(got["t10"]) != 1 || got["t10"][0].Depth != 10 || got["t10"][0].Delivered != 90 {
 		t.Fatalf("after one pass: %v", got)
@@ -85,7 +96,7 @@ func TestRecentIsBounded(t *testing.T) {
 	for i := 8; i <= 10; i++ {
 		store.set(fmt.Sprintf("t%02d", i), 0)
 	}
-	rc.sample(ctx)
+	pass(rc)
 	if got := rc.Tenants([]string{"t10"}); len(got["t10"]) != 2 || got["t10"][1].Depth != 0 {
 		t.Fatalf("a tenant that drained: %v", got)
 	}
@@ -98,7 +109,7 @@ func TestRecentIsBounded(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			store.set(fmt.Sprintf("new-%d-%d", round, i), 50+i)
 		}
-		rc.sample(ctx)
+		pass(rc)
 		if n := rc.Tracked(); n > 6 {
 			t.Fatalf("round %d: %d tracked, more than 6", round, n)
 		}
@@ -113,21 +124,47 @@ func TestRecentIsBounded(t *testing.T) {
 func TestRecentForgetsIdleTenants(t *testing.T) {
 	t.Parallel()
 	_, store, rc := recentSetup(t, RecentOptions{Tenants: 10, Window: time.Nanosecond})
-	ctx := context.Background()
 	store.set("a", 3)
-	rc.sample(ctx)
+	pass(rc)
 	store.set("a", 0)
-	rc.sample(ctx) // idle for more than the window: dropped, not read
+	pass(rc) // idle for more than the window: dropped, not read
 	if n, reads := rc.Tracked(), store.reads; n != 0 || reads != 0 {
 		t.Fatalf("%d tracked, %d reads of idle tenants", n, reads)
 	}
-	// The ring keeps at most the window's samples (here the minimum, 2).
+}
+
+// A tenant's ring keeps one window of samples (here the least, 2).
+func TestRecentKeepsAWindow(t *testing.T) {
+	t.Parallel()
+	_, store, rc := recentSetup(t, RecentOptions{Window: 2 * time.Hour})
 	store.set("b", 1)
 	for i := 0; i < 5; i++ {
-		rc.sample(ctx)
+		pass(rc)
 	}
 	if got := rc.Tenants([]string{"b"}); len(got["b"]) != 2 {
 		t.Fatalf("b: %d samples, want 2", len(got["b"]))
+	}
+}
+
+// A store slow to list its tenants is listed less often: at most once per
+// 20 times what a listing took.
+func TestRecentSpacesSlowReads(t *testing.T) {
+	t.Parallel()
+	store := &depths{depth: map[string]int{"a": 1}, slow: 20 * time.Millisecond}
+	m := New(store, func(string) (string, string) { return "sms", OtherTenants }, func() []string { return nil })
+	rc := m.KeepRecent(context.Background(), RecentOptions{Every: time.Hour}) // one listing, at start
+	t.Cleanup(rc.Stop)
+	if e := rc.Every(); e != time.Hour {
+		t.Fatalf("Every() = %v, want the hour asked for", e)
+	}
+	rc.every = 10 * time.Millisecond // as if asked for 10 ms: the listing's cost now rules
+	pass(rc)
+	if e := rc.Every(); e < costShare*store.slow {
+		t.Fatalf("Every() = %v after a listing of %v", e, store.slow)
+	}
+	rc.sample(context.Background()) // too soon: downstreams only
+	if store.lists != 2 {
+		t.Fatalf("%d listings, want 2", store.lists)
 	}
 }
 
@@ -146,7 +183,7 @@ func TestRecentDownstreams(t *testing.T) {
 	if n := testutil.ToFloat64(m.pushbacks.WithLabelValues("sms")); n != 2 {
 		t.Fatalf("throttler_pushbacks_total = %v, want 2", n)
 	}
-	rc.sample(context.Background())
+	pass(rc)
 	got := rc.Downstreams()["sms"]
 	if len(got) != 1 { // the sample at start had no attempts of sms yet
 		t.Fatalf("%d samples: %v", len(got), got)
