@@ -20,7 +20,7 @@ import (
 var (
 	rowOf      = regexp.MustCompile(`(?s)<tr[^>]*data-tenant="([^"]+)"[^>]*>(.*?)</tr>`)
 	depthOf    = regexp.MustCompile(`<td class="depth"[^>]*data-depth="(\d+)"`)
-	sparkOfRow = regexp.MustCompile(`<svg class="spark"[^>]*data-points="(\d+)"`)
+	sparkOfRow = regexp.MustCompile(`<svg class="spark[^"]*"[^>]*data-points="(\d+)"`)
 )
 
 // pageRows reads each row's depth and how many samples its chart drew.
