@@ -2,109 +2,294 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"io"
+	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"throttler/internal/downstreamtest"
+	"throttler/internal/servicetest"
+	"throttler/internal/testutil"
 )
-
-// chromium finds Debian's Chromium; tests that need it skip without it,
-// except in CI, where .ci/run installs it.
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium is not installed (.ci/run installs it)")
-	}
-	t.Skip("chromium is not installed")
-	return ""
-}
-
-// headless runs Chromium on url with extra flags and returns its stdout.
-func headless(t *testing.T, bin, url string, extra ...string) string {
-	t.Helper()
-	args := append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-		"--user-data-dir=" + t.TempDir(), "--virtual-time-budget=3500"}, extra...)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append(args, url)...)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("chromium: %v\n%s", err, errOut.String())
-	}
-	return out.String()
-}
 
 var (
-	depthCell  = regexp.MustCompile(`<tr data-tenant="([^"]+)"[^>]*><td>[^<]*</td><td class="depth">(\d+)</td>`)
-	pointsAttr = regexp.MustCompile(`<canvas id="chart"[^>]*data-points="(\d+)"`)
+	rowOf      = regexp.MustCompile(`(?s)<tr[^>]*data-tenant="([^"]+)"[^>]*>(.*?)</tr>`)
+	depthOf    = regexp.MustCompile(`<td class="depth"[^>]*data-depth="(\d+)"`)
+	sparkOfRow = regexp.MustCompile(`<svg class="spark[^"]*"[^>]*data-points="(\d+)"`)
 )
 
-func pageState(dom string) (map[string]int, int) {
-	depths := map[string]int{}
-	for _, m := range depthCell.FindAllStringSubmatch(dom, -1) {
-		depths[m[1]], _ = strconv.Atoi(m[2])
-	}
-	points := 0
-	if m := pointsAttr.FindStringSubmatch(dom); m != nil {
-		points, _ = strconv.Atoi(m[1])
+// pageRows reads each row's depth and how many samples its chart drew.
+func pageRows(dom string) (depths, points map[string]int) {
+	depths, points = map[string]int{}, map[string]int{}
+	for _, m := range rowOf.FindAllStringSubmatch(dom, -1) {
+		if d := depthOf.FindStringSubmatch(m[2]); d != nil {
+			depths[m[1]], _ = strconv.Atoi(d[1])
+		}
+		if p := sparkOfRow.FindStringSubmatch(m[2]); p != nil {
+			points[m[1]], _ = strconv.Atoi(p[1])
+		}
 	}
 	return depths, points
 }
 
-// The status page in a real browser: the numbers and the chart follow the
-// queues. A screenshot is kept ($THROTTLER_ARTIFACTS, else the test's
-// temporary directory).
+// batchOf puts n jobs (payloads from payload(i)) for tenant in one batch.
+func batchOf(t *testing.T, base, tenant string, n int, payload func(i int) string, header ...string) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString(`{"jobs":[`)
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"payload":%s}`, payload(i))
+	}
+	b.WriteString(`]}`)
+	if st, _, body := call(t, "POST", base+"/v1/tenants/"+tenant+"/jobs:batch", b.String(), header...); st != 200 {
+		t.Fatalf("batch for %s: %d %v", tenant, st, body)
+	}
+}
+
+func number(i int) string { return strconv.Itoa(i) }
+
+// samples is how many samples the server keeps of tenant's last minutes.
+func samples(t *testing.T, base, tenant string, header ...string) int {
+	t.Helper()
+	_, _, body := call(t, "GET", base+"/v1/history?tenant="+tenant, "", header...)
+	h, _ := body["tenants"].(map[string]any)[tenant].(map[string]any)
+	if h == nil {
+		return 0
+	}
+	return len(h["t"].([]any))
+}
+
+// The status page in a real browser, with no auth: the numbers follow the
+// queues, and each busy tenant's last minutes are drawn from the samples
+// the server keeps.
 func TestStatusPageInABrowser(t *testing.T) {
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 100\n[tenants.alpha]\n", ds))
-	enqueue := func(tenant string, n int) {
-		for i := 0; i < n; i++ {
-			if st, _, b := call(t, "POST", base+"/v1/tenants/"+tenant+"/jobs", fmt.Sprintf(`{"payload":%d}`, i)); st != 202 {
-				t.Fatalf("%d %v", st, b)
+	batchOf(t, base, "alpha", 5, number) // one goes at once, four wait
+	batchOf(t, base, "beta", 3, number)
+	testutil.WaitFor(t, 10*time.Second, "two samples of alpha", atMostEvery(200*time.Millisecond, func() bool { return samples(t, base, "alpha") >= 2 }))
+	dom := headless(t, bin, base+"/", "--dump-dom")
+	depths, points := pageRows(dom)
+	if depths["alpha"] != 4 || depths["beta"] != 2 || points["alpha"] < 2 {
+		t.Fatalf("first look: depths %v, chart points %v\n%s", depths, points, dom)
+	}
+	batchOf(t, base, "alpha", 10, number)
+	dom = headless(t, bin, base+"/", "--dump-dom")
+	if depths, _ = pageRows(dom); depths["alpha"] != 14 {
+		t.Fatalf("after 10 more: depths %v", depths)
+	}
+	if !strings.Contains(dom, `data-state="live"`) || !strings.Contains(dom, `data-downstream="test"`) {
+		t.Fatalf("not live, or no downstream shown:\n%s", dom)
+	}
+}
+
+// operatorConfig: two downstreams (sms with a ceiling of 10/s), three busy
+// tenants and the tokens of security_test.go (admin, viewer).
+func operatorConfig(t *testing.T, ds *downstreamtest.Server) string {
+	return writeConfig(t, fmt.Sprintf(`
+[downstreams.sms]
+url = %q
+timeout = "2s"
+rate = "10/s"
+[tenants.alpha]
+downstream = "sms"
+rate = "4/s"
+capacity = 400
+[tenants.gamma]
+downstream = "sms"
+rate = "3/s"
+capacity = 300
+[tenants.beta]
+downstream = "test"
+rate = "1/s"
+capacity = 200
+`, ds.URL+"/send")+strings.Replace(tokensConfig(), "[tenant_defaults]\n", "[tenant_defaults]\ndownstream = \"test\"\n", 1), ds)
+}
+
+// gateway answers like an SMS vendor: 400 for a payload that asks to
+// fail, now and then a 429 with Retry-After for alpha, else 200.
+func gateway(ds *downstreamtest.Server) {
+	var n atomic.Int64
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		switch {
+		case bytes.Contains(body, []byte(`"fail"`)):
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, `{"error":"invalid_number","message":"+1555000 is not a mobile number"}`)
+		case r.Header.Get("X-Throttler-Tenant") == "alpha" && n.Add(1)%15 == 0:
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+		default:
+			w.WriteHeader(http.StatusOK)
+		}
+	})
+}
+
+// busy starts the operator's workload and waits until beta has failed
+// jobs and the server has kept some history; it returns beta's failed jobs.
+func busy(t *testing.T, base string) []string {
+	t.Helper()
+	admin := bearer(tokAdmin)
+	batchOf(t, base, "alpha", 200, number, admin...)
+	batchOf(t, base, "gamma", 150, number, admin...)
+	batchOf(t, base, "beta", 104, func(i int) string {
+		if i < 4 {
+			return `{"fail":true,"to":"+1555000"}`
+		}
+		return number(i)
+	}, admin...)
+	for i := 1; i <= 30; i++ {
+		batchOf(t, base, fmt.Sprintf("shop-%02d", i), 1+i%17, number, admin...)
+	}
+	var failed []string
+	testutil.WaitFor(t, 20*time.Second, "beta's 4 failed jobs", atMostEvery(200*time.Millisecond, func() bool {
+		_, _, body := call(t, "GET", base+"/v1/tenants/beta/jobs?state=failed", "", admin...)
+		jobs, _ := body["jobs"].([]any)
+		failed = failed[:0]
+		for _, j := range jobs {
+			failed = append(failed, j.(map[string]any)["id"].(string))
+		}
+		return len(failed) == 4
+	}))
+	testutil.WaitFor(t, 30*time.Second, "12 s of samples", atMostEvery(500*time.Millisecond, func() bool { return samples(t, base, "alpha", admin...) >= 7 }))
+	return failed
+}
+
+// The page an operator keeps open: screenshots at laptop and phone widths
+// (artefacts), and its buttons, each one's effect checked through the API:
+// a scoped token sees its tenant alone; a viewer sees no button; an admin
+// looks up a failed job, retries it (it is queued again), pauses beta
+// (held) and resumes it (not held).
+func TestStatusPageOperator(t *testing.T) {
+	bin := chromium(t)
+	ds := downstreamtest.New(t)
+	gateway(ds)
+	base := startServer(t, operatorConfig(t, ds))
+	failed := busy(t, base)
+	admin := bearer(tokAdmin)
+
+	look := []map[string]any{{"do": "token", "value": tokAdmin, "role": "admin"}, {"do": "select", "tenant": "beta"}, {"do": "wait", "ms": 2500}}
+	shots := pageProxy(t, base, look, nil)
+	screenshot(t, bin, shots+"/", "status-laptop.png", 1366, 900, 8*time.Second)
+	screenshot(t, bin, shots+"/", "status-phone.png", 390, 844, 8*time.Second)
+
+	job := failed[0]
+	plan := []map[string]any{
+		// A token scoped to tenant a sees a alone, and no downstream.
+		{"do": "token", "value": tokProducerA, "role": "producer"},
+		{"do": "present", "sel": `#rows tr[data-tenant="a"]`},
+		{"do": "absent", "sel": `#rows tr[data-tenant="beta"], #downstreams .ds`},
+		{"do": "token", "value": tokViewer, "role": "viewer"},
+		{"do": "select", "tenant": "beta"},
+		{"do": "present", "sel": `#failed tr[data-job="` + job + `"]`},
+		{"do": "absent", "sel": "#pauseBtn, #resumeBtn, #failed button.retry"},
+		{"do": "token", "value": tokAdmin, "role": "admin"},
+		{"do": "select", "tenant": "beta"},
+		{"do": "lookup", "job": job, "expect": "400 Bad Request"},
+		{"do": "retry", "job": job},
+		{"do": "pause", "tenant": "beta"},
+		{"do": "resume", "tenant": "beta"},
+	}
+	check := func(name string, data map[string]any) string {
+		switch name {
+		case "retried":
+			_, _, j := call(t, "GET", base+"/v1/jobs/"+job, "", admin...)
+			if j["state"] != "queued" {
+				return fmt.Sprintf("job %s after retry: %v, want queued", job, j)
+			}
+		case "paused", "resumed":
+			_, _, st := call(t, "GET", base+"/v1/tenants/beta", "", admin...)
+			if want := name == "paused"; st["held"] != want || st["paused"] != want {
+				return fmt.Sprintf("beta after %s: held %v, paused %v", name, st["held"], st["paused"])
 			}
 		}
+		return ""
 	}
-	enqueue("alpha", 5) // one goes at once, four wait
-	enqueue("beta", 3)
-	dom := headless(t, bin, base+"/", "--dump-dom")
-	depths, points := pageState(dom)
-	if depths["alpha"] != 4 || depths["beta"] != 2 || points < 2 {
-		t.Fatalf("first look: depths %v, chart points %d\n%s", depths, points, dom)
-	}
-	enqueue("alpha", 10)
-	dom = headless(t, bin, base+"/", "--dump-dom")
-	depths, points = pageState(dom)
-	if depths["alpha"] != 14 || points < 2 {
-		t.Fatalf("after 10 more: depths %v, chart points %d", depths, points)
-	}
+	dom := headlessFor(t, bin, pageProxy(t, base, plan, check)+"/", 30*time.Second, "--dump-dom")
+	t.Logf("driver:\n%s", driven(t, dom))
+}
 
-	dir := os.Getenv("THROTTLER_ARTIFACTS")
-	if dir == "" {
-		dir = t.TempDir()
+// With thousands of busy tenants the page shows 50 at a time, deepest
+// first, and pages through them.
+func TestStatusPageThousandsOfTenants(t *testing.T) {
+	bin := chromium(t)
+	ds := downstreamtest.New(t)
+	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 100\n", ds))
+	for i := 1; i <= 2000; i++ {
+		n := 2
+		if i <= 80 {
+			n = 2 + i // deep-001 waits 2 jobs ... deep-080 waits 81
+		}
+		name := fmt.Sprintf("deep-%03d", i)
+		if i > 80 {
+			name = fmt.Sprintf("t-%04d", i)
+		}
+		batchOf(t, base, name, n, number)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
+	pages := map[string][]any{}
+	check := func(name string, data map[string]any) string {
+		rows, _ := data["rows"].([]any)
+		pages[name] = rows
+		return ""
 	}
-	shot := filepath.Join(dir, "status-page.png")
-	headless(t, bin, base+"/", "--screenshot="+shot, "--window-size=1280,720", "--hide-scrollbars")
-	raw, err := os.ReadFile(shot)
-	if err != nil || !bytes.HasPrefix(raw, []byte("\x89PNG")) {
-		t.Fatalf("screenshot %s: %v", shot, err)
+	plan := []map[string]any{
+		{"do": "live"}, {"do": "rows", "name": "first"},
+		{"do": "page", "dir": "next", "expect": "51–100"}, {"do": "rows", "name": "second"},
+		{"do": "page", "dir": "prev", "expect": "1–50"},
 	}
-	t.Logf("screenshot: %s (%d bytes)", shot, len(raw))
+	dom := headlessFor(t, bin, pageProxy(t, base, plan, check)+"/", 20*time.Second, "--dump-dom")
+	driven(t, dom)
+	var all []int
+	for _, p := range []string{"first", "second"} {
+		if len(pages[p]) != 50 {
+			t.Fatalf("%s page: %d rows, want 50: %v", p, len(pages[p]), pages[p])
+		}
+		for _, r := range pages[p] {
+			all = append(all, int(r.(map[string]any)["depth"].(float64)))
+		}
+	}
+	first := pages["first"][0].(map[string]any)
+	if first["tenant"] != "deep-080" || all[0] != 81 || all[79] != 2 || all[99] != 1 {
+		t.Fatalf("first row %v; depths %v", first, all)
+	}
+	for i := 1; i < len(all); i++ {
+		if all[i] > all[i-1] {
+			t.Fatalf("not deepest first at row %d: %v", i+1, all)
+		}
+	}
+}
+
+// The page says when the server is unreachable, and keeps the last numbers
+// it had (greyed out).
+func TestStatusPageSaysServerUnreachable(t *testing.T) {
+	bin := chromium(t)
+	ds := downstreamtest.New(t)
+	base, stop := servicetest.StartStoppable(t, writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 100\n", ds))
+	batchOf(t, base, "alpha", 5, number)
+	plan := []map[string]any{{"do": "live"}, {"do": "report", "name": "stop"}, {"do": "unreachable"}}
+	check := func(name string, _ map[string]any) string {
+		stop()
+		if st, err := http.Get(base + "/healthz"); err == nil {
+			st.Body.Close()
+			return "the server still answers"
+		}
+		return ""
+	}
+	dom := headlessFor(t, bin, pageProxy(t, base, plan, check)+"/", 20*time.Second, "--dump-dom")
+	log := driven(t, dom)
+	if !strings.Contains(log, "banner: Server unreachable since") || !strings.Contains(dom, `data-stale="1"`) {
+		t.Fatalf("driver: %s\n%s", log, dom)
+	}
+	if depths, _ := pageRows(dom); depths["alpha"] != 4 {
+		t.Fatalf("the last numbers are gone: %v", depths)
+	}
 }

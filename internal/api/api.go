@@ -111,6 +111,7 @@ func (s *server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/tenants/{tenant}/jobs", s.failedJobs)
 	mux.HandleFunc("POST /v1/tenants/{tenant}/pause", s.hold(true))
 	mux.HandleFunc("POST /v1/tenants/{tenant}/resume", s.hold(false))
+	s.statusRoutes(mux) // overview.go: whoami, downstreams, history
 	// The same paths with other methods: a JSON 405 instead of the mux's text.
 	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/v1/tenants/{tenant}/pause", "/v1/tenants/{tenant}/resume", "/healthz", "/readyz"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {

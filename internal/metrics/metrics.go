@@ -2,7 +2,8 @@
 // labels, and the rule that keeps the series count bounded (a tenant label
 // only for tenants named in config; every other tenant is "_other").
 // Queue depth and expected delay are read from the store at scrape time,
-// through the two reads of TenantReader.
+// through the two reads of TenantReader. Recent (recent.go) keeps the last
+// minutes of the same numbers, in memory and bounded, for the status page.
 package metrics
 
 import (
@@ -30,10 +31,13 @@ type Metrics struct {
 
 	accepted, rejected, delivered, failed, retried *prometheus.CounterVec
 	expired                                        *prometheus.CounterVec
-	attempts                                       *prometheus.CounterVec
+	attempts, pushbacks                            *prometheus.CounterVec
 	dispatchError, queueWait, latency              *prometheus.HistogramVec
 	labels                                         Labels
 	breakers                                       atomic.Pointer[func() map[string]bool]
+	store                                          TenantReader
+	perDownstream                                  *prometheus.Registry // attempts and pushbacks alone, for Recent
+	recent                                         atomic.Pointer[Recent]
 }
 
 // TenantReader is what the metrics read from the store, at scrape time:
@@ -63,6 +67,7 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 	m := &Metrics{
 		Registry:  reg,
 		labels:    labels,
+		store:     store,
 		accepted:  counter("jobs_accepted_total", "Jobs admitted (202)."),
 		rejected:  counter("jobs_rejected_total", "Jobs refused, by reason: 429 queue_full, rate_limited; 422 would_expire, cost_too_large.", "reason"),
 		delivered: counter("jobs_delivered_total", "Jobs the downstream took (2xx)."),
@@ -71,12 +76,16 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 		expired:   counter("jobs_expired_total", "Jobs whose deadline came before they could be sent (never sent)."),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "attempts_total",
 			Help: "Requests to downstreams, by answer class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error)."}, []string{"downstream", "class"}),
+		pushbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "pushbacks_total",
+			Help: "Answers that paused a tenant to wait as the downstream asked (429, or 503 with Retry-After)."}, []string{"downstream"}),
 		dispatchError: hist("dispatch_error_seconds", "When a request was written, minus the job's slot."),
 		queueWait:     hist("queue_wait_seconds", "When a job's first attempt was written, minus when it was accepted."),
 		latency:       hist("downstream_latency_seconds", "From writing a request to its answer (or error)."),
 	}
-	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.dispatchError, m.queueWait, m.latency,
+	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.pushbacks, m.dispatchError, m.queueWait, m.latency,
 		&queueCollector{store: store, labels: labels, named: named}, breakerCollector{m})
+	m.perDownstream = prometheus.NewRegistry()
+	m.perDownstream.MustRegister(m.attempts, m.pushbacks)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Rare events start at 0 for the tenants named in config, so a rate()
 	// or an alert on them has a series before the first one happens.
@@ -133,6 +142,9 @@ func (m *Metrics) Attempt(j queue.Job, o queue.Outcome, class string, latency ti
 	if class != "" {
 		m.attempts.WithLabelValues(ds, class).Inc()
 	}
+	if pushedBack(o) {
+		m.pushbacks.WithLabelValues(ds).Inc()
+	}
 	if !o.SentAt.IsZero() {
 		m.dispatchError.WithLabelValues(ds).Observe(max(0, o.SentAt.Sub(j.DispatchAt)).Seconds())
 		if j.Attempts == 1 {
@@ -150,6 +162,13 @@ func (m *Metrics) Attempt(j queue.Job, o queue.Outcome, class string, latency ti
 	case queue.Expired:
 		m.Expired(j)
 	}
+}
+
+// pushedBack reports an answer that asked the tenant to wait: the job is
+// retried and its tenant paused (a failed probe of an open breaker pauses
+// too, but its answer is a 5xx without Retry-After, or none).
+func pushedBack(o queue.Outcome) bool {
+	return o.Result == queue.Retry && !o.PauseUntil.IsZero() && (o.Status == 429 || o.Status == 503)
 }
 
 // Expired counts a job that expired before it could be sent.

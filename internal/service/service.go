@@ -61,9 +61,11 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	r.startDispatcher()
+	r.keepRecent(ctx)
 	defer r.client.CloseIdleConnections()
 	ln, err := r.listen()
 	if err != nil {
+		r.stopRecent()
 		r.store.Close()
 		return err
 	}
@@ -85,6 +87,7 @@ type running struct {
 
 	store      queue.Store
 	metrics    *metrics.Metrics // made once the store is open; used from the dispatcher on
+	recent     *metrics.Recent  // the last minutes, for the status page (nil: --role worker)
 	client     *http.Client
 	dispatcher *dispatch.Dispatcher
 	srv        *http.Server
@@ -162,6 +165,20 @@ func (r *running) route(tenant string) dispatch.Route {
 	ts, _ := c.Tenant(tenant)
 	ds := c.Downstreams[ts.Downstream]
 	return dispatch.Route{Downstream: ts.Downstream, URL: ds.URL, Timeout: ds.Timeout.Std(), MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling()}
+}
+
+// keepRecent starts the samples of the last minutes that the status page
+// draws (a process that serves the API: not --role worker).
+func (r *running) keepRecent(ctx context.Context) {
+	if r.role != RoleWorker {
+		r.recent = r.metrics.KeepRecent(context.WithoutCancel(ctx), metrics.RecentOptions{})
+	}
+}
+
+func (r *running) stopRecent() {
+	if r.recent != nil {
+		r.recent.Stop()
+	}
 }
 
 // listen opens the API's listener and makes its server.
@@ -280,6 +297,7 @@ func (r *running) stop() {
 		log.Warn("API requests still running at shutdown_timeout", "err", err)
 	}
 	r.stopConsume()
+	r.stopRecent()
 	select {
 	case <-r.consumeDone:
 		if err := r.store.Close(); err != nil {

@@ -41,13 +41,22 @@ func WriteConfigServer(t testing.TB, server, body, downstreamURL string) string 
 // It stops when the test ends (and shows its log if the test failed).
 func Start(t testing.TB, file string) string {
 	t.Helper()
+	base, _ := StartStoppable(t, file)
+	return base
+}
+
+// StartStoppable is Start, with a stop that ends the service before the
+// test does (and waits until it has stopped); safe to call more than once.
+func StartStoppable(t testing.TB, file string) (base string, stop func()) {
+	t.Helper()
 	cfg, err := config.Load(file, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
-	done := make(chan error, 1)
+	var runErr error
+	finished := make(chan struct{}) // closed once Run has returned runErr
 	var logs bytes.Buffer
 	var logMu sync.Mutex
 	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
@@ -56,13 +65,21 @@ func Start(t testing.TB, file string) string {
 		return logs.Write(p)
 	}), nil))
 	go func() {
-		done <- service.Run(ctx, service.Options{Config: cfg, Logger: log, Started: func(a string) { addr <- a }})
+		runErr = service.Run(ctx, service.Options{Config: cfg, Logger: log, Started: func(a string) { addr <- a }})
+		close(finished)
 	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-finished
+			if runErr != nil {
+				t.Errorf("service: %v", runErr)
+			}
+		})
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("service: %v", err)
-		}
+		stop()
 		if t.Failed() {
 			logMu.Lock()
 			t.Logf("service log:\n%s", logs.String())
@@ -71,13 +88,13 @@ func Start(t testing.TB, file string) string {
 	})
 	select {
 	case a := <-addr:
-		return "http://" + a
-	case err := <-done:
-		t.Fatalf("service: %v", err)
+		return "http://" + a, stop
+	case <-finished:
+		t.Fatalf("service: %v", runErr)
 	case <-time.After(10 * time.Second):
 		t.Fatal("service did not start")
 	}
-	return ""
+	return "", stop
 }
 
 type writerFunc func([]byte) (int, error)
