@@ -51,6 +51,7 @@ type server struct {
 	slots   chan struct{} // requests being handled
 	metrics *metrics.Metrics
 	clock   clock.Clock
+	memos   memos // what the RateLimit fields need beyond the store's answers
 }
 
 // MaxBatchJobs is the most jobs one jobs:batch request may carry.
