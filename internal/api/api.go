@@ -113,11 +113,12 @@ func (s *server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/tenants/{tenant}/pause", s.hold(true))
 	mux.HandleFunc("POST /v1/tenants/{tenant}/resume", s.hold(false))
 	// The same paths with other methods: a JSON 405 instead of the mux's text.
-	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/v1/tenants/{tenant}/pause", "/v1/tenants/{tenant}/resume", "/healthz", "/readyz"} {
+	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/v1/tenants/{tenant}/pause", "/v1/tenants/{tenant}/resume", "/healthz", "/readyz", "/openapi.json"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path), nil)
 		})
 	}
+	mux.HandleFunc("GET /openapi.json", s.openAPIDocument)
 	mux.HandleFunc("GET /{$}", s.page)
 	mux.HandleFunc("GET /static/app.js", s.pageScript)
 }
