@@ -50,8 +50,9 @@ func newAPIForFuzz(f *testing.F) (http.Handler, *bolt.Store) {
 }
 
 // newAPIConfig is an API on its own store with the config body (TOML over
-// the defaults) and a clock that both read.
-func newAPIConfig(t *testing.T, body string, clk clock.Clock) (http.Handler, *bolt.Store) {
+// the defaults) and a clock that both read; opts change the store's
+// options.
+func newAPIConfig(t *testing.T, body string, clk clock.Clock, opts ...func(*bolt.Options)) (http.Handler, *bolt.Store) {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
@@ -62,7 +63,11 @@ func newAPIConfig(t *testing.T, body string, clk clock.Clock) (http.Handler, *bo
 		t.Fatal(err)
 	}
 	policy := func(name string) leaky.Policy { ts, _ := cfg.Tenant(name); return ts.Policy() }
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "t.db"), bolt.Options{Policy: policy, Clock: clk})
+	o := bolt.Options{Policy: policy, Clock: clk}
+	for _, f := range opts {
+		f(&o)
+	}
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "t.db"), o)
 	if err != nil {
 		t.Fatal(err)
 	}

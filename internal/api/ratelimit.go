@@ -109,6 +109,10 @@ type memos struct {
 	mu      sync.Mutex
 	byName  map[string]*memo
 	sweepAt int
+	// lag is the store's start lag as the last job sent at once showed it
+	// (its due time less its enqueue time): a job the store decides at now
+	// arrives in its schedule at now + lag, and the fields count from there.
+	lag time.Duration
 }
 
 // sweepEvery is the fewest memos between two sweeps of idle ones: a sweep is
@@ -119,6 +123,7 @@ const sweepEvery = 1024
 // tally is the state of a tenant's limits after the decisions of one
 // request (out, in order).
 type tally struct {
+	at    time.Time        // when a job sent now arrives in the schedule
 	last  *queue.Admission // the last decision made now (not a repeat, not a 422)
 	depth int              // the queue's depth after it
 	tat   time.Time        // the schedule's end after it
@@ -129,8 +134,9 @@ type tally struct {
 // tenant (ts its settings): RateLimit-Policy and RateLimit.
 func (s *server) rateLimit(ctx context.Context, tenant string, ts config.TenantSettings, out []queue.Admission) (policy, state string) {
 	p := ts.Policy()
-	now := s.clock.Now()
-	tl := s.memos.observe(tenant, p, out, now)
+	decided := s.clock.Now()
+	tl := s.memos.observe(tenant, p, out, decided)
+	now := tl.at
 	if tl.last == nil {
 		// Only repeats (or refusals for good): no decision says where the
 		// queue stands now, the tenant's status does.
@@ -138,7 +144,7 @@ func (s *server) rateLimit(ctx context.Context, tenant string, ts config.TenantS
 			tl.depth = st.QueueDepth
 			if st.ExpectedDelay > 0 && len(p.Windows) == 0 {
 				// The next job's slot is tat - tau: tat follows.
-				tl.tat = clock.Later(tl.tat, now.Add(st.ExpectedDelay+p.Tolerance()))
+				tl.tat = clock.Later(tl.tat, decided.Add(st.ExpectedDelay+p.Tolerance()))
 			}
 		}
 	}
@@ -173,8 +179,9 @@ func refused(items []quota, retryAfter int64) {
 // the store refuses a job when either is full: by the schedule (tat - now
 // is how many intervals of jobs are ahead) and by count (depth: jobs
 // admitted and not yet handed to the dispatcher). A leaky tenant with
-// windows is bounded by count alone: a window holds its jobs back without
-// refusing them, so its schedule runs far ahead of its places.
+// windows is bounded by the count of jobs that wait alone (a window holds
+// its jobs back without refusing them, so its schedule runs far ahead of
+// its places): those due after now, handed over or not.
 func bucketState(it *quota, p leaky.Policy, tl tally, now time.Time) {
 	places := int64(p.Capacity + p.Burst)
 	byCount := max(0, places-int64(tl.depth))
@@ -183,7 +190,7 @@ func bucketState(it *quota, p leaky.Policy, tl tally, now time.Time) {
 	windowed := len(p.Windows) > 0 && p.Capacity > 0
 	it.r = min(byCount, bySchedule)
 	if windowed {
-		it.r = byCount
+		it.r = min(byCount, max(0, int64(p.Capacity)-int64(waitingAfter(tl.sends, now))))
 	}
 	switch {
 	case it.r >= places:
@@ -198,15 +205,21 @@ func bucketState(it *quota, p leaky.Policy, tl tally, now time.Time) {
 	}
 }
 
-// nextDue is the first send after now: when a waiting job leaves the queue
-// (now + 1 s if none is known).
-func nextDue(sends []sendMark, now time.Time) time.Time {
+// waitingAfter is how many of the sends are due after now.
+func waitingAfter(sends []sendMark, now time.Time) int {
 	i, _ := slices.BinarySearchFunc(sends, now, func(m sendMark, t time.Time) int {
 		if m.at.After(t) {
 			return 1
 		}
 		return -1
 	})
+	return len(sends) - i
+}
+
+// nextDue is the first send after now: when a waiting job leaves the queue
+// (now + 1 s if none is known).
+func nextDue(sends []sendMark, now time.Time) time.Time {
+	i := len(sends) - waitingAfter(sends, now)
 	if i == len(sends) {
 		return now.Add(time.Second)
 	}
@@ -258,6 +271,7 @@ func (ms *memos) observe(tenant string, p leaky.Policy, out []queue.Admission, n
 		span := time.Duration(cost) * p.Interval
 		due := a.Job.DispatchAt
 		if a.Job.Prompt {
+			ms.lag = max(0, due.Sub(a.Job.EnqueuedAt))
 			// It went at once: the schedule was at most tau ahead; this
 			// process's memo says how far.
 			tl.tat = clock.Later(tl.tat, due).Add(span)
@@ -269,6 +283,8 @@ func (ms *memos) observe(tenant string, p leaky.Policy, out []queue.Admission, n
 			tl.sends = addSend(tl.sends, sendMark{at: due, cost: cost})
 		}
 	}
+	now = now.Add(ms.lag)
+	tl.at = now
 	// Sends that have left the longest window count nowhere.
 	first := 0
 	for first < len(tl.sends) && !tl.sends[first].at.After(now.Add(-longest)) {

@@ -9,6 +9,7 @@ import (
 
 	"throttler/internal/clock"
 	"throttler/internal/queue"
+	"throttler/internal/queue/bolt"
 	"throttler/internal/testutil"
 )
 
@@ -70,6 +71,23 @@ func TestRateLimitLeaky(t *testing.T) {
 		{0, 202, p, `"leaky";r=1;t=1`},
 		{0, 202, p, `"leaky";r=0;t=1`},
 		{0, 429, p, `"leaky";r=0;t=1`},
+	})
+}
+
+// The store schedules a job from when a send can start (its start lag
+// after now): the fields count from there too, or each would say one place
+// fewer than there is.
+func TestRateLimitCountsFromTheStartLag(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(t0)
+	h, _ := newAPIConfig(t, rateLimitConfig, clk, func(o *bolt.Options) { o.InitialStartLag = 30 * time.Millisecond })
+	runSteps(t, h, clk, "leaky", []step{
+		{0, 202, `"leaky";q=4;w=4`, `"leaky";r=3;t=1`},
+		{0, 202, `"leaky";q=4;w=4`, `"leaky";r=2;t=1`},
+	})
+	runSteps(t, h, clk, "token", []step{
+		{0, 202, `"token";q=3;w=3`, `"token";r=2;t=1`},
+		{0, 202, `"token";q=3;w=3`, `"token";r=1;t=1`},
 	})
 }
 
