@@ -49,9 +49,15 @@ value per line (--file; "-" reads standard input; blank lines are skipped).
 
 Every line of a file gets an idempotency key made from its line number and
 content, so running the same import again after an interruption sends
-nothing twice (--no-dedupe turns that off). A job refused with 429 is sent
-again after its Retry-After plus a little jitter; errors and 503 back off
-exponentially; each job is tried at most --max-attempts times.
+nothing twice (--no-dedupe turns that off).
+
+Without --rate it paces itself by the RateLimit fields of the server's
+answers: the first request carries one job, each next one at most as many
+as the tenant has room for, and when it has none enqueue waits until it
+has (up to a minute; a longer wait is left to the 429 and its Retry-After).
+A job refused with 429 is sent again after its Retry-After plus a little
+jitter; errors and 503 back off exponentially; each job is tried at most
+--max-attempts times.
 
 The server and token come from --server/--token, then THROTTLER_SERVER and
 THROTTLER_TOKEN, then the config file (--config or THROTTLER_CONFIG), then
@@ -89,7 +95,7 @@ interrupted.`,
 	f.StringVar(&o.key, "idempotency-key", "", "idempotency key of --data; with --file, the prefix of each line's key")
 	f.BoolVar(&o.noDedupe, "no-dedupe", false, "do not derive idempotency keys for file lines")
 	f.IntVar(&o.maxAttempts, "max-attempts", 10, "tries per job (429s and errors) before giving up")
-	f.StringVar(&o.rate, "rate", "", `pace sending to N/DURATION, e.g. "19/s" just under a tenant's 20/s`)
+	f.StringVar(&o.rate, "rate", "", `pace sending to N/DURATION, e.g. "19/s" just under a tenant's 20/s (default: by the server's RateLimit fields)`)
 	f.IntVar(&o.batch, "batch", 100, "jobs per request, 1 to 1000")
 	f.BoolVar(&o.wait, "wait", false, "after sending, wait until every job is delivered or failed")
 	f.DurationVar(&o.waitTimeout, "wait-timeout", time.Hour, "give up --wait after this")

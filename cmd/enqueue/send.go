@@ -13,9 +13,13 @@ import (
 // backoff.
 var retry = client.RetryPolicy{}
 
-// send enqueues every item, in order, honouring Retry-After.
+// send enqueues every item, in order, honouring Retry-After, paced by
+// --rate or, without it, by the answers' RateLimit fields.
 func send(ctx context.Context, c *client.Client, o options, items []*item, pace time.Duration, s *summary, p *progress) error {
-	sn := &sender{c: c, o: o, pace: pace, s: s, p: p, pending: items, window: o.batch}
+	sn := &sender{c: c, o: o, pace: pace, s: s, p: p, pending: items, window: o.batch, room: -1}
+	if pace == 0 {
+		sn.room = 1 // nothing known of the tenant yet: one job asks
+	}
 	for len(sn.pending) > 0 {
 		now, err := sn.waitForFront(ctx)
 		if err != nil {
@@ -32,6 +36,7 @@ func send(ctx context.Context, c *client.Client, o options, items []*item, pace 
 		}
 		sn.failures = 0
 		sn.answered(batch, b.Results)
+		sn.paceBy(b.RateLimit)
 	}
 	return nil
 }
@@ -40,29 +45,57 @@ func send(ctx context.Context, c *client.Client, o options, items []*item, pace 
 type sender struct {
 	c    *client.Client
 	o    options
-	pace time.Duration // --rate's interval (0: unpaced)
+	pace time.Duration // --rate's interval (0: paced by RateLimit)
 	s    *summary
 	p    *progress
 
 	pending   []*item   // in file order, those told to wait first
-	nextPaced time.Time // when --rate lets the next job go
+	nextPaced time.Time // when --rate, or the RateLimit fields, let the next job go
 	failures  int       // requests failed in a row (not jobs refused)
 	// window is how many jobs go in the next request. After a 429 it shrinks
 	// to what the last request got in (at least one), so the jobs behind do
 	// not spend their attempts being refused with the front; when a request
 	// gets everything in, it doubles, up to --batch.
 	window int
+	// room is how many jobs the last answer's RateLimit fields said the
+	// tenant has room for (-1: no word, or --rate paces).
+	room int64
+}
+
+// maxPaceWait is the longest wait the RateLimit fields make enqueue take
+// before sending. A longer one is not waited out unasked: the next job is
+// sent, and its 429 and --max-attempts decide (a run with --max-attempts 1
+// then ends at once, as it would have without the fields).
+const maxPaceWait = time.Minute
+
+// paceBy takes the RateLimit fields of an answer, without --rate: the next
+// request carries at most the room they say is left, and when none is left
+// it waits until more is (then one job asks how much). An answer without
+// them leaves the pacing to Retry-After.
+func (sn *sender) paceBy(rl client.RateLimit) {
+	if sn.pace > 0 {
+		return
+	}
+	n, wait := rl.Next()
+	switch {
+	case n < 0:
+		sn.room = -1
+	case n > 0:
+		sn.room = n
+	case wait > maxPaceWait:
+		sn.room = 1
+	default:
+		sn.room = 1
+		sn.nextPaced = time.Now().Add(wait + retry.Jitter(wait))
+	}
 }
 
 // waitForFront waits until the first pending job may go (its Retry-After,
-// and --rate) and returns the time then. The first pending job goes
+// and the pacing) and returns the time then. The first pending job goes
 // first: later lines never overtake an earlier one that was told to wait.
 func (sn *sender) waitForFront(ctx context.Context) (time.Time, error) {
 	now := time.Now()
-	wait := sn.pending[0].notBefore.Sub(now)
-	if sn.pace > 0 {
-		wait = max(wait, sn.nextPaced.Sub(now))
-	}
+	wait := max(sn.pending[0].notBefore.Sub(now), sn.nextPaced.Sub(now))
 	if wait <= 0 {
 		return now, nil
 	}
@@ -75,10 +108,13 @@ func (sn *sender) waitForFront(ctx context.Context) (time.Time, error) {
 }
 
 // nextBatch takes the jobs of the next request from the front of pending:
-// at most window, those --rate lets go by now, and none that must still
-// wait. Each gets an attempt.
+// at most window, those the pacing lets go by now, and none that must
+// still wait. Each gets an attempt.
 func (sn *sender) nextBatch(now time.Time) []*item {
 	n := min(len(sn.pending), sn.window)
+	if sn.room >= 0 && sn.room < int64(n) {
+		n = max(1, int(sn.room)) // with no room, one job asks (after the wait)
+	}
 	if pace := sn.pace; pace > 0 {
 		// Paced: one job every pace, and no credit for idle time beyond
 		// one interval; send those due by now together.
