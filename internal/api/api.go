@@ -5,7 +5,9 @@
 // Files by topic: api.go (options, routes, health), enqueue.go (jobs in:
 // single and batch), jobs.go (one job: read, cancel, retry; failed jobs),
 // tenants.go (tenant status, listing, holds), shapes.go (JSON answers),
-// errors.go (error answers), auth.go, page.go (the status page).
+// errors.go (error answers), ratelimit.go (the RateLimit fields of
+// admission answers), openapi.go (the OpenAPI document, openapi.json),
+// auth.go, page.go (the status page).
 package api
 
 import (
