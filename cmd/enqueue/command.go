@@ -10,15 +10,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/client"
+	"throttler/client"
 	"throttler/internal/leaky"
+	"throttler/internal/target"
 )
 
 type options struct {
@@ -49,9 +49,15 @@ value per line (--file; "-" reads standard input; blank lines are skipped).
 
 Every line of a file gets an idempotency key made from its line number and
 content, so running the same import again after an interruption sends
-nothing twice (--no-dedupe turns that off). A job refused with 429 is sent
-again after its Retry-After plus a little jitter; errors and 503 back off
-exponentially; each job is tried at most --max-attempts times.
+nothing twice (--no-dedupe turns that off).
+
+Without --rate it paces itself by the RateLimit fields of the server's
+answers: the first request carries one job, each next one at most as many
+as the tenant has room for, and when it has none enqueue waits until it
+has (up to a minute; a longer wait is left to the 429 and its Retry-After).
+A job refused with 429 is sent again after its Retry-After plus a little
+jitter; errors and 503 back off exponentially; each job is tried at most
+--max-attempts times.
 
 The server and token come from --server/--token, then THROTTLER_SERVER and
 THROTTLER_TOKEN, then the config file (--config or THROTTLER_CONFIG), then
@@ -89,7 +95,7 @@ interrupted.`,
 	f.StringVar(&o.key, "idempotency-key", "", "idempotency key of --data; with --file, the prefix of each line's key")
 	f.BoolVar(&o.noDedupe, "no-dedupe", false, "do not derive idempotency keys for file lines")
 	f.IntVar(&o.maxAttempts, "max-attempts", 10, "tries per job (429s and errors) before giving up")
-	f.StringVar(&o.rate, "rate", "", `pace sending to N/DURATION, e.g. "19/s" just under a tenant's 20/s`)
+	f.StringVar(&o.rate, "rate", "", `pace sending to N/DURATION, e.g. "19/s" just under a tenant's 20/s (default: by the server's RateLimit fields)`)
 	f.IntVar(&o.batch, "batch", 100, "jobs per request, 1 to 1000")
 	f.BoolVar(&o.wait, "wait", false, "after sending, wait until every job is delivered or failed")
 	f.DurationVar(&o.waitTimeout, "wait-timeout", time.Hour, "give up --wait after this")
@@ -121,6 +127,7 @@ type summary struct {
 	Rejected    int      `json:"rejected"`
 	Requests    int      `json:"requests"`
 	Waits       int      `json:"retry_after_waits"`
+	Refusals    int      `json:"refusals"` // 429 answers to jobs, each sent again or given up
 	Delivered   int      `json:"delivered,omitempty"`
 	Failed      int      `json:"failed,omitempty"`
 	Undelivered int      `json:"undelivered,omitempty"`
@@ -218,7 +225,11 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 		}
 		pace = r.Interval()
 	}
-	target, err := client.ResolveTarget(o.server, o.token, o.config, env)
+	tg, err := target.Resolve(o.server, o.token, o.config, env)
+	if err != nil {
+		return bad(err)
+	}
+	c, err := client.New(tg.Server, client.WithToken(tg.Token))
 	if err != nil {
 		return bad(err)
 	}
@@ -229,10 +240,9 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 	for _, it := range items {
 		it.job.Cost = o.cost
 		if !o.deadline.IsZero() {
-			it.job.Deadline = o.deadline.UTC().Format(time.RFC3339Nano)
+			it.job.Deadline = o.deadline.UTC()
 		}
 	}
-	c := client.New(target)
 	p := newProgress(o.progress, stderr, len(items))
 	s := &summary{Jobs: len(items)}
 	runErr := send(ctx, c, o, items, pace, s, p)
@@ -244,7 +254,7 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 	s.IDs = make([]string, len(items))
 	for i, it := range items {
 		if it.accepted {
-			s.IDs[i] = it.result.ID
+			s.IDs[i] = it.result.Admission.ID
 		}
 	}
 	s.Exit = exitOK
@@ -277,274 +287,6 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 	}
 	printSummary(stdout, o, s)
 	return runErr
-}
-
-// send enqueues every item, in order, honouring Retry-After.
-func send(ctx context.Context, c *client.Client, o options, items []*item, pace time.Duration, s *summary, p *progress) error {
-	sn := &sender{c: c, o: o, pace: pace, s: s, p: p, pending: items, window: o.batch}
-	for len(sn.pending) > 0 {
-		now, err := sn.waitForFront(ctx)
-		if err != nil {
-			return err
-		}
-		batch := sn.nextBatch(now)
-		s.Requests++
-		results, err := c.EnqueueBatch(ctx, o.tenant, jobsOf(batch))
-		if err != nil {
-			if err := sn.requestFailed(ctx, batch, err); err != nil {
-				return err
-			}
-			continue
-		}
-		sn.failures = 0
-		sn.answered(batch, results)
-	}
-	return nil
-}
-
-// sender is one run of send: the jobs still to send and the pacing state.
-type sender struct {
-	c    *client.Client
-	o    options
-	pace time.Duration // --rate's interval (0: unpaced)
-	s    *summary
-	p    *progress
-
-	pending   []*item   // in file order, those told to wait first
-	nextPaced time.Time // when --rate lets the next job go
-	failures  int       // requests failed in a row (not jobs refused)
-	// window is how many jobs go in the next request. After a 429 it shrinks
-	// to what the last request got in (at least one), so the jobs behind do
-	// not spend their attempts being refused with the front; when a request
-	// gets everything in, it doubles, up to --batch.
-	window int
-}
-
-// waitForFront waits until the first pending job may go (its Retry-After,
-// and --rate) and returns the time then. The first pending job goes first:
-// later lines never overtake an earlier one that was told to wait.
-func (sn *sender) waitForFront(ctx context.Context) (time.Time, error) {
-	now := time.Now()
-	wait := sn.pending[0].notBefore.Sub(now)
-	if sn.pace > 0 {
-		wait = max(wait, sn.nextPaced.Sub(now))
-	}
-	if wait <= 0 {
-		return now, nil
-	}
-	sn.p.set(func(st *progressState) { st.waiting = true })
-	if err := sleep(ctx, wait); err != nil {
-		return time.Time{}, err
-	}
-	sn.p.set(func(st *progressState) { st.waiting = false })
-	return time.Now(), nil
-}
-
-// nextBatch takes the jobs of the next request from the front of pending:
-// at most window, those --rate lets go by now, and none that must still
-// wait. Each gets an attempt.
-func (sn *sender) nextBatch(now time.Time) []*item {
-	n := min(len(sn.pending), sn.window)
-	if pace := sn.pace; pace > 0 {
-		// Paced: one job every pace, and no credit for idle time beyond
-		// one interval; send those due by now together.
-		if sn.nextPaced.Before(now.Add(-pace)) {
-			sn.nextPaced = now
-		}
-		due := 1 + int(now.Sub(sn.nextPaced)/pace)
-		n = min(n, max(1, due))
-		sn.nextPaced = sn.nextPaced.Add(time.Duration(n) * pace)
-	}
-	for i := 1; i < n; i++ { // stop at a job that must still wait
-		if sn.pending[i].notBefore.After(now) {
-			n = i
-			break
-		}
-	}
-	batch := sn.pending[:n]
-	for _, it := range batch {
-		it.attempts++
-	}
-	return batch
-}
-
-func jobsOf(batch []*item) []client.Job {
-	jobs := make([]client.Job, len(batch))
-	for i, it := range batch {
-		jobs[i] = it.job
-	}
-	return jobs
-}
-
-// requestFailed handles a request that got no per-job answers: nil means
-// send the batch again (after a backoff, already waited); otherwise the
-// run ends with the error returned.
-func (sn *sender) requestFailed(ctx context.Context, batch []*item, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	var ae *client.APIError
-	switch {
-	case client.IsUnreachable(err), errors.As(err, &ae) && (ae.Status == 503 || ae.Status >= 500 || ae.Status == 429):
-		sn.failures++
-		if sn.failures >= sn.o.maxAttempts {
-			code := exitUnreachable
-			if ae != nil {
-				code = exitRefused
-			}
-			return exitError{code: code, err: fmt.Errorf("%v (gave up after %d tries)", err, sn.failures)}
-		}
-		backoff := fullJitter(sn.failures)
-		if ae != nil && ae.RetryAfter > 0 {
-			backoff = max(backoff, ae.RetryAfter)
-		}
-		for _, it := range batch {
-			it.attempts-- // the request, not the job, failed
-		}
-		sn.p.set(func(st *progressState) { st.retrying = len(batch); st.lastErr = err.Error() })
-		return sleep(ctx, backoff)
-	case errors.As(err, &ae) && (ae.Status == 400 || ae.Status == 413):
-		return exitError{code: exitBadInput, err: fmt.Errorf("server refused lines %d-%d: %v", batch[0].line, batch[len(batch)-1].line, err)}
-	}
-	return err
-}
-
-// answered records the per-job answers of a request, resizes the window,
-// and puts the jobs told to wait back at the front, after their
-// Retry-After plus jitter (so that clients told the same instant do not
-// come back together).
-func (sn *sender) answered(batch []*item, results []client.Result) {
-	again, longest, got := sn.tally(batch, results)
-	if len(again) > 0 {
-		sn.window = max(1, got)
-		sn.s.Waits++
-		at := time.Now().Add(longest + jitter(longest))
-		for _, it := range again {
-			it.notBefore = at
-		}
-	} else {
-		sn.window = min(sn.o.batch, 2*sn.window)
-	}
-	sn.pending = append(again, sn.pending[len(batch):]...)
-	s := sn.s
-	sn.p.set(func(st *progressState) {
-		st.accepted, st.rejected, st.retrying, st.lastErr = s.Accepted, s.Rejected, len(again), ""
-	})
-}
-
-// tally counts each job's answer: again are the jobs refused for now (429)
-// with attempts left, longest their longest Retry-After, got how many got in.
-func (sn *sender) tally(batch []*item, results []client.Result) (again []*item, longest time.Duration, got int) {
-	s := sn.s
-	for i, r := range results {
-		it := batch[i]
-		it.result = r
-		switch r.Status {
-		case 200, 202:
-			it.accepted = true
-			got++
-			s.Accepted++
-			if r.Status == 200 {
-				s.Duplicates++
-			}
-		case 429:
-			if it.attempts >= sn.o.maxAttempts {
-				it.given = true
-				s.Rejected++
-				continue
-			}
-			longest = max(longest, time.Duration(r.RetryAfterMS)*time.Millisecond)
-			again = append(again, it)
-		default:
-			it.given = true
-			s.Rejected++
-			if r.Status == 422 {
-				s.Impossible++ // would expire, or costs more than the bucket holds: retrying cannot help
-			}
-		}
-	}
-	return again, longest, got
-}
-
-// waitDelivered polls the accepted jobs until each is finished.
-func waitDelivered(ctx context.Context, c *client.Client, o options, items []*item, s *summary, p *progress) error {
-	deadline := time.Now().Add(o.waitTimeout)
-	open := make([]*item, 0, len(items))
-	for _, it := range items {
-		if it.accepted {
-			open = append(open, it)
-		}
-	}
-	p.set(func(st *progressState) { st.phase = "delivering"; st.total = len(open) })
-	for len(open) > 0 {
-		var still []*item
-		for _, it := range open {
-			j, err := c.Job(ctx, it.result.ID)
-			if err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				var ae *client.APIError
-				if errors.As(err, &ae) && ae.Status == 404 {
-					it.final = client.JobStatus{State: "unknown"}
-					continue
-				}
-				still = append(still, it) // a passing error: ask again
-				continue
-			}
-			if !j.Finished() {
-				still = append(still, it)
-				continue
-			}
-			it.final = j
-			if j.State == "succeeded" {
-				s.Delivered++
-			} else {
-				s.Failed++
-			}
-		}
-		open = still
-		p.set(func(st *progressState) { st.delivered, st.failed = s.Delivered, s.Failed })
-		if len(open) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			s.Undelivered = len(open)
-			return nil
-		}
-		if err := sleep(ctx, 250*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-// fullJitter is capped exponential backoff with full jitter: uniform in
-// [0, min(30s, 250ms * 2^(n-1))], at least 50 ms.
-func fullJitter(n int) time.Duration {
-	ceiling := 30 * time.Second
-	if n < 12 {
-		ceiling = min(ceiling, 250*time.Millisecond<<(n-1))
-	}
-	return max(50*time.Millisecond, time.Duration(rand.Int64N(int64(ceiling)+1)))
-}
-
-// jitter is added to a Retry-After: up to 10% of it, at least 10 ms, at
-// most 1 s.
-func jitter(d time.Duration) time.Duration {
-	spread := min(time.Second, max(10*time.Millisecond, d/10))
-	return time.Duration(rand.Int64N(int64(spread) + 1))
 }
 
 func printSummary(w io.Writer, o options, s *summary) {

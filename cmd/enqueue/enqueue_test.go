@@ -48,6 +48,7 @@ func TestMain(m *testing.M) {
 
 // exchange is one request from the client as the server side saw it.
 type exchange struct {
+	path       string
 	start, end time.Time
 	statuses   []int
 	retryAfter time.Duration // the longest retry_after_ms among refused jobs
@@ -60,12 +61,18 @@ type proxy struct {
 	log []exchange
 }
 
-func newProxy(t *testing.T, api string) *proxy {
+// newProxy is a proxy to api; with stripRateLimit it drops the RateLimit
+// fields from answers, as a server that does not send them would.
+func newProxy(t *testing.T, api string, stripRateLimit bool) *proxy {
 	t.Helper()
 	target, _ := url.Parse(api)
 	p := &proxy{}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.ModifyResponse = func(resp *http.Response) error {
+		if stripRateLimit {
+			resp.Header.Del("RateLimit-Policy")
+			resp.Header.Del("RateLimit")
+		}
 		body, err := io.ReadAll(resp.Body)
 		if err != nil {
 			return err
@@ -78,7 +85,7 @@ func newProxy(t *testing.T, api string) *proxy {
 			} `json:"results"`
 		}
 		if resp.Request.Method == http.MethodPost && json.Unmarshal(body, &out) == nil {
-			ex := exchange{start: resp.Request.Context().Value(startKey{}).(time.Time), end: time.Now()}
+			ex := exchange{path: resp.Request.URL.Path, start: resp.Request.Context().Value(startKey{}).(time.Time), end: time.Now()}
 			for _, r := range out.Results {
 				ex.statuses = append(ex.statuses, r.Status)
 				if r.Status == 429 {
@@ -106,9 +113,15 @@ func (p *proxy) exchanges() []exchange {
 	return append([]exchange(nil), p.log...)
 }
 
-func (p *proxy) count(status int) int {
+func (p *proxy) count(status int) int { return p.countFor("", status) }
+
+// countFor counts the jobs of tenant ("": any) answered status.
+func (p *proxy) countFor(tenant string, status int) int {
 	n := 0
 	for _, ex := range p.exchanges() {
+		if tenant != "" && ex.path != "/v1/tenants/"+tenant+"/jobs:batch" {
+			continue
+		}
 		for _, s := range ex.statuses {
 			if s == status {
 				n++
@@ -122,9 +135,15 @@ func (p *proxy) count(status int) int {
 // downstream and a recording proxy in front of the API.
 func setup(t *testing.T, tenantDefaults string) (*downstreamtest.Server, *proxy) {
 	t.Helper()
+	return setupProxy(t, tenantDefaults, false)
+}
+
+// setupProxy is setup with the proxy's stripRateLimit.
+func setupProxy(t *testing.T, tenantDefaults string, stripRateLimit bool) (*downstreamtest.Server, *proxy) {
+	t.Helper()
 	ds := downstreamtest.New(t)
 	api := servicetest.Start(t, servicetest.WriteConfig(t, tenantDefaults, ds.URL+"/send"))
-	return ds, newProxy(t, api)
+	return ds, newProxy(t, api, stripRateLimit)
 }
 
 func writeLines(t *testing.T, n int) string {
@@ -179,12 +198,14 @@ func deliveredOnce(t *testing.T, ds *downstreamtest.Server, n int) {
 	}
 }
 
-// An import of 100 lines into a tenant at 20/s with room for 5: every line
-// accepted and delivered, and no request from the client arrives before the
-// Retry-After it was given (less 50 ms).
+// An import of 100 lines into a tenant at 20/s with room for 5, from a
+// server whose answers lack the RateLimit fields (so that enqueue cannot
+// pace itself and is told 429): every line accepted and delivered, and no
+// request from the client arrives before the Retry-After it was given
+// (less 50 ms).
 func TestImportHonoursRetryAfter(t *testing.T) {
 	t.Parallel()
-	ds, px := setup(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 5\n")
+	ds, px := setupProxy(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 5\n", true)
 	code, out, errOut := runEnqueue(context.Background(), t, "", "--server", px.URL, "--tenant", "acme", "--file", writeLines(t, 100), "--progress", "none")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)

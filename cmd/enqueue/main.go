@@ -1,8 +1,9 @@
 // Command enqueue sends jobs to a throttler: one payload (--data) or a file
 // of them, one JSON value per line (--file, "-" for stdin). It is the client
 // a rate-limited API wishes every caller were: it honours Retry-After (with
-// jitter), backs off exponentially from errors, caps its attempts, can pace
-// itself (--rate), and never sends a line twice when re-run after an
+// jitter), backs off exponentially from errors, caps its attempts, paces
+// itself (by the server's RateLimit fields, or --rate), and never sends a
+// line twice when re-run after an
 // interruption (each line's idempotency key comes from its content and line
 // number).
 //

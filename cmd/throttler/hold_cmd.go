@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/client"
+	"throttler/client"
 )
 
 // newHoldCommands are `throttler pause TENANT` and `throttler resume
@@ -23,14 +23,14 @@ THROTTLER_TOKEN, then the config file (--config or THROTTLER_CONFIG), then
 http://127.0.0.1:8080. The token must be an admin's.`,
 			Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				target, err := client.ResolveTarget(server, token, configFile, env)
+				c, err := dial(server, token, configFile, env)
 				if err != nil {
-					return exitError{code: 2, err: err}
+					return err
 				}
-				t, err := call(client.New(target), cmd, args[0])
+				t, err := call(c, cmd, args[0])
 				if err != nil {
 					if client.IsUnreachable(err) {
-						return exitError{code: 3, err: fmt.Errorf("%s: %w", target.Server, err)}
+						return exitError{code: 3, err: err}
 					}
 					return err
 				}

@@ -13,7 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/client"
+	"throttler/client"
+	"throttler/internal/target"
 )
 
 func newStatusCommand(env []string) *cobra.Command {
@@ -32,17 +33,16 @@ THROTTLER_TOKEN, then the config file (--config or THROTTLER_CONFIG), then
 http://127.0.0.1:8080.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			target, err := client.ResolveTarget(server, token, configFile, env)
+			c, err := dial(server, token, configFile, env)
 			if err != nil {
-				return exitError{code: 2, err: err}
+				return err
 			}
-			c := client.New(target)
 			out := cmd.OutOrStdout()
 			for i := 0; ; i++ {
 				tenants, err := fetchStatus(cmd.Context(), c, args)
 				if err != nil {
 					if client.IsUnreachable(err) {
-						return exitError{code: 3, err: fmt.Errorf("%s: %w", target.Server, err)}
+						return exitError{code: 3, err: err}
 					}
 					return err
 				}
@@ -55,7 +55,7 @@ http://127.0.0.1:8080.`,
 				} else {
 					if watch {
 						fmt.Fprint(out, "\x1b[H\x1b[2J") // home, clear: redraw in place
-						fmt.Fprintf(out, "%s  every %v  %s\n\n", target.Server, interval, time.Now().Format("15:04:05"))
+						fmt.Fprintf(out, "%s  every %v  %s\n\n", c.Server(), interval, time.Now().Format("15:04:05"))
 					}
 					renderStatus(out, tenants)
 				}
@@ -79,6 +79,21 @@ http://127.0.0.1:8080.`,
 	c.Flags().IntVar(&rounds, "rounds", 0, "with --watch, stop after this many redraws (0: until interrupted)")
 	_ = c.Flags().MarkHidden("rounds")
 	return c
+}
+
+// dial is the API client of a command: the server and token from flags,
+// environment or config file (internal/target); exit status 2 if they are
+// wrong.
+func dial(server, token, configFile string, env []string) (*client.Client, error) {
+	t, err := target.Resolve(server, token, configFile, env)
+	if err != nil {
+		return nil, exitError{code: 2, err: err}
+	}
+	c, err := client.New(t.Server, client.WithToken(t.Token))
+	if err != nil {
+		return nil, exitError{code: 2, err: err}
+	}
+	return c, nil
 }
 
 func fetchStatus(ctx context.Context, c *client.Client, args []string) ([]client.Tenant, error) {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/client"
+	"throttler/client"
 	"throttler/internal/downstreamtest"
 	"throttler/internal/testutil"
 )

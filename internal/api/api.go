@@ -5,7 +5,9 @@
 // Files by topic: api.go (options, routes, health), enqueue.go (jobs in:
 // single and batch), jobs.go (one job: read, cancel, retry; failed jobs),
 // tenants.go (tenant status, listing, holds), shapes.go (JSON answers),
-// errors.go (error answers), auth.go, page.go (the status page).
+// errors.go (error answers), ratelimit.go (the RateLimit fields of
+// admission answers), openapi.go (the OpenAPI document, openapi.json),
+// auth.go, page.go (the status page).
 package api
 
 import (
@@ -51,6 +53,7 @@ type server struct {
 	slots   chan struct{} // requests being handled
 	metrics *metrics.Metrics
 	clock   clock.Clock
+	memos   memos // what the RateLimit fields need beyond the store's answers
 }
 
 // MaxBatchJobs is the most jobs one jobs:batch request may carry.
@@ -113,11 +116,12 @@ func (s *server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/tenants/{tenant}/resume", s.hold(false))
 	s.statusRoutes(mux) // overview.go: whoami, downstreams, history
 	// The same paths with other methods: a JSON 405 instead of the mux's text.
-	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/v1/tenants/{tenant}/pause", "/v1/tenants/{tenant}/resume", "/healthz", "/readyz"} {
+	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/v1/tenants/{tenant}/pause", "/v1/tenants/{tenant}/resume", "/healthz", "/readyz", "/openapi.json"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path), nil)
 		})
 	}
+	mux.HandleFunc("GET /openapi.json", s.openAPIDocument)
 	mux.HandleFunc("GET /{$}", s.page)
 	mux.HandleFunc("GET /static/app.js", s.pageScript)
 }

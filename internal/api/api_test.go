@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -31,14 +30,6 @@ func newAPI(t *testing.T) (http.Handler, *bolt.Store) {
 	return New(Options{Store: store, Config: func() *config.Config { return cfg }}), store
 }
 
-func do(h http.Handler, method, path, body string) (int, http.Header, map[string]any) {
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, path, strings.NewReader(body)))
-	var m map[string]any
-	_ = json.Unmarshal(rec.Body.Bytes(), &m)
-	return rec.Code, rec.Header(), m
-}
-
 func TestStoreDownIs503AndSaysSo(t *testing.T) {
 	t.Parallel()
 	h, store := newAPI(t)
@@ -48,7 +39,7 @@ func TestStoreDownIs503AndSaysSo(t *testing.T) {
 		{"GET", "/v1/jobs/0000000000000000000000000a", ""},
 		{"GET", "/readyz", ""},
 	} {
-		st, hdr, body := do(h, c.method, c.path, c.body)
+		st, hdr, body := do(t, h, c.method, c.path, c.body)
 		if st != http.StatusServiceUnavailable || body["error"] != "store_unavailable" {
 			t.Errorf("%s %s: %d %v", c.method, c.path, st, body)
 		}
@@ -56,7 +47,7 @@ func TestStoreDownIs503AndSaysSo(t *testing.T) {
 			t.Errorf("%s %s: no Retry-After", c.method, c.path)
 		}
 	}
-	if st, _, _ := do(h, "GET", "/healthz", ""); st != 200 {
+	if st, _, _ := do(t, h, "GET", "/healthz", ""); st != 200 {
 		t.Errorf("healthz with the store down: %d (the process is up)", st)
 	}
 }
@@ -117,7 +108,7 @@ func FuzzTenantName(f *testing.F) {
 	}
 	h, _ := newAPIForFuzz(f)
 	f.Fuzz(func(t *testing.T, name string) {
-		st, _, body := do(h, "GET", "/v1/tenants/"+urlPathEscape(name), "")
+		st, _, body := do(t, h, "GET", "/v1/tenants/"+urlPathEscape(name), "")
 		if config.ValidName(name) {
 			if st != 200 || body["tenant"] != name {
 				t.Fatalf("valid name %q: %d %v", name, st, body)

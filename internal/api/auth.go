@@ -35,9 +35,9 @@ func principal(r *http.Request) *config.Token {
 func (s *server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tokens := s.config().Auth.Tokens
-		// The page and its script hold no data: the page asks for a token
-		// and fetches with it.
-		public := r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/" || r.URL.Path == "/static/app.js"
+		// The page, its script and the OpenAPI document hold no data: the
+		// page asks for a token and fetches with it.
+		public := r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/" || r.URL.Path == "/static/app.js" || r.URL.Path == "/openapi.json"
 		if len(tokens) == 0 || (public && r.Header.Get("Authorization") == "") {
 			next.ServeHTTP(w, r)
 			return

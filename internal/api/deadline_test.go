@@ -24,12 +24,12 @@ func TestPastDeadlineIsWouldExpire(t *testing.T) {
 		`"expires_in":"0s"`,
 		`"expires_in":"-5s"`,
 	} {
-		st, _, body := do(h, "POST", "/v1/tenants/acme/jobs", `{"payload":1,`+field+`}`)
+		st, _, body := do(t, h, "POST", "/v1/tenants/acme/jobs", `{"payload":1,`+field+`}`)
 		if st != http.StatusUnprocessableEntity || body["error"] != "would_expire" || body["message"] == "" || body["deadline"] == nil || body["expected_delay_ms"] == nil {
 			t.Errorf("%s: %d %v, want 422 would_expire with its deadline and expected delay", field, st, body)
 		}
 	}
-	if _, _, tenant := do(h, "GET", "/v1/tenants/acme", ""); tenant["queue_depth"] != 0.0 || tenant["accepted_total"] != 0.0 {
+	if _, _, tenant := do(t, h, "GET", "/v1/tenants/acme", ""); tenant["queue_depth"] != 0.0 || tenant["accepted_total"] != 0.0 {
 		t.Errorf("a job past its deadline was taken: %v", tenant)
 	}
 }
@@ -41,18 +41,18 @@ func TestPastDeadlineInABatch(t *testing.T) {
 	h, _ := newAPI(t)
 	// The store's would_expire: the second job waits a second (1/s), past
 	// its deadline.
-	do(h, "POST", "/v1/tenants/acme/jobs", `{"payload":0}`)
+	do(t, h, "POST", "/v1/tenants/acme/jobs", `{"payload":0}`)
 	soon := time.Now().Add(100 * time.Millisecond).UTC().Format(time.RFC3339Nano)
-	st, _, byStore := do(h, "POST", "/v1/tenants/acme/jobs", `{"payload":0,"deadline":"`+soon+`"}`)
+	st, _, byStore := do(t, h, "POST", "/v1/tenants/acme/jobs", `{"payload":0,"deadline":"`+soon+`"}`)
 	if st != http.StatusUnprocessableEntity || byStore["error"] != "would_expire" {
 		t.Fatalf("the store's would_expire: %d %v", st, byStore)
 	}
-	_, _, byAPI := do(h, "POST", "/v1/tenants/acme/jobs", `{"payload":0,"deadline":"0001-01-01T00:00:00Z"}`)
+	_, _, byAPI := do(t, h, "POST", "/v1/tenants/acme/jobs", `{"payload":0,"deadline":"0001-01-01T00:00:00Z"}`)
 	if !slices.Equal(sortedKeys(byAPI), sortedKeys(byStore)) {
 		t.Errorf("fields %v, the store's %v", sortedKeys(byAPI), sortedKeys(byStore))
 	}
 
-	st, _, body := do(h, "POST", "/v1/tenants/acme/jobs:batch", `{"jobs":[
+	st, _, body := do(t, h, "POST", "/v1/tenants/acme/jobs:batch", `{"jobs":[
 		{"payload":1,"deadline":"0001-01-01T00:00:00Z"},
 		{"payload":2},
 		{"payload":3,"expires_in":"0s"},
@@ -92,13 +92,13 @@ func TestRepeatAfterTheDeadlineGetsTheFirstAnswer(t *testing.T) {
 	h, _ := newAPI(t)
 	deadline := time.Now().Add(300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
 	req := `{"payload":1,"idempotency_key":"otp-1","deadline":"` + deadline + `"}`
-	st, _, first := do(h, "POST", "/v1/tenants/acme/jobs", req)
+	st, _, first := do(t, h, "POST", "/v1/tenants/acme/jobs", req)
 	if st != http.StatusAccepted {
 		t.Fatalf("first: %d %v", st, first)
 	}
 	d, _ := time.Parse(time.RFC3339Nano, deadline)
 	time.Sleep(time.Until(d) + 10*time.Millisecond) // the deadline passes: that is what this test is about
-	st, _, again := do(h, "POST", "/v1/tenants/acme/jobs", req)
+	st, _, again := do(t, h, "POST", "/v1/tenants/acme/jobs", req)
 	if st != http.StatusOK || again["id"] != first["id"] {
 		t.Fatalf("repeat after the deadline: %d %v, want 200 with id %v", st, again, first["id"])
 	}

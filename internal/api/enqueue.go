@@ -138,7 +138,7 @@ func validKey(k string) bool {
 }
 
 func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
-	tenant, _, err := s.tenantFromPath(r, write)
+	tenant, ts, err := s.tenantFromPath(r, write)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -164,6 +164,7 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.counted(tenant, out)
+	s.setRateLimit(w, r, tenant, ts, out)
 	a := out[0]
 	if a.Rejected != nil {
 		s.fail(w, r, a.Rejected)
@@ -181,7 +182,7 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
-	tenant, _, err := s.tenantFromPath(r, write)
+	tenant, ts, err := s.tenantFromPath(r, write)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -214,6 +215,7 @@ func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	out := withLate(stored, late, len(req.Jobs))
 	s.counted(tenant, out)
+	s.setRateLimit(w, r, tenant, ts, out)
 	results := make([]map[string]any, len(out))
 	for i, a := range out {
 		results[i] = batchResultJSON(a)

@@ -1,13 +1,27 @@
 package api
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+
+	"throttler/internal/clock"
 	"throttler/internal/config"
 	"throttler/internal/leaky"
 	"throttler/internal/queue/bolt"
@@ -33,4 +47,165 @@ func newAPIForFuzz(f *testing.F) (http.Handler, *bolt.Store) {
 	}
 	f.Cleanup(func() { store.Close(); os.RemoveAll(dir) })
 	return New(Options{Store: store, Config: func() *config.Config { return cfg }}), store
+}
+
+// newAPIConfig is an API on its own store with the config body (TOML over
+// the defaults) and a clock that both read; opts change the store's
+// options.
+func newAPIConfig(t *testing.T, body string, clk clock.Clock, opts ...func(*bolt.Options)) (http.Handler, *bolt.Store) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(file, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := func(name string) leaky.Policy { ts, _ := cfg.Tenant(name); return ts.Policy() }
+	o := bolt.Options{Policy: policy, Clock: clk}
+	for _, f := range opts {
+		f(&o)
+	}
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "t.db"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	return New(Options{Store: store, Config: func() *config.Config { return cfg }, Clock: clk}), store
+}
+
+// do sends one request to h and checks the request and the answer against
+// openapi.json (so every test of this package checks the document). It
+// returns the status, headers and the decoded JSON body.
+func do(t testing.TB, h http.Handler, method, path, body string) (int, http.Header, map[string]any) {
+	t.Helper()
+	hdr := http.Header{}
+	if body != "" {
+		hdr.Set("Content-Type", "application/json")
+	}
+	return doHeader(t, h, method, path, body, hdr)
+}
+
+// doHeader is do with request headers.
+func doHeader(t testing.TB, h http.Handler, method, path, body string, hdr http.Header) (int, http.Header, map[string]any) {
+	t.Helper()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header = hdr.Clone()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if err := checkExchange(method, path, body, hdr, rec.Code, rec.Header(), rec.Body.Bytes()); err != nil {
+		t.Errorf("openapi.json: %v", err)
+	}
+	var m map[string]any
+	_ = json.Unmarshal(rec.Body.Bytes(), &m)
+	return rec.Code, rec.Header(), m
+}
+
+// apiDoc is openapi.json loaded, validated and routed, once.
+var apiDoc = sync.OnceValues(func() (*openapi3.T, error) {
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromData(openAPI)
+	if err != nil {
+		return nil, fmt.Errorf("load: %w", err)
+	}
+	if err := doc.Validate(loader.Context); err != nil {
+		return nil, fmt.Errorf("not a valid OpenAPI document: %w", err)
+	}
+	return doc, nil
+})
+
+var apiRouter = sync.OnceValues(func() (routers.Router, error) {
+	doc, err := apiDoc()
+	if err != nil {
+		return nil, err
+	}
+	// The status page's HTML and script are text, like /metrics.
+	openapi3filter.RegisterBodyDecoder("text/html", openapi3filter.PlainBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("text/javascript", openapi3filter.PlainBodyDecoder)
+	return gorillamux.NewRouter(doc)
+})
+
+// filterOptions check a bearer token's form (which token is valid is the
+// server's business, and the 401 it answers is checked like any answer);
+// status codes the document does not list are errors.
+var filterOptions = &openapi3filter.Options{
+	IncludeResponseStatus: true,
+	SkipSettingDefaults:   true,
+	AuthenticationFunc: func(_ context.Context, in *openapi3filter.AuthenticationInput) error {
+		if v := in.RequestValidationInput.Request.Header.Get("Authorization"); !strings.HasPrefix(v, "Bearer ") {
+			return fmt.Errorf("no bearer token")
+		}
+		return nil
+	},
+}
+
+// checkExchange checks a request and the server's answer (status, header,
+// body) against openapi.json: a request the document calls malformed must
+// be refused with a 4xx; every answer must be one the document describes.
+func checkExchange(method, path, body string, reqHeader http.Header, status int, header http.Header, respBody []byte) error {
+	router, err := apiRouter()
+	if err != nil {
+		return err
+	}
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header = reqHeader.Clone()
+	route, params, err := router.FindRoute(req)
+	if err != nil {
+		return unroutedAnswer(method, path, err, status, respBody)
+	}
+	in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route, Options: filterOptions}
+	// Refused (4xx), or redirected by the mux (a path it cleans, such as
+	// "/v1/tenants/..").
+	if reqErr := openapi3filter.ValidateRequest(context.Background(), in); reqErr != nil && (status < 300 || status > 499) {
+		return fmt.Errorf("%s %s: the document calls the request malformed (%v), yet the server answered %d", method, path, reqErr, status)
+	}
+	out := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: in, Status: status, Header: header,
+		Body: io.NopCloser(bytes.NewReader(respBody)), Options: filterOptions,
+	}
+	if err := openapi3filter.ValidateResponse(context.Background(), out); err != nil {
+		return fmt.Errorf("%s %s answered %d, not as documented: %v\nbody: %s", method, path, status, err, truncate(string(respBody), 400))
+	}
+	return nil
+}
+
+// unroutedAnswer checks the answer to a request no operation of the
+// document matches: the mux's own redirects (paths it cleans), or the
+// catch-all JSON errors: 404 not_found (as the document's NotFound) and 405
+// method_not_allowed for a method no operation has (the document cannot
+// list it: it lists operations), {"error", "message"} like every error.
+func unroutedAnswer(method, path string, routeErr error, status int, body []byte) error {
+	switch status {
+	case http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+		return nil
+	case http.StatusNotFound, http.StatusMethodNotAllowed:
+	default:
+		return fmt.Errorf("%s %s is not in the document (%v), yet the server answered %d: document it", method, path, routeErr, status)
+	}
+	doc, err := apiDoc()
+	if err != nil {
+		return err
+	}
+	var v map[string]any
+	if err := json.Unmarshal(body, &v); err != nil {
+		return fmt.Errorf("%s %s answered %d without a JSON body: %v", method, path, status, err)
+	}
+	if status == http.StatusMethodNotAllowed {
+		if msg, _ := v["message"].(string); len(v) != 2 || v["error"] != "method_not_allowed" || msg == "" {
+			return fmt.Errorf("%s %s answered 405 with %v: want {error: method_not_allowed, message}", method, path, v)
+		}
+		return nil
+	}
+	if err := doc.Components.Schemas["NotFound"].Value.VisitJSON(v, openapi3.EnableJSONSchema2020()); err != nil {
+		return fmt.Errorf("%s %s answered %d, not as the document's errors: %v", method, path, status, err)
+	}
+	return nil
+}
+
+// serve is a request's body alone, unchecked.
+func serve(h http.Handler, method, path string) []byte {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+	return rec.Body.Bytes()
 }

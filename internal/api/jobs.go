@@ -49,6 +49,12 @@ func (s *server) retry(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		a, err = s.store.Retry(r.Context(), j.ID)
 	}
+	if err == nil {
+		// A retry takes a place like a new job: its answer says what is left.
+		if ts, ok := s.config().Tenant(j.Tenant); ok {
+			s.setRateLimit(w, r, j.Tenant, ts, []queue.Admission{a})
+		}
+	}
 	if err == nil && a.Rejected != nil {
 		err = a.Rejected
 	}

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -100,3 +101,40 @@ func StartStoppable(t testing.TB, file string) (base string, stop func()) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// Serve runs the service like Start, for code that has no testing.TB (a
+// TestMain that starts a server for runnable examples): its config (a
+// listener on a free port, a store under dir, one downstream "test" at
+// downstreamURL, then body) and its store live under dir. It returns the
+// API's base URL and a stop function that ends the service and says how it
+// ended; the service's log is discarded.
+func Serve(dir, body, downstreamURL string) (url string, stop func() error, err error) {
+	file := filepath.Join(dir, "config.toml")
+	full := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n[store]\npath = %q\n[downstreams.test]\nurl = %q\ntimeout = \"2s\"\n%s",
+		filepath.Join(dir, "throttler.db"), downstreamURL, body)
+	if err := os.WriteFile(file, []byte(full), 0o600); err != nil {
+		return "", nil, err
+	}
+	cfg, err := config.Load(file, nil, nil)
+	if err != nil {
+		return "", nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	go func() {
+		done <- service.Run(ctx, service.Options{Config: cfg, Logger: log, Started: func(a string) { addr <- a }})
+	}()
+	stop = func() error { cancel(); return <-done }
+	select {
+	case a := <-addr:
+		return "http://" + a, stop, nil
+	case err := <-done:
+		cancel()
+		return "", nil, fmt.Errorf("service: %w", err)
+	case <-time.After(10 * time.Second):
+		stop()
+		return "", nil, fmt.Errorf("service did not start within 10s")
+	}
+}

@@ -1,0 +1,161 @@
+package client
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Job is one job to enqueue.
+type Job struct {
+	// Payload is any JSON value but null: the body of the POST to the
+	// tenant's downstream.
+	Payload json.RawMessage `json:"payload"`
+	// IdempotencyKey (optional, 1 to 256 printable ASCII characters): a
+	// repeat gets the first answer (Admission.Repeated) and queues nothing.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// Cost is how many slots of the schedule the job takes (0: one).
+	Cost int `json:"cost,omitempty"`
+	// Deadline: the server refuses the job (*WouldExpireError) if it cannot
+	// send it by then, and never sends it after (zero: none).
+	Deadline time.Time `json:"deadline,omitzero"`
+	// ExpiresIn is a deadline from the server's now instead (0: none; not
+	// with Deadline).
+	ExpiresIn time.Duration `json:"-"`
+}
+
+// MarshalJSON writes ExpiresIn as the API's duration text ("30s").
+func (j Job) MarshalJSON() ([]byte, error) {
+	type plain Job
+	v := struct {
+		plain
+		ExpiresIn string `json:"expires_in,omitempty"`
+	}{plain: plain(j)}
+	if j.ExpiresIn != 0 {
+		v.ExpiresIn = j.ExpiresIn.String()
+	}
+	return json.Marshal(v)
+}
+
+// Admission is the answer to a job taken: 202, or the first answer again
+// (200, Repeated) for a repeated idempotency key.
+type Admission struct {
+	ID     string `json:"id"`
+	Tenant string `json:"tenant"`
+	State  string `json:"state"`
+	// DispatchAt is when its first attempt is due.
+	DispatchAt      time.Time `json:"dispatch_at"`
+	ExpectedDelayMS int64     `json:"expected_delay_ms"`
+	// QueueDepth is the tenant's jobs admitted and not yet handed to the
+	// downstream, this one included; Capacity is the most that wait.
+	QueueDepth int `json:"queue_depth"`
+	Capacity   int `json:"capacity"`
+	// Repeated: the job was there already (200): nothing was queued.
+	Repeated bool `json:"-"`
+	// RateLimit is what the tenant has left after this job (zero for one
+	// answer of a batch: the Batch has it).
+	RateLimit RateLimit `json:"-"`
+}
+
+// ExpectedDelay is how long the job waits before its first attempt.
+func (a Admission) ExpectedDelay() time.Duration {
+	return time.Duration(a.ExpectedDelayMS) * time.Millisecond
+}
+
+// Batch is the answer to EnqueueBatch.
+type Batch struct {
+	// Results are the jobs' answers, in the order sent.
+	Results []Result
+	// RateLimit is what the tenant has left after the last job.
+	RateLimit RateLimit
+}
+
+// Result is one job's answer in a batch: Status 202 or 200 with its
+// Admission, or 429 or 422 with Err (a *QueueFullError, *RateLimitedError,
+// *WouldExpireError or *CostTooLargeError), as Enqueue would have answered.
+type Result struct {
+	Status    int
+	Admission Admission
+	Err       error
+}
+
+// resultOf decodes one result of a batch.
+func resultOf(tenant string, raw json.RawMessage) (Result, error) {
+	var head struct {
+		Status int `json:"status"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return Result{}, err
+	}
+	r := Result{Status: head.Status}
+	switch head.Status {
+	case 200, 202:
+		if err := json.Unmarshal(raw, &r.Admission); err != nil {
+			return Result{}, err
+		}
+		r.Admission.Repeated = head.Status == 200
+	case 422, 429:
+		r.Err = typedError(&APIError{Status: head.Status, Tenant: tenant}, raw, 0)
+	default:
+		return Result{}, fmt.Errorf("status %d is not a job's answer", head.Status)
+	}
+	return r, nil
+}
+
+// JobStatus is a job as GET /v1/jobs/{id} shows it (its payload is not
+// echoed).
+type JobStatus struct {
+	ID     string `json:"id"`
+	Tenant string `json:"tenant"`
+	// State is queued, dispatching, retrying, succeeded, failed,
+	// cancelled or expired.
+	State          string     `json:"state"`
+	Attempts       int        `json:"attempts"`
+	EnqueuedAt     time.Time  `json:"enqueued_at"`
+	DispatchAt     time.Time  `json:"dispatch_at"`
+	SentAt         *time.Time `json:"sent_at"`
+	FinishedAt     *time.Time `json:"finished_at"`
+	LastError      string     `json:"last_error"`
+	ResponseStatus int        `json:"response_status"`
+	Cost           int        `json:"cost"`
+	Deadline       *time.Time `json:"deadline"`
+}
+
+// Finished reports whether the job is done for good.
+func (j JobStatus) Finished() bool {
+	switch j.State {
+	case "succeeded", "failed", "cancelled", "expired":
+		return true
+	}
+	return false
+}
+
+// Tenant is a tenant as GET /v1/tenants/{tenant} shows it: the JSON of the
+// API, field for field (durations in whole milliseconds).
+type Tenant struct {
+	Tenant          string  `json:"tenant"`
+	Mode            string  `json:"mode"`
+	RatePerSecond   float64 `json:"rate_per_second"`
+	Burst           int     `json:"burst"`
+	Capacity        int     `json:"capacity"`
+	Downstream      string  `json:"downstream"`
+	QueueDepth      int     `json:"queue_depth"`
+	InFlight        int     `json:"in_flight"`
+	ExpectedDelayMS int64   `json:"expected_delay_ms"`
+	// Paused: nothing of the tenant is sent now; PausedUntil is when that
+	// ends (nil for an operator's hold, Held, which has no end).
+	Paused         bool       `json:"paused"`
+	PausedUntil    *time.Time `json:"paused_until"`
+	Held           bool       `json:"held"`
+	AcceptedTotal  int64      `json:"accepted_total"`
+	RejectedTotal  int64      `json:"rejected_total"`
+	DeliveredTotal int64      `json:"delivered_total"`
+	FailedTotal    int64      `json:"failed_total"`
+	CancelledTotal int64      `json:"cancelled_total"`
+	ExpiredTotal   int64      `json:"expired_total"`
+}
+
+// ExpectedDelay is how long a job admitted now would wait.
+func (t Tenant) ExpectedDelay() time.Duration {
+	return time.Duration(t.ExpectedDelayMS) * time.Millisecond
+}
