@@ -71,7 +71,13 @@ func TestLoweredRateBacklogIsDeliveredAtTheNewPace(t *testing.T) {
 	if span := a[n-1].At.Sub(a[first-1].At); span > time.Duration(n-first)*time.Second+time.Second {
 		t.Errorf("%d sends at 1/s took %v", n-first+1, span)
 	}
-	m := scrape(t, p.base)
+	// The last outcome is recorded a moment after its request arrives.
+	delivered := `throttler_jobs_delivered_total{downstream="test",tenant="acme"}`
+	var m string
+	testutil.WaitFor(t, 5*time.Second, "the last outcome in the metrics", func() bool {
+		m = scrape(t, p.base)
+		return value(m, delivered) >= n
+	})
 	for series, want := range map[string]float64{
 		`throttler_jobs_delivered_total{downstream="test",tenant="acme"}`:      n,
 		`throttler_jobs_retried_total{downstream="test",tenant="acme"}`:        -1, // never counted: no series
