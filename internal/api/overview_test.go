@@ -39,10 +39,10 @@ func TestStatusPageReads(t *testing.T) {
 	t.Cleanup(rc.Stop)
 	h := New(Options{Store: store, Config: func() *config.Config { return cfg }, Metrics: m})
 
-	if st, _, w := do(h, "GET", "/v1/whoami", ""); st != 200 || w["auth"] != false || w["can_hold"] != true || w["all_tenants"] != true {
+	if st, _, w := do(t, h, "GET", "/v1/whoami", ""); st != 200 || w["auth"] != false || w["can_hold"] != true || w["all_tenants"] != true {
 		t.Fatalf("whoami with no auth: %d %v", st, w)
 	}
-	st, _, body := do(h, "GET", "/v1/history?tenant=acme&tenant=quiet", "")
+	st, _, body := do(t, h, "GET", "/v1/history?tenant=acme&tenant=quiet", "")
 	tenants, _ := body["tenants"].(map[string]any)
 	acme, _ := tenants["acme"].(map[string]any)
 	if st != 200 || acme == nil || tenants["quiet"] != nil || body["interval_ms"] != float64(3600000) || body["now_ms"] == nil {
@@ -51,7 +51,7 @@ func TestStatusPageReads(t *testing.T) {
 	if d := acme["depth"].([]any); len(d) != 1 || d[0] != float64(3) || len(acme["t"].([]any)) != 1 {
 		t.Fatalf("acme's samples: %v", acme)
 	}
-	st, _, body = do(h, "GET", "/v1/downstreams", "")
+	st, _, body = do(t, h, "GET", "/v1/downstreams", "")
 	items, _ := body["downstreams"].([]any)
 	if st != 200 || len(items) != 1 {
 		t.Fatalf("downstreams: %d %v", st, body)
@@ -73,14 +73,14 @@ func TestStatusPageReads(t *testing.T) {
 		{"POST", "/v1/whoami", 405},
 		{"DELETE", "/v1/history", 405},
 	} {
-		if st, _, b := do(h, c.method, c.path, ""); st != c.status {
+		if st, _, b := do(t, h, c.method, c.path, ""); st != c.status {
 			t.Errorf("%s %s: %d %v, want %d", c.method, c.path, st, b, c.status)
 		}
 	}
 
 	// Without metrics (no sampler): empty, not an error.
 	bare, _ := newAPI(t)
-	if st, _, body := do(bare, "GET", "/v1/history?tenant=acme", ""); st != 200 || len(body["tenants"].(map[string]any)) != 0 || body["interval_ms"] != float64(0) {
+	if st, _, body := do(t, bare, "GET", "/v1/history?tenant=acme", ""); st != 200 || len(body["tenants"].(map[string]any)) != 0 || body["interval_ms"] != float64(0) {
 		t.Fatalf("history with no sampler: %d %v", st, body)
 	}
 }
@@ -90,7 +90,7 @@ func TestStatusPageReads(t *testing.T) {
 func TestStatusPageAssets(t *testing.T) {
 	t.Parallel()
 	h, _ := newAPI(t)
-	st, hdr, _ := do(h, "GET", "/", "")
+	st, hdr, _ := do(t, h, "GET", "/", "")
 	if st != 200 || !strings.Contains(hdr.Get("Content-Security-Policy"), "default-src 'self'") {
 		t.Fatalf("page: %d %v", st, hdr)
 	}
