@@ -305,9 +305,14 @@ func (r *running) stop() {
 		}
 		log.Info("stopped cleanly")
 	case <-deadline.Done():
-		// Leaving the file unclosed is safe: bbolt recovers, and the jobs
-		// still being sent are sent again (same Idempotency-Key) on restart.
+		// Closed all the same, so that nothing of the store outlives Run:
+		// the attempts still in flight cannot record their outcome, and are
+		// sent again (same Idempotency-Key) after a restart, which treats
+		// this stop as a crash.
 		log.Warn("attempts still in flight at shutdown_timeout: they will be sent again after restart")
+		if err := r.store.Close(); err != nil {
+			log.Error("closing the store", "err", err)
+		}
 	}
 }
 
