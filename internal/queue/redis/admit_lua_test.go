@@ -12,6 +12,7 @@ import (
 
 	"throttler/internal/clock"
 	"throttler/internal/leaky"
+	"throttler/internal/luascript"
 	"throttler/internal/queue"
 )
 
@@ -79,7 +80,7 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 				args = append(args, w.N, w.Length.Microseconds())
 			}
 			var got admitDecision
-			if err := admitScript.run(ctx, rdb, keys, args, &got); err != nil {
+			if err := admitScript.Run(ctx, rdb, keys, args, &got); err != nil {
 				t.Fatal(err)
 			}
 			where := fmt.Sprintf("sequence %d step %d (policy %+v, cost %d, waiting %d, pause %+v)", seq, step, p, cost, waiting, pz)
@@ -159,23 +160,23 @@ type admitDecision struct {
 	Delay            time.Duration
 }
 
-func (a *admitDecision) decode(r *reply) {
-	a.Code = r.int()
-	a.Slot = r.time()
-	a.DispatchAt = r.time()
-	a.RetryAfter = r.duration()
-	a.Depth = int(r.int())
-	a.Now = r.time()
-	a.Prompt = r.flag()
-	a.Delay = r.duration()
+func (a *admitDecision) Decode(r *luascript.Reply) {
+	a.Code = r.Int()
+	a.Slot = r.Time()
+	a.DispatchAt = r.Time()
+	a.RetryAfter = r.Duration()
+	a.Depth = int(r.Int())
+	a.Now = r.Time()
+	a.Prompt = r.Flag()
+	a.Delay = r.Duration()
 }
 
 // pauseReply is pause.lua's reply, in raw microseconds.
 type pauseReply [4]int64
 
-func (p *pauseReply) decode(r *reply) {
+func (p *pauseReply) Decode(r *luascript.Reply) {
 	for i := range p {
-		p[i] = r.int()
+		p[i] = r.Int()
 	}
 }
 
@@ -202,7 +203,7 @@ func TestLuaAdmitInsertsOutOfOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got admitDecision
-	err := admitScript.run(ctx, rdb, []string{"{x}:b", "{x}:waiting", "{x}:claimed", "{x}:w0"}, []any{micros(now), 0, 1000, 1, 10, 2, 0, 1, "", 0, 0, n, (24 * time.Hour).Microseconds()}, &got)
+	err := admitScript.Run(ctx, rdb, []string{"{x}:b", "{x}:waiting", "{x}:claimed", "{x}:w0"}, []any{micros(now), 0, 1000, 1, 10, 2, 0, 1, "", 0, 0, n, (24 * time.Hour).Microseconds()}, &got)
 	if err != nil || got.Code != 1 || !got.Slot.Equal(now) {
 		t.Fatalf("admit: %+v %v", got, err)
 	}
@@ -254,7 +255,7 @@ func TestLuaPauseAgreesWithGo(t *testing.T) {
 				pz = pz.Resume(now)
 			}
 			var got pauseReply
-			if err := pauseScript.run(ctx, rdb, []string{key}, args, &got); err != nil {
+			if err := pauseScript.Run(ctx, rdb, []string{key}, args, &got); err != nil {
 				t.Fatal(err)
 			}
 			want := []int64{pz.Shift.Microseconds(), microsOf(pz.Until), microsOf(pz.Held), micros(tat)}

@@ -15,6 +15,7 @@ import (
 
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
 	"throttler/internal/redistest"
 )
 
@@ -151,7 +152,7 @@ func runThroughStore(b *testing.B, addr string) (took time.Duration, cmds, admit
 	began := time.Now()
 	trips := rt.n.Load()
 	produce(b, benchProducers, benchJobs, func(i int) error {
-		out, err := api.Enqueue(context.Background(), fmt.Sprint("t", i%benchTenants), []queue.NewJob{payload(i)})
+		out, err := api.Enqueue(context.Background(), fmt.Sprint("t", i%benchTenants), []queue.NewJob{queuetest.Payload(i)})
 		if err == nil && !out[0].Admitted() {
 			err = fmt.Errorf("refused: %+v", out[0])
 		}

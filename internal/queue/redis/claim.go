@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"throttler/internal/luascript"
 	"throttler/internal/queue"
 )
 
@@ -34,21 +35,21 @@ type claimReply struct {
 	Job        map[string]string // claimed: the job's hash
 }
 
-func (c *claimReply) decode(r *reply) {
-	c.Code = r.int()
-	c.Wait = r.duration()
-	c.DispatchAt = r.time()
-	c.Now = r.time()
-	c.Job = r.hash()
+func (c *claimReply) Decode(r *luascript.Reply) {
+	c.Code = r.Int()
+	c.Wait = r.Duration()
+	c.DispatchAt = r.Time()
+	c.Now = r.Time()
+	c.Job = r.Hash()
 	if c.Code < claimDrop || c.Code > claimHeld {
-		r.err = fmt.Errorf("unknown code %d", c.Code)
+		r.Fail(fmt.Errorf("unknown code %d", c.Code))
 	}
 }
 
 // claim asks claim.lua for task taskID's job, lead before its slot.
 func (s *Store) claim(ctx context.Context, k shardKeys, jobID, tenant, taskID string, lead time.Duration) (claimReply, error) {
 	var r claimReply
-	err := claimScript.run(ctx, s.rdb, []string{k.job(jobID), k.tenant(tenant), k.handoff(), k.active(), k.inflight(), k.waiting(tenant), k.claimed(tenant)},
+	err := claimScript.Run(ctx, s.rdb, []string{k.job(jobID), k.tenant(tenant), k.handoff(), k.active(), k.inflight(), k.waiting(tenant), k.claimed(tenant)},
 		[]any{s.now(), taskID, lead.Microseconds(), s.timing.Lease.Microseconds(), s.retain.Milliseconds(),
 			(5 * time.Second).Microseconds(), s.holdMax().Microseconds(), k.tag, s.idle.Milliseconds()}, &r)
 	return r, err

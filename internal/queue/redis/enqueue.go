@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"throttler/internal/leaky"
+	"throttler/internal/luascript"
 	"throttler/internal/queue"
 )
 
@@ -54,29 +55,29 @@ type admitReply struct {
 	Job        map[string]string
 }
 
-func (a *admitReply) decode(r *reply) {
-	a.Code = r.int()
-	a.Slot = r.time()
-	a.DispatchAt = r.time()
-	a.Delay = r.duration()
-	a.RetryAfter = r.duration()
-	a.Depth = int(r.int())
-	a.Now = r.time()
-	a.Prompt = r.flag()
-	a.Task = r.str()
-	a.Pause = leaky.Pause{Shift: r.duration(), Until: r.time(), Held: r.time()}
-	a.Job = r.hash()
+func (a *admitReply) Decode(r *luascript.Reply) {
+	a.Code = r.Int()
+	a.Slot = r.Time()
+	a.DispatchAt = r.Time()
+	a.Delay = r.Duration()
+	a.RetryAfter = r.Duration()
+	a.Depth = int(r.Int())
+	a.Now = r.Time()
+	a.Prompt = r.Flag()
+	a.Task = r.Str()
+	a.Pause = leaky.Pause{Shift: r.Duration(), Until: r.Time(), Held: r.Time()}
+	a.Job = r.Hash()
 	if a.Code < admitRefused || a.Code > admitNotFailed {
-		r.err = fmt.Errorf("unknown code %d", a.Code)
+		r.Fail(fmt.Errorf("unknown code %d", a.Code))
 	}
 }
 
 type admitReplies []admitReply
 
-func (l *admitReplies) decode(r *reply) {
-	r.each(func(r *reply) {
+func (l *admitReplies) Decode(r *luascript.Reply) {
+	r.Each(func(r *luascript.Reply) {
 		var a admitReply
-		a.decode(r)
+		a.Decode(r)
 		*l = append(*l, a)
 	})
 }
@@ -118,7 +119,7 @@ func (c *admitCall) add(jobKey, idemKey, id, task string, nj queue.NewJob) {
 
 func (c *admitCall) run(ctx context.Context, s *Store) (admitReplies, error) {
 	var out admitReplies
-	if err := enqueueScript.run(ctx, s.rdb, c.keys, c.args, &out); err != nil {
+	if err := enqueueScript.Run(ctx, s.rdb, c.keys, c.args, &out); err != nil {
 		return nil, err
 	}
 	if len(out) != len(c.ids) {

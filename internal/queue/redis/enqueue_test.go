@@ -13,10 +13,9 @@ import (
 
 	"throttler/internal/clock"
 	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
 	"throttler/internal/testutil"
 )
-
-var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // failReads fails the client's reads of hashes (HGETALL, HMGET) while it
 // is armed; scripts and asynq's own commands pass.
@@ -72,7 +71,7 @@ func TestRepeatIsAnsweredWithoutASecondRead(t *testing.T) {
 	reads := &failReads{}
 	rdb.AddHook(reads)
 	ctx := context.Background()
-	s := openFake(t, rdb, clock.NewFake(t0), leaky20(10), nil)
+	s := openFake(t, rdb, clock.NewFake(queuetest.T0), queuetest.Leaky20(10), nil)
 	keyed := queue.NewJob{Payload: []byte(`"k"`), IdempotencyKey: "k"}
 	first, err := s.Enqueue(ctx, "acme", []queue.NewJob{keyed})
 	if err != nil || !first[0].Admitted() {
@@ -80,7 +79,7 @@ func TestRepeatIsAnsweredWithoutASecondRead(t *testing.T) {
 	}
 
 	reads.armed.Store(true)
-	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(1), keyed, payload(2)})
+	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{queuetest.Payload(1), keyed, queuetest.Payload(2)})
 	reads.armed.Store(false)
 	if err != nil {
 		t.Fatalf("Enqueue after its admission script ran: %v (the batch is durable: it must be answered)", err)
@@ -109,15 +108,15 @@ func TestRepeatIsAnsweredWithoutASecondRead(t *testing.T) {
 func TestDeadlineAtOrBefore1970IsADeadline(t *testing.T) {
 	rdb := redisClient(t, 0)
 	ctx := context.Background()
-	s := openFake(t, rdb, clock.NewFake(t0), leaky20(10), nil)
-	for _, deadline := range []time.Time{time.Unix(0, 0), time.Unix(-3600, 0), time.Unix(0, 1000), t0.Add(-time.Second)} {
+	s := openFake(t, rdb, clock.NewFake(queuetest.T0), queuetest.Leaky20(10), nil)
+	for _, deadline := range []time.Time{time.Unix(0, 0), time.Unix(-3600, 0), time.Unix(0, 1000), queuetest.T0.Add(-time.Second)} {
 		out, err := s.Enqueue(ctx, "acme", []queue.NewJob{{Payload: []byte(`1`), Deadline: deadline}})
 		if err != nil || out[0].Impossible == nil || out[0].Impossible.Reason != queue.ReasonWouldExpire || !out[0].Impossible.Deadline.Equal(deadline) {
 			t.Fatalf("deadline %s: %+v %v, want would_expire", deadline.UTC().Format(time.RFC3339Nano), out[0], err)
 		}
 	}
 	// A job with no deadline is kept, and never expires for want of one.
-	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(1)})
+	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{queuetest.Payload(1)})
 	if err != nil || !out[0].Admitted() {
 		t.Fatalf("no deadline: %+v %v", out, err)
 	}
@@ -134,14 +133,14 @@ func TestDeadlineAtOrBefore1970IsADeadline(t *testing.T) {
 func TestRetryRefusedInTheScriptNamesTheJob(t *testing.T) {
 	rdb := redisClient(t, 0)
 	ctx := context.Background()
-	clk := clock.NewFake(t0)
-	s := openFake(t, rdb, clk, leaky20(10), nil)
-	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(1)})
-	if err != nil || !out[0].Admitted() {
-		t.Fatalf("enqueue: %+v %v", out, err)
+	clk := clock.NewFake(queuetest.T0)
+	s := openFake(t, rdb, clk, queuetest.Leaky20(10), nil)
+	a := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(1))
+	if !a.Admitted() {
+		t.Fatalf("enqueue: %+v", a)
 	}
-	id := out[0].Job.ID
-	stop := consume(t, s, queue.DefaultLead, func(context.Context, queue.Job) queue.Outcome {
+	id := a.Job.ID
+	stop := queuetest.Consume(t, s, queue.DefaultLead, func(context.Context, queue.Job) queue.Outcome {
 		return queue.Outcome{Result: queue.Failed, Status: 400, Error: "no"}
 	})
 	waitJob(t, s, id, queue.StateFailed)
@@ -151,7 +150,7 @@ func TestRetryRefusedInTheScriptNamesTheJob(t *testing.T) {
 	// the job.
 	k := keysOf(shardOf("acme")).job(id)
 	rdb.AddHook(beforeScript(func() { rdb.HSet(context.Background(), k, "state", "queued") }))
-	_, err = s.Retry(ctx, id)
+	_, err := s.Retry(ctx, id)
 	var se *queue.StateError
 	if !errors.As(err, &se) || se.ID != id || se.State != queue.StateQueued || !strings.Contains(err.Error(), id) {
 		t.Fatalf("retry of a job retried meanwhile: %v, want a StateError naming job %s", err, id)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"throttler/internal/leaky"
+	"throttler/internal/luascript"
 	"throttler/internal/queue"
 )
 
@@ -37,15 +38,15 @@ type gateReply struct {
 	Grant [5]int64
 }
 
-func (g *gateReply) decode(r *reply) {
-	g.Code = r.int()
-	g.Wait = r.duration()
-	g.HeldUntil = r.time()
+func (g *gateReply) Decode(r *luascript.Reply) {
+	g.Code = r.Int()
+	g.Wait = r.Duration()
+	g.HeldUntil = r.Time()
 	for i := range g.Grant {
-		g.Grant[i] = r.int()
+		g.Grant[i] = r.Int()
 	}
 	if g.Code < gateGo || g.Code > gateHeld {
-		r.err = fmt.Errorf("unknown code %d", g.Code)
+		r.Fail(fmt.Errorf("unknown code %d", g.Code))
 	}
 }
 
@@ -76,7 +77,7 @@ func (s *Store) PassGate(ctx context.Context, r queue.GateRequest) (queue.GateAn
 // first, or nil).
 func (s *Store) passGate(ctx context.Context, keys []string, args, giveBack []any) (queue.GateAnswer, error) {
 	var g gateReply
-	if err := gateScript.run(ctx, s.rdb, keys, append(args[:len(args):len(args)], giveBack...), &g); err != nil {
+	if err := gateScript.Run(ctx, s.rdb, keys, append(args[:len(args):len(args)], giveBack...), &g); err != nil {
 		return queue.GateAnswer{}, err
 	}
 	switch g.Code {
@@ -102,11 +103,11 @@ func (s *Store) holdLanes(ctx context.Context, tenant string, until time.Time, d
 	ds, ceiling := s.ceiling(tenant)
 	lane, dsLane := gateKeys(ds, tenant)
 	p := s.policy(tenant)
-	if err := gateHoldScript.run(ctx, s.rdb, []string{lane}, []any{"until", micros(until), usCeil(p.Tolerance()), s.idle.Milliseconds()}, nil); err != nil {
+	if err := gateHoldScript.Run(ctx, s.rdb, []string{lane}, []any{"until", micros(until), usCeil(p.Tolerance()), s.idle.Milliseconds()}, nil); err != nil {
 		return err
 	}
 	if downstreamToo && ceiling != nil {
-		return gateHoldScript.run(ctx, s.rdb, []string{dsLane}, []any{"until", micros(until), usCeil(ceiling.Tolerance()), s.idle.Milliseconds()}, nil)
+		return gateHoldScript.Run(ctx, s.rdb, []string{dsLane}, []any{"until", micros(until), usCeil(ceiling.Tolerance()), s.idle.Milliseconds()}, nil)
 	}
 	return nil
 }

@@ -38,15 +38,15 @@ func (s *Store) setHold(ctx context.Context, tenant string, held bool) (queue.Te
 	if !held {
 		op, gateOp = "resume", "free"
 	}
-	if err := pauseScript.run(ctx, s.rdb, []string{k.tenant(tenant)}, []any{op, s.now(), usCeil(p.Tolerance())}, nil); err != nil {
+	if err := pauseScript.Run(ctx, s.rdb, []string{k.tenant(tenant)}, []any{op, s.now(), usCeil(p.Tolerance())}, nil); err != nil {
 		return queue.TenantStatus{}, err
 	}
-	if err := settleScript.run(ctx, s.rdb, []string{k.tenant(tenant)}, []any{s.now(), s.idle.Milliseconds()}, nil); err != nil {
+	if err := settleScript.Run(ctx, s.rdb, []string{k.tenant(tenant)}, []any{s.now(), s.idle.Milliseconds()}, nil); err != nil {
 		return queue.TenantStatus{}, err
 	}
 	ds, _ := s.ceiling(tenant)
 	lane, _ := gateKeys(ds, tenant)
-	if err := gateHoldScript.run(ctx, s.rdb, []string{lane}, []any{gateOp, 0, 0, time.Hour.Milliseconds()}, nil); err != nil {
+	if err := gateHoldScript.Run(ctx, s.rdb, []string{lane}, []any{gateOp, 0, 0, time.Hour.Milliseconds()}, nil); err != nil {
 		return queue.TenantStatus{}, err
 	}
 	if !held {

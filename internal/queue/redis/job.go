@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"throttler/internal/leaky"
+	"throttler/internal/luascript"
 	"throttler/internal/queue"
 )
 
@@ -97,10 +98,10 @@ type cancelReply struct {
 	FinishedAt time.Time
 }
 
-func (c *cancelReply) decode(r *reply) {
-	c.Code = r.int()
-	c.State = queue.JobState(r.str())
-	c.FinishedAt = r.time()
+func (c *cancelReply) Decode(r *luascript.Reply) {
+	c.Code = r.Int()
+	c.State = queue.JobState(r.Str())
+	c.FinishedAt = r.Time()
 }
 
 // Cancel implements queue.Store.
@@ -123,7 +124,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 		giveBack = 1
 	}
 	var r cancelReply
-	err = cancelScript.run(ctx, s.rdb, []string{k.job(id), k.tenant(j.Tenant), k.handoff(), k.active(), k.idemOf(j), k.waiting(j.Tenant)},
+	err = cancelScript.Run(ctx, s.rdb, []string{k.job(id), k.tenant(j.Tenant), k.handoff(), k.active(), k.idemOf(j), k.waiting(j.Tenant)},
 		[]any{s.now(), s.retain.Milliseconds(), usCeil(p.Interval), giveBack, s.idle.Milliseconds()}, &r)
 	switch {
 	case err != nil:

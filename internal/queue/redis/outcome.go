@@ -66,7 +66,7 @@ func (s *Store) finishDone(ctx context.Context, k shardKeys, j queue.Job, taskID
 	if o.Result == queue.Failed {
 		state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
 	}
-	ok, err := finishScript.runInt(ctx, s.rdb, []string{k.job(j.ID), k.tenant(j.Tenant), k.inflight(), k.active(), k.failed(j.Tenant), k.idemOf(j), k.claimed(j.Tenant)},
+	ok, err := finishScript.RunInt(ctx, s.rdb, []string{k.job(j.ID), k.tenant(j.Tenant), k.inflight(), k.active(), k.failed(j.Tenant), k.idemOf(j), k.claimed(j.Tenant)},
 		[]any{s.now(), taskID, string(state), microsOf(o.SentAt), o.Status, msg, s.retain.Milliseconds(), s.idle.Milliseconds()})
 	if err != nil {
 		return err

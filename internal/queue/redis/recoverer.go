@@ -8,7 +8,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"throttler/internal/startstop"
+	"throttler/internal/luascript"
 )
 
 var (
@@ -20,32 +20,20 @@ var (
 // recoverLimit is the most jobs one run takes back per shard.
 const recoverLimit = 100
 
-// recoverer takes back, every quarter of a lease (at least every second),
-// the jobs of workers whose leases ran out (they crashed holding them):
-// each gets a new task, due at once, and goes again with the same
-// Idempotency-Key. After Redis was away from this process it waits a lease
-// first, so that live workers renew theirs before anything is taken.
-type recoverer struct {
-	startstop.Periodic
-	s *Store
+// newRecoverer is the recoverer: every quarter of a lease (at least every
+// second) it takes back the jobs of workers whose leases ran out (they
+// crashed holding them): each gets a new task, due at once, and goes again
+// with the same Idempotency-Key. After Redis was away from this process it
+// waits a lease first, so that live workers renew theirs before anything
+// is taken.
+func newRecoverer(s *Store) *shardPass {
+	return newShardPass(s, "recoverer", "cannot take back crashed workers' jobs", s.troubleWithinLease, s.recoverShard)
 }
 
-func newRecoverer(s *Store) *recoverer {
-	r := &recoverer{s: s}
-	r.Periodic = startstop.Periodic{Name: "recoverer", Every: max(s.timing.Lease/4, time.Second), Run: r.exec}
-	return r
-}
-
-func (r *recoverer) exec(ctx context.Context) {
-	if time.Since(time.Unix(0, r.s.trouble.Load())) <= r.s.timing.Lease {
-		return // every lease may have lapsed while Redis was away
-	}
-	for shard := range Shards {
-		if err := r.recoverShard(ctx, keysOf(shard)); err != nil && ctx.Err() == nil {
-			r.s.markTrouble()
-			r.s.log.Warn("cannot take back crashed workers' jobs", "err", err)
-		}
-	}
+// troubleWithinLease is whether Redis was away from this process less than
+// a lease ago: every lease may have lapsed meanwhile.
+func (s *Store) troubleWithinLease() bool {
+	return time.Since(time.Unix(0, s.trouble.Load())) <= s.timing.Lease
 }
 
 // recovered is one job recover.lua took back, and its new task.
@@ -53,16 +41,16 @@ type recovered struct{ job, task, tenant string }
 
 type recoveredList []recovered
 
-func (l *recoveredList) decode(r *reply) {
-	r.each(func(r *reply) {
-		*l = append(*l, recovered{job: r.str(), task: r.str(), tenant: r.str()})
+func (l *recoveredList) Decode(r *luascript.Reply) {
+	r.Each(func(r *luascript.Reply) {
+		*l = append(*l, recovered{job: r.Str(), task: r.Str(), tenant: r.Str()})
 	})
 }
 
-func (r *recoverer) recoverShard(ctx context.Context, k shardKeys) error {
-	s := r.s
+// recoverShard takes back shard k's jobs whose leases ran out.
+func (s *Store) recoverShard(ctx context.Context, k shardKeys) error {
 	var taken recoveredList
-	if err := recoverScript.run(ctx, s.rdb, []string{k.inflight(), k.handoff()}, []any{s.now(), k.tag, recoverLimit}, &taken); err != nil {
+	if err := recoverScript.Run(ctx, s.rdb, []string{k.inflight(), k.handoff()}, []any{s.now(), k.tag, recoverLimit}, &taken); err != nil {
 		return err
 	}
 	for _, t := range taken {

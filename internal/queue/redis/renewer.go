@@ -36,7 +36,7 @@ func (r *renewer) exec(stop context.Context) {
 	defer cancel()
 	for shard, ids := range r.held.byShard() {
 		args := append([]any{s.now(), s.timing.Lease.Microseconds()}, ids...)
-		if err := leaseScript.run(ctx, s.rdb, []string{keysOf(shard).inflight()}, args, nil); err != nil && stop.Err() == nil {
+		if err := leaseScript.Run(ctx, s.rdb, []string{keysOf(shard).inflight()}, args, nil); err != nil && stop.Err() == nil {
 			s.markTrouble()
 			s.log.Warn("cannot renew the leases of jobs being sent", "err", err)
 		}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"throttler/internal/luascript"
 )
 
 // pair is a test reply: an integer, then a time.
@@ -13,9 +15,9 @@ type pair struct {
 	At time.Time
 }
 
-func (p *pair) decode(r *reply) {
-	p.N = r.int()
-	p.At = r.time()
+func (p *pair) Decode(r *luascript.Reply) {
+	p.N = r.Int()
+	p.At = r.Time()
 }
 
 // A script's reply is read into its struct with every item's type checked:
@@ -34,7 +36,7 @@ func TestScriptRepliesAreChecked(t *testing.T) {
 		{"return 7", "test.lua: its reply: want an array, got int64 7"},
 	} {
 		var p pair
-		err := newScript("test.lua", tc.lua, false).run(ctx, rdb, nil, nil, &p)
+		err := newScript("test.lua", tc.lua, false).Run(ctx, rdb, nil, nil, &p)
 		switch {
 		case tc.err == "" && (err != nil || p.N != 7 || !p.At.Equal(time.Unix(1, 0))):
 			t.Errorf("%s: %+v %v", tc.lua, p, err)
@@ -43,7 +45,7 @@ func TestScriptRepliesAreChecked(t *testing.T) {
 		}
 	}
 	var l recoveredList
-	err := newScript("test.lua", "return {{'a', 'b', 'c'}, {'d', 'e'}}", false).run(ctx, rdb, nil, nil, &l)
+	err := newScript("test.lua", "return {{'a', 'b', 'c'}, {'d', 'e'}}", false).Run(ctx, rdb, nil, nil, &l)
 	if err == nil || !strings.Contains(err.Error(), "item 2: item 3 (a string): missing") {
 		t.Errorf("a list of arrays, one short: %v", err)
 	}

@@ -56,7 +56,7 @@ func TestRedisConformance(t *testing.T) {
 func TestRedisIdleTenantsExpire(t *testing.T) {
 	rdb := redisClient(t, 128)
 	ctx := context.Background()
-	s, err := Open(ctx, Options{Client: rdb, IdleTTL: time.Second, Policy: leaky20(10),
+	s, err := Open(ctx, Options{Client: rdb, IdleTTL: time.Second, Policy: queuetest.Leaky20(10),
 		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +97,7 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := next.Add(1) - 1; i < int64(tenants); i = next.Add(1) - 1 {
-				out, err := s.Enqueue(ctx, fmt.Sprintf("tenant-%d", i), []queue.NewJob{payload(int(i))})
+				out, err := s.Enqueue(ctx, fmt.Sprintf("tenant-%d", i), []queue.NewJob{queuetest.Payload(int(i))})
 				if err != nil || !out[0].Admitted() {
 					t.Errorf("tenant %d: %+v %v", i, out, err)
 					return
@@ -118,9 +118,9 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 
 	var delivered atomic.Int64
 	began = time.Now()
-	stop := consume(t, s, queue.DefaultLead, func(ctx context.Context, j queue.Job) queue.Outcome {
+	stop := queuetest.Consume(t, s, queue.DefaultLead, func(ctx context.Context, j queue.Job) queue.Outcome {
 		// Through the shared gate too: its lanes must expire as well.
-		if _, err := s.PassGate(ctx, queue.GateRequest{Downstream: "sms", Tenant: j.Tenant, Policy: leaky20(10)(j.Tenant)}); err != nil {
+		if _, err := s.PassGate(ctx, queue.GateRequest{Downstream: "sms", Tenant: j.Tenant, Policy: queuetest.Leaky20(10)(j.Tenant)}); err != nil {
 			return queue.Outcome{Result: queue.Released}
 		}
 		delivered.Add(1)
@@ -154,7 +154,7 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 func TestSharedGate(t *testing.T) {
 	rdb := redisClient(t, 0)
 	ctx := context.Background()
-	s, err := Open(ctx, Options{Client: rdb, Policy: leaky20(10),
+	s, err := Open(ctx, Options{Client: rdb, Policy: queuetest.Leaky20(10),
 		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
 	if err != nil {
 		t.Fatal(err)

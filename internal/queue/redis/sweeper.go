@@ -11,7 +11,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/queue"
-	"throttler/internal/startstop"
 )
 
 var (
@@ -28,31 +27,16 @@ const handoffAge = 5 * time.Second
 // sweepLimit is the most hand-off entries one run reads per shard.
 const sweepLimit = 500
 
-// sweeper makes, every quarter of a lease (at least every second), the
-// asynq tasks of jobs left in the hand-off set: admitted (or taken back)
-// by a process that stopped, or lost Redis, before it made their tasks.
-type sweeper struct {
-	startstop.Periodic
-	s *Store
+// newSweeper is the sweeper: every quarter of a lease (at least every
+// second) it makes the asynq tasks of jobs left in the hand-off set:
+// admitted (or taken back) by a process that stopped, or lost Redis,
+// before it made their tasks.
+func newSweeper(s *Store) *shardPass {
+	return newShardPass(s, "sweeper", "cannot sweep the hand-off set", nil, s.sweepShard)
 }
 
-func newSweeper(s *Store) *sweeper {
-	w := &sweeper{s: s}
-	w.Periodic = startstop.Periodic{Name: "sweeper", Every: max(s.timing.Lease/4, time.Second), Run: w.exec}
-	return w
-}
-
-func (w *sweeper) exec(ctx context.Context) {
-	for shard := range Shards {
-		if err := w.sweepShard(ctx, keysOf(shard)); err != nil && ctx.Err() == nil {
-			w.s.markTrouble()
-			w.s.log.Warn("cannot sweep the hand-off set", "err", err)
-		}
-	}
-}
-
-func (w *sweeper) sweepShard(ctx context.Context, k shardKeys) error {
-	s := w.s
+// sweepShard makes the missing tasks of shard k's hand-off set.
+func (s *Store) sweepShard(ctx context.Context, k shardKeys) error {
 	now, err := s.serverNow(ctx)
 	if err != nil {
 		return err
@@ -62,7 +46,7 @@ func (w *sweeper) sweepShard(ctx context.Context, k shardKeys) error {
 	if err != nil || len(entries) == 0 {
 		return err
 	}
-	jobs, err := w.readEntries(ctx, k, entries)
+	jobs, err := s.readEntries(ctx, k, entries)
 	if err != nil {
 		return err
 	}
@@ -81,7 +65,7 @@ func (w *sweeper) sweepShard(ctx context.Context, k shardKeys) error {
 		}
 		done = append(done, j.id, strconv.FormatFloat(e.Score, 'f', -1, 64))
 	}
-	return handoffScript.run(ctx, s.rdb, []string{k.handoff()}, done, nil)
+	return handoffScript.Run(ctx, s.rdb, []string{k.handoff()}, done, nil)
 }
 
 // handoffJob is what the sweeper reads of a job in the hand-off set.
@@ -92,8 +76,7 @@ type handoffJob struct {
 
 // readEntries reads the jobs of the hand-off entries and whether their
 // tasks exist, in two pipelines.
-func (w *sweeper) readEntries(ctx context.Context, k shardKeys, entries []goredis.Z) ([]handoffJob, error) {
-	s := w.s
+func (s *Store) readEntries(ctx context.Context, k shardKeys, entries []goredis.Z) ([]handoffJob, error) {
 	out := make([]handoffJob, len(entries))
 	cmds := make([]*goredis.SliceCmd, len(entries))
 	if _, err := s.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {

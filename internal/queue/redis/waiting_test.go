@@ -9,6 +9,7 @@ import (
 	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
 )
 
 // The index admission counts waiting jobs from (a tenant's waiting and
@@ -20,10 +21,10 @@ import (
 func TestWaitingIndexFollowsTheJobs(t *testing.T) {
 	rdb := redisClient(t, 0)
 	ctx := context.Background()
-	clk := clock.NewFake(t0)
+	clk := clock.NewFake(queuetest.T0)
 	w, _ := leaky.ParseWindow("100/1m")
 	s := openFake(t, rdb, clk, func(string) leaky.Policy {
-		return leaky.Policy{Interval: T, Burst: 1, Capacity: 10, Windows: []leaky.Window{w}}
+		return leaky.Policy{Interval: queuetest.T, Burst: 1, Capacity: 10, Windows: []leaky.Window{w}}
 	}, nil)
 	k := keysOf(shardOf("acme"))
 	index := func() (waiting, claimed map[string]float64) {
@@ -41,13 +42,13 @@ func TestWaitingIndexFollowsTheJobs(t *testing.T) {
 	}
 	var ids []string
 	for i := range 4 {
-		out, err := s.Enqueue(ctx, "acme", []queue.NewJob{payload(i)})
-		if err != nil || !out[0].Admitted() {
-			t.Fatalf("job %d: %+v %v", i, out, err)
+		a := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(i))
+		if !a.Admitted() {
+			t.Fatalf("job %d: %+v", i, a)
 		}
-		ids = append(ids, out[0].Job.ID)
-		if waiting, _ := index(); waiting[ids[i]] != float64(micros(out[0].Job.Slot)) {
-			t.Fatalf("job %d admitted: waiting set %v, want it at its slot %v", i, waiting, out[0].Job.Slot)
+		ids = append(ids, a.Job.ID)
+		if waiting, _ := index(); waiting[ids[i]] != float64(micros(a.Job.Slot)) {
+			t.Fatalf("job %d admitted: waiting set %v, want it at its slot %v", i, waiting, a.Job.Slot)
 		}
 	}
 	if _, err := s.Cancel(ctx, ids[3]); err != nil {
@@ -62,7 +63,7 @@ func TestWaitingIndexFollowsTheJobs(t *testing.T) {
 	// does. Job 2 ends at once, before its slot.
 	var mu sync.Mutex
 	tries := map[string]int{}
-	stop := consume(t, s, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
+	stop := queuetest.Consume(t, s, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
 		mu.Lock()
 		tries[j.ID]++
 		n := tries[j.ID]

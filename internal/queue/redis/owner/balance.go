@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"throttler/internal/luascript"
 )
 
 // balance is the balancer's pass (every Balance): the heartbeat, then
@@ -114,7 +116,7 @@ func (m *Manager) handOver(h Held) {
 	ctx, cancel = context.WithTimeout(context.Background(), m.o.Renew)
 	defer cancel()
 	var rep renewReply
-	err := releaseScript.run(ctx, m.rdb, []string{leaseKey(h.Partition)}, []any{token(m.o.WorkerID, h.Epoch)}, &rep)
+	err := releaseScript.Run(ctx, m.rdb, []string{leaseKey(h.Partition)}, []any{token(m.o.WorkerID, h.Epoch)}, &rep)
 	switch {
 	case err != nil:
 		m.log.Warn("drained a partition but cannot release its lease; it lapses by itself", "partition", h.Partition, "err", err)
@@ -143,15 +145,15 @@ func (m *Manager) take(ctx context.Context, n, from int) {
 	if len(free) == 0 {
 		return
 	}
-	calls := make([]call, len(free))
+	calls := make([]luascript.Call, len(free))
 	reps := make([]acquireReply, len(free))
-	dsts := make([]decoder, len(free))
+	dsts := make([]luascript.Decoder, len(free))
 	for i, p := range free {
-		calls[i] = call{keys: []string{leaseKey(p), epochKey(p)}, args: []any{m.o.WorkerID, ms(m.o.Lease)}}
+		calls[i] = luascript.Call{Keys: []string{leaseKey(p), epochKey(p)}, Args: []any{m.o.WorkerID, ms(m.o.Lease)}}
 		dsts[i] = &reps[i]
 	}
 	sent := time.Now()
-	errs := acquireScript.runEach(ctx, m.rdb, calls, dsts)
+	errs := acquireScript.RunEach(ctx, m.rdb, calls, dsts)
 	for i, p := range free {
 		switch {
 		case errs[i] != nil:

@@ -11,6 +11,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"throttler/internal/luascript"
 	"throttler/internal/queue"
 )
 
@@ -22,9 +23,9 @@ var (
 	//go:embed release.lua
 	releaseLua string
 
-	acquireScript = newScript("acquire.lua", acquireLua)
-	renewScript   = newScript("renew.lua", renewLua)
-	releaseScript = newScript("release.lua", releaseLua)
+	acquireScript = luascript.New("acquire.lua", acquireLua)
+	renewScript   = luascript.New("renew.lua", renewLua)
+	releaseScript = luascript.New("release.lua", releaseLua)
 )
 
 // token is a lease's value: the worker and the epoch of its tenure. The
@@ -61,12 +62,12 @@ type acquireReply struct {
 	Holder string
 }
 
-func (a *acquireReply) decode(r *reply) {
-	a.Code = r.int()
-	a.Epoch = r.int()
-	a.Holder = r.str()
-	if r.err == nil && (a.Code < acquireHeld || a.Code > acquireVacated) {
-		r.err = fmt.Errorf("unknown code %d", a.Code)
+func (a *acquireReply) Decode(r *luascript.Reply) {
+	a.Code = r.Int()
+	a.Epoch = r.Int()
+	a.Holder = r.Str()
+	if a.Code < acquireHeld || a.Code > acquireVacated {
+		r.Fail(fmt.Errorf("unknown code %d", a.Code))
 	}
 }
 
@@ -76,10 +77,10 @@ type renewReply struct {
 	Holder string // not OK: the lease's value ("" none, or vacant)
 }
 
-func (rr *renewReply) decode(r *reply) {
-	rr.OK = r.int() == 1
-	if !rr.OK && r.next < len(r.items) {
-		rr.Holder = r.str()
+func (rr *renewReply) Decode(r *luascript.Reply) {
+	rr.OK = r.Int() == 1
+	if !rr.OK && r.More() {
+		rr.Holder = r.Str()
 	}
 }
 

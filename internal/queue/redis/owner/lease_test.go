@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"throttler/internal/luascript"
 	"throttler/internal/redistest"
 	"throttler/internal/testutil"
 )
@@ -24,16 +25,16 @@ func testClient(t *testing.T) *goredis.Client {
 func acquire(t *testing.T, rdb *goredis.Client, p int, worker string, lease time.Duration) acquireReply {
 	t.Helper()
 	var r acquireReply
-	if err := acquireScript.run(context.Background(), rdb, []string{leaseKey(p), epochKey(p)}, []any{worker, ms(lease)}, &r); err != nil {
+	if err := acquireScript.Run(context.Background(), rdb, []string{leaseKey(p), epochKey(p)}, []any{worker, ms(lease)}, &r); err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-func renewOf(t *testing.T, rdb *goredis.Client, sc *script, p int, tok string, args ...any) bool {
+func renewOf(t *testing.T, rdb *goredis.Client, sc *luascript.Script, p int, tok string, args ...any) bool {
 	t.Helper()
 	var r renewReply
-	if err := sc.run(context.Background(), rdb, []string{leaseKey(p)}, append([]any{tok}, args...), &r); err != nil {
+	if err := sc.Run(context.Background(), rdb, []string{leaseKey(p)}, append([]any{tok}, args...), &r); err != nil {
 		t.Fatal(err)
 	}
 	return r.OK
@@ -139,7 +140,7 @@ func TestScriptRepliesAreChecked(t *testing.T) {
 		{"return 7", "test.lua: its reply: want an array, got int64 7"},
 	} {
 		var r acquireReply
-		err := newScript("test.lua", tc.lua).run(context.Background(), rdb, nil, nil, &r)
+		err := luascript.New("test.lua", tc.lua).Run(context.Background(), rdb, nil, nil, &r)
 		switch {
 		case tc.err == "" && (err != nil || r.Code != 1 || r.Epoch != 7):
 			t.Errorf("%s: %+v %v", tc.lua, r, err)

@@ -7,13 +7,15 @@ import (
 	"slices"
 	"time"
 
+	"throttler/internal/luascript"
+
 	goredis "github.com/redis/go-redis/v9"
 )
 
 var (
 	//go:embed members.lua
 	membersLua    string
-	membersScript = newScript("members.lua", membersLua)
+	membersScript = luascript.New("members.lua", membersLua)
 )
 
 // PartitionsError is a process configured with another partition count
@@ -39,15 +41,15 @@ type membersReply struct {
 	Live     []string // sorted (members sorts them)
 }
 
-func (m *membersReply) decode(r *reply) {
-	m.Recorded = r.int()
-	m.Live = r.rest()
+func (m *membersReply) Decode(r *luascript.Reply) {
+	m.Recorded = r.Int()
+	m.Live = r.Rest()
 }
 
 // members runs members.lua: worker "" only records or checks p.
 func members(ctx context.Context, rdb goredis.UniversalClient, p int, worker string, ttl time.Duration) (membersReply, error) {
 	var rep membersReply
-	err := membersScript.run(ctx, rdb, []string{partitionsKey, workersKey}, []any{p, worker, ms(ttl)}, &rep)
+	err := membersScript.Run(ctx, rdb, []string{partitionsKey, workersKey}, []any{p, worker, ms(ttl)}, &rep)
 	slices.Sort(rep.Live)
 	return rep, err
 }

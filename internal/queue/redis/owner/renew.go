@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"throttler/internal/luascript"
 )
 
 // renew is the renewer's pass (every Renew): one renew.lua per partition
@@ -28,11 +30,11 @@ func (m *Manager) renew(stop context.Context) {
 	if len(items) == 0 {
 		return
 	}
-	calls := make([]call, len(items))
+	calls := make([]luascript.Call, len(items))
 	reps := make([]renewReply, len(items))
-	dsts := make([]decoder, len(items))
+	dsts := make([]luascript.Decoder, len(items))
 	for i, it := range items {
-		calls[i] = call{keys: []string{leaseKey(it.p)}, args: []any{token(m.o.WorkerID, it.epoch), ms(m.o.Lease)}}
+		calls[i] = luascript.Call{Keys: []string{leaseKey(it.p)}, Args: []any{token(m.o.WorkerID, it.epoch), ms(m.o.Lease)}}
 		dsts[i] = &reps[i]
 	}
 	// No renewal may outlast the next: a hung one must not hold the
@@ -40,7 +42,7 @@ func (m *Manager) renew(stop context.Context) {
 	ctx, cancel := context.WithTimeout(stop, m.o.Renew)
 	defer cancel()
 	sent := time.Now()
-	errs := renewScript.runEach(ctx, m.rdb, calls, dsts)
+	errs := renewScript.RunEach(ctx, m.rdb, calls, dsts)
 
 	m.cbMu.Lock()
 	defer m.cbMu.Unlock()
