@@ -331,6 +331,11 @@ func (s *Store) observeStart(j queue.Job, handedAt time.Time) {
 	if !j.Prompt || j.Attempts != 1 || j.SentAt.IsZero() || handedAt.IsZero() {
 		return
 	}
+	if handedAt.Sub(j.EnqueuedAt) > maxStartLag {
+		// Not the pipeline's overhead: a job sent again after a crash, or a
+		// failed job retried long after its enqueue.
+		return
+	}
 	ready := clock.Later(handedAt, j.DispatchAt)
 	sample := max(0, handedAt.Sub(j.EnqueuedAt)) + max(0, j.SentAt.Sub(ready))
 	for {
