@@ -19,7 +19,7 @@ import (
 // it from its own tests:
 //
 //	func TestModel(t *testing.T) {
-//		queuetest.RunModel(t, driver, 16, 150)
+//		queuetest.RunModel(t, driver, 32, 200) // seeds, steps
 //	}
 //
 // It checks, after every step: the queue bound and the depth and in-flight
@@ -37,6 +37,22 @@ import (
 // A failing seed is shrunk to the shortest sequence of operations that
 // still fails the same check, printed as Go code for a regression test
 // (ReplayModel).
+//
+// The run is deterministic: the clock moves only when the store is quiet
+// (no handler running, every outcome recorded, nothing handed over and not
+// taken, no new waits begun), and then to the next moment the store, a
+// handler or the model waits for; every time the store is asked about lies
+// on a 50 ms grid (deadlines 20 ms past one), wider than the hand-over lead,
+// so nothing checked depends on how fast goroutines run. The outcomes of
+// one moment are recorded in the order the model applies them (timeouts
+// answered, then writes answered); where the store's order within that
+// still matters (who of two failed attempts gets which slot), the model
+// finds the order that explains the store's answer.
+//
+// A driver for a store many processes share (Redis) implements Crash by
+// cutting the old store off its data and restarting on the same data
+// (Redis with AOF keeps what a throttler's kill -9 leaves), and needs the
+// store to take time from Config.Clock for the fake clock to apply.
 
 // ModelDriver is a backend under the model test.
 type ModelDriver struct {
@@ -61,6 +77,15 @@ type ModelDriver struct {
 	// it the test only watches for new waits on the clock, which a busy
 	// machine can outrun.
 	Quiet func(s queue.Store) bool
+	// TAT, if set, reads a tenant's schedule: the theoretical arrival time
+	// of its next job, in tenant time. The model compares it with its own
+	// after every step (the first place two schedules part), and after a
+	// restart checks it against what DESIGN.md requires (no sooner than
+	// the last moment a job could have been written allows) and then takes
+	// it: how much later than that a restart starts is the store's choice.
+	// Without it the model infers the schedule from Tenant's expected delay
+	// where it can.
+	TAT func(s queue.Store, tenant string) (time.Time, error)
 	// Known are the defects the store is known to have: the checks they
 	// break are relaxed as Defect says, so that the rest still runs.
 	Known Defect
@@ -100,15 +125,59 @@ const (
 	DefectBatchWindow
 	// DefectWindowRetryAfter (issue 12 #4, the part left): in token mode
 	// with windows, a job the rate refuses is told the rate's Retry-After
-	// even when a full window refuses it for longer. Tolerated: that
-	// Retry-After is not checked.
+	// even when a full window refuses it for longer; in leaky mode, when
+	// more than capacity jobs wait (retries, DefectBatchWindow), it is told
+	// when the first of them stops waiting, not when enough have.
+	// Tolerated: those Retry-Afters are not checked.
 	DefectWindowRetryAfter
 	// DefectPushbackWindow (found by the model): a job answered 429 is
 	// sent again when the pause ends whatever its windows hold (each
 	// resend counts at the same slot in tenant time, so the bookkeeping
-	// never holds it back): only the dispatcher's gate keeps the window.
-	// Tolerated: such a resend is counted, not checked.
+	// never holds it back, and the jobs already scheduled do not move
+	// for it): only the dispatcher's gate keeps the window. Tolerated:
+	// resends are left out of the window check.
 	DefectPushbackWindow
+	// DefectRetryPacing (found by the model): a retry takes the next place
+	// in the schedule but is sent at the end of its backoff when that is
+	// later, so it can go within an interval of the job that holds the
+	// place after it (two sends in one slot at burst 1): the store relies
+	// on the dispatcher's gate to space them. Cancelling such a retry
+	// also gives back a place it never held (Cancel takes a job whose slot
+	// ends at the schedule's end for the last one), so the next job shares
+	// the slot of the one before. Tolerated: those writes are not checked
+	// against the rate.
+	DefectRetryPacing
+	// DefectRetryCost (found by the model): Store.Retry of a failed job
+	// whose cost the policy no longer allows (a reload lowered capacity,
+	// burst or a window) answers 429 with a Retry-After after which it is
+	// refused again, for ever, instead of 422 cost_too_large. Tolerated:
+	// the 429 is accepted.
+	DefectRetryCost
+	// DefectPushbackBurst (found by the model): jobs sent together in a
+	// burst and answered 429 keep their (same) slot, so they are all sent
+	// again at once when the pause ends: a burst right after the pause
+	// (DESIGN 3.6: "no burst after the pause"). Tolerated: resends after a
+	// 429 are not checked against the rate.
+	DefectPushbackBurst
+	// DefectWindowFuture (found by the model): the window rule counts every
+	// recorded send as if it came before the new one, so a send scheduled
+	// later in the window (a retry's slot) holds back a job that fits now:
+	// in token mode it is refused although it has a token and room
+	// (invariant 3). Tolerated: that refusal is accepted.
+	DefectWindowFuture
+	// DefectHeldRestart (found by the model; issue 12 #3 by another way):
+	// a restart leaves a held tenant's jobs as they were, so one whose
+	// write was lost in the crash is sent again the moment the operator
+	// resumes, however soon after that write. Tolerated: that resend is
+	// not checked against the rate and windows.
+	DefectHeldRestart
+	// DefectLateExpiry (found by the model): a job that enters a held
+	// tenant's schedule (admitted, or back from a failed attempt) does not
+	// wake the dispatcher for its deadline, so it is expired only at the
+	// next poll, up to a second late, and counts in the depth (and against
+	// the room) meanwhile. Tolerated: the model expires such a job when
+	// the store does.
+	DefectLateExpiry
 )
 
 // ModelFailure is what a model run found.
@@ -128,15 +197,16 @@ func (f *ModelFailure) Error() string {
 // RunModel runs seeds random sequences of steps operations each (seeds 1
 // to seeds), several at once. THROTTLER_MODEL_SEEDS and
 // THROTTLER_MODEL_STEPS override the numbers (a soak);
-// THROTTLER_MODEL_SEED=N runs seed N alone. A failing seed is shrunk and
+// THROTTLER_MODEL_SEED=N starts at seed N (alone, unless
+// THROTTLER_MODEL_SEEDS says how many). A failing seed is shrunk and
 // printed.
 func RunModel(t *testing.T, d ModelDriver, seeds, steps int) {
-	seeds = envInt("THROTTLER_MODEL_SEEDS", seeds)
-	steps = envInt("THROTTLER_MODEL_STEPS", steps)
 	first := 1
 	if one := envInt("THROTTLER_MODEL_SEED", 0); one > 0 {
 		first, seeds = one, 1
 	}
+	seeds = envInt("THROTTLER_MODEL_SEEDS", seeds)
+	steps = envInt("THROTTLER_MODEL_STEPS", steps)
 	// Runs spend most of their time waiting (group commits, settling), so
 	// more of them go at once than there are cores.
 	workers := 6

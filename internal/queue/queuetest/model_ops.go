@@ -103,14 +103,13 @@ type WindowSpec struct {
 
 // The model's grid: every time the store is asked about, every slot and
 // every write falls on a multiple of modelGrid from T0; deadlines fall
-// modelDeadlineOff after one, timeout answers modelTimeoutOff after one.
-// The store hands a job over at most its lead (10 ms here) before its slot,
-// so nothing between two grid points depends on how fast goroutines run.
+// modelDeadlineOff after one. The store hands a job over at most its lead
+// (10 ms here) before its slot, so nothing the test looks at depends on
+// how fast goroutines run.
 const (
 	modelGrid        = 50 * time.Millisecond
 	modelLead        = 10 * time.Millisecond
 	modelDeadlineOff = 20 * time.Millisecond
-	modelTimeoutOff  = 10 * time.Millisecond
 )
 
 // modelTenants are the tenants of a model run.
@@ -140,11 +139,10 @@ func GenerateOps(seed uint64, steps int) []Op {
 	pick := func(n int) int { return r.IntN(n) }
 	var ops []Op
 	pol := map[string]PolicySpec{}
-	held := map[string]bool{}
 	// A repeat of a key is the same request again: same cost.
 	sent := map[string]JobSpec{}
 	job := func(tn string) JobSpec {
-		j := genJob(r, pol[tn], held[tn])
+		j := genJob(r, pol[tn])
 		if first, ok := sent[tn+"/"+j.Key]; ok && j.Key != "" {
 			j.Cost = first.Cost
 		} else if j.Key != "" {
@@ -183,10 +181,8 @@ func GenerateOps(seed uint64, steps int) []Op {
 			op = Op{Kind: OpRetry, Pick: pick(1000)}
 		case x < 83:
 			op = Op{Kind: OpHold, Tenant: tn}
-			held[tn] = true
 		case x < 87:
 			op = Op{Kind: OpResume, Tenant: tn}
-			held[tn] = false
 		case x < 91:
 			p := modelPolicies[pick(len(modelPolicies))]
 			pol[tn] = p
@@ -205,10 +201,8 @@ func GenerateOps(seed uint64, steps int) []Op {
 	return ops
 }
 
-// genJob makes a job for a tenant of policy p. A held tenant gets no
-// deadlines: the embedded store expires such a job only at its next poll,
-// up to a second late (see the bolt regression cases).
-func genJob(r *rand.Rand, p PolicySpec, held bool) JobSpec {
+// genJob makes a job for a tenant of policy p.
+func genJob(r *rand.Rand, p PolicySpec) JobSpec {
 	var j JobSpec
 	if len(p.Windows) == 0 && r.IntN(5) == 0 {
 		j.Cost = 2 + r.IntN(p.Capacity+p.Burst) // sometimes more than fits: cost_too_large
@@ -217,7 +211,6 @@ func genJob(r *rand.Rand, p PolicySpec, held bool) JobSpec {
 		j.Key = fmt.Sprintf("k%d", r.IntN(6))
 	}
 	switch x := r.IntN(20); {
-	case held:
 	case x < 3:
 		j.Deadline = time.Duration(1+r.IntN(12))*modelGrid + modelDeadlineOff
 	case x < 4:
@@ -237,9 +230,7 @@ func genAnswer(r *rand.Rand) Answer {
 	case x < 9:
 		return Answer{Kind: AnswerPermanent}
 	default:
-		// The answer comes modelTimeoutOff past the grid; the backoff
-		// brings the next attempt back onto it.
-		return Answer{Kind: AnswerTimeout, Timeout: time.Duration(1+r.IntN(3))*modelGrid + modelTimeoutOff, Backoff: time.Duration(1+r.IntN(4))*modelGrid - modelTimeoutOff}
+		return Answer{Kind: AnswerTimeout, Timeout: time.Duration(1+r.IntN(3)) * modelGrid, Backoff: time.Duration(1+r.IntN(4)) * modelGrid}
 	}
 }
 

@@ -20,12 +20,19 @@ import (
 //     tat = max(tat, now) + cT. Refused: Retry-After is the time until it
 //     would be admitted. Cost above C+B (or a window's N): 422.
 //   - room: besides the schedule, at most C+B jobs are waiting or going at
-//     once (C while paused: nothing goes at once). With windows the bound
-//     is by count alone (a window makes jobs wait, it never refuses them):
-//     a job that cannot go at once is admitted iff fewer than C wait.
-//   - windows: a send goes no sooner than every window of length L holds at
-//     most N sends scheduled (each cost-c send counts c); a window new to a
-//     policy starts empty; the rest of the schedule follows a moved job.
+//     once (C while paused: nothing goes at once); this is what bounds the
+//     queue when jobs wait to retry. With windows the bound is by count
+//     alone (a window makes jobs wait, it never refuses them): a job that
+//     cannot go at once is admitted iff fewer than C really wait (slot
+//     after now), and the room stays C+B.
+//   - windows: a send goes no sooner than every window of length L that
+//     holds it holds at most N sends scheduled (each cost-c send counts c;
+//     this is the earliest slot, the store may give a later one); the rest
+//     of the schedule follows a moved job; a window new to a policy starts
+//     empty, a dropped one keeps its sends until the tenant's record next
+//     writes its windows.
+//   - cancel: the last job of a leaky schedule without windows gives its
+//     place back (in memory, until the tenant's record is next written).
 //   - deadline: a job that would be sent after it is refused (422), and a
 //     job not sent by it ends expired, never sent.
 //   - outcomes: 2xx delivered; 4xx failed (Store.Retry takes it back like a
@@ -37,9 +44,15 @@ import (
 //   - crash: whatever was committed stays; an attempt written and not
 //     recorded may be sent again (same job id, so the same
 //     Idempotency-Key), and after a restart the tenant's next send comes no
-//     sooner than one interval after the last moment one of its jobs could
-//     have been written. Where that leaves the store a choice (how far
-//     beyond), the model takes the store's times and checks the bound.
+//     sooner than the writes so far allow (GCRA), and one interval after
+//     the last recorded one. Where that leaves the store a choice (how far
+//     beyond), the model takes the store's times and schedule and checks
+//     the bound.
+//   - the rate at the downstream: the writes of a tenant conform to GCRA
+//     (T, tau) counting attempts (invariant 1: at most W/T + burst in any
+//     window W) and, apart, counting cost; a write whose slot was given
+//     under another policy (a reload since) is the dispatcher's gate's to
+//     re-pace and is left out.
 //
 // What the model leaves to the store and only bounds: the exact slot a
 // window gives (at or after the earliest one that fits), and the spacing a
@@ -68,11 +81,13 @@ type mpause struct {
 	held  time.Time     // an operator hold began then (zero: none)
 }
 
-func laterOf(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+func laterOf(a time.Time, bs ...time.Time) time.Time {
+	for _, b := range bs {
+		if b.After(a) {
+			a = b
+		}
 	}
-	return b
+	return a
 }
 
 func (p mpause) tenantTime(now time.Time) time.Time {
@@ -175,6 +190,9 @@ type mjob struct {
 	// between): sending it again is allowed, with the same id.
 	possiblySent bool
 	pushedBack   bool // its last attempt was answered 429: the next is a resend
+	lateRetry    bool // its slot is a retry's, set by the backoff past its place in the schedule
+	heldResend   bool // possibly sent before a crash while its tenant was held (DefectHeldRestart)
+	lateExpiry   bool // past its deadline, held: expired when the store gets to it (DefectLateExpiry)
 	// what it was told at admission (or at Store.Retry)
 	admittedAt time.Time
 	promised   time.Duration
@@ -201,14 +219,21 @@ type mtenant struct {
 	pz           mpause
 	lastRecorded time.Time // the last send whose outcome was recorded
 	wins         []*mwin   // of the current policy
-	jobs         []*mjob
-	keys         map[string]*mjob
+	// dormant: windows a reload dropped, whose sends the tenant's record
+	// keeps until it next writes its windows (a window put back before
+	// that has them still)
+	dormant map[WindowSpec]*mwin
+	jobs    []*mjob
+	keys    map[string]*mjob
 	// rate check: GCRA on the writes seen at the downstream, weighted by
 	// cost and not
 	rateTAT, rateTAT1 time.Time
 	writes            []time.Time
 	lastWriteT        time.Duration
 	lastWriteCost     int
+	// rewound: spans of the schedule a cancelled late retry gave back
+	// without holding them (DefectRetryPacing): they may be booked twice
+	rewound [][2]time.Time
 }
 
 func (tn *mtenant) tau() time.Duration { return time.Duration(tn.pol.Burst-1) * tn.pol.Interval }
@@ -294,10 +319,48 @@ func (tn *mtenant) earliestWindow(at time.Time, cost int) time.Time {
 	return cands[len(cands)-1] // not reached: past every entry it fits
 }
 
+// earliestAsIfBefore is the store's window rule as it is (see
+// DefectWindowFuture): every recorded send counts as if it came before at.
+func (tn *mtenant) earliestAsIfBefore(at time.Time, cost int) time.Time {
+	for _, w := range tn.wins {
+		var ts []time.Time
+		for _, e := range w.entries {
+			for range e.weight {
+				ts = append(ts, e.at)
+			}
+		}
+		slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+		if len(ts) > w.spec.N {
+			ts = ts[len(ts)-w.spec.N:]
+		}
+		if out := min(len(ts)+cost-w.spec.N, len(ts)); out > 0 {
+			at = laterOf(at, ts[out-1].Add(w.spec.Length))
+		}
+	}
+	return at
+}
+
 func (tn *mtenant) recordWindows(at time.Time, cost int) {
+	if len(tn.wins) > 0 {
+		clear(tn.dormant)
+	}
 	for _, w := range tn.wins {
 		w.entries = append(w.entries, mentry{at: at, weight: cost})
 	}
+}
+
+// inRewound reports whether slot lies in a span a cancelled late retry
+// gave back (only when DefectRetryPacing is tolerated).
+func (tn *mtenant) inRewound(slot time.Time, known Defect) bool {
+	if known&DefectRetryPacing == 0 {
+		return false
+	}
+	for _, r := range tn.rewound {
+		if !slot.Before(r[0]) && slot.Before(r[1]) {
+			return true
+		}
+	}
+	return false
 }
 
 // capacityBound is the most queued jobs admitted since since may hold: the
@@ -305,7 +368,7 @@ func (tn *mtenant) recordWindows(at time.Time, cost int) {
 func (tn *mtenant) capacityBound(since time.Time) int {
 	c := 0
 	for i, ch := range tn.caps {
-		if i+1 < len(tn.caps) && !tn.caps[i+1].at.After(since) {
+		if i+1 < len(tn.caps) && tn.caps[i+1].at.Before(since) {
 			continue
 		}
 		c = max(c, ch.c)
@@ -344,18 +407,21 @@ func (m *model) reload(tn *mtenant, p PolicySpec, now time.Time) {
 	tn.maxT = max(tn.maxT, p.Interval)
 	tn.caps = append(tn.caps, capChange{at: now, c: p.Capacity})
 	// Windows are kept by what they say: one that stays keeps its sends, a
-	// new one starts empty, a dropped one is forgotten.
+	// new one starts empty, a dropped one is forgotten once the record's
+	// windows are next written.
+	if tn.dormant == nil {
+		tn.dormant = map[WindowSpec]*mwin{}
+	}
+	for _, w := range tn.wins {
+		tn.dormant[w.spec] = w
+	}
 	var wins []*mwin
 	for _, ws := range p.Windows {
-		var found *mwin
-		for _, w := range tn.wins {
-			if w.spec == ws {
-				found = w
-			}
-		}
+		found := tn.dormant[ws]
 		if found == nil {
 			found = &mwin{spec: ws}
 		}
+		delete(tn.dormant, ws)
 		wins = append(wins, found)
 	}
 	tn.wins = wins
@@ -380,17 +446,24 @@ type mdecision struct {
 	ra      time.Duration
 	raExact bool
 	raWhy   string
+	over    bool // more than capacity wait already
 	maxCost int
 }
 
 // decide admits or refuses a job of cost with deadline (zero: none) for tn
 // at now, without changing anything.
 func (m *model) decide(tn *mtenant, now time.Time, cost int, deadline time.Time, inCall map[*mjob]bool) mdecision {
+	return m.decideCost(tn, now, cost, deadline, inCall, true)
+}
+
+// decideCost is decide; !bound: a cost above the bucket is decided as any
+// (see DefectRetryCost).
+func (m *model) decideCost(tn *mtenant, now time.Time, cost int, deadline time.Time, inCall map[*mjob]bool, bound bool) mdecision {
 	p := tn.pol
 	T, C, B := p.Interval, p.Capacity, p.Burst
 	tau := tn.tau()
 	cost = max(cost, 1)
-	if mc := tn.maxCost(); cost > mc {
+	if mc := tn.maxCost(); cost > mc && bound {
 		return mdecision{kind: mCostTooLarge, maxCost: mc}
 	}
 	tt := tn.pz.tenantTime(now)
@@ -445,17 +518,25 @@ func (m *model) decide(tn *mtenant, now time.Time, cost int, deadline time.Time,
 		// window allow it then (tenant time, as if resumed).
 		onceAt := tn.earliestWindow(laterOf(tt, tn.tat.Add(time.Duration(cost-1)*T).Add(-tau)), cost)
 		if C == 0 {
+			if room := B; paused || len(waiting) >= room {
+				return mdecision{kind: mRejected, ra: laterOf(now, tn.pz.resume(now).until, untilFewer(room)).Sub(now), raExact: false, raWhy: "count"}
+			}
 			excess := laterOf(tn.tat, tt).Add(time.Duration(cost-1) * T).Add(-tau).Sub(tt)
 			if excess > 0 || !atOnce {
 				return mdecision{kind: mRejected, ra: told(onceAt).Sub(now), raExact: false, raWhy: "window"}
 			}
 		} else {
+			if room := C + B; !paused && len(leave) >= room {
+				// The same room as without windows: capacity waiting,
+				// burst going at once.
+				return mdecision{kind: mRejected, ra: laterOf(now, untilFewer(room)).Sub(now), raExact: false, raWhy: "count"}
+			}
 			if !atOnce && len(leave) >= C {
 				at := untilFewer(C)
 				if !paused {
 					at = earliest(at, told(onceAt))
 				}
-				return mdecision{kind: mRejected, ra: laterOf(now, at).Sub(now), raExact: false, raWhy: "window count"}
+				return mdecision{kind: mRejected, ra: laterOf(now, at).Sub(now), raExact: false, raWhy: "window count", over: len(leave) > C}
 			}
 		}
 		d = mdecision{kind: mAdmitted, slot: s, delay: told(s).Sub(now)}
@@ -484,7 +565,9 @@ func (m *model) take(tn *mtenant, j *mjob, now time.Time, slot time.Time) {
 		tn.recordWindows(slot, j.cost)
 	}
 	tn.tat = next
+	clear(tn.dormant) // an admission writes the record's windows
 	j.slot, j.tag, j.state, j.attempts = slot, tn.tagNow(), msWaiting, 0
+	j.lateRetry = tn.inRewound(slot, m.known)
 	j.admittedAt, j.promised, j.disturbed = now, tn.pz.told(slot, now).Sub(now), false
 	j.possiblySent = false
 }
@@ -492,23 +575,22 @@ func (m *model) take(tn *mtenant, j *mjob, now time.Time, slot time.Time) {
 // reserve gives j (an attempt failed at now) its next slot: the schedule's
 // next place from now, no sooner than notBefore. It returns the slot the
 // model expects; with windows that is the earliest the store may give.
-func (m *model) reserve(tn *mtenant, j *mjob, now, notBefore time.Time) (time.Time, bool) {
+func (m *model) reserve(tn *mtenant, j *mjob, now, notBefore time.Time) (at time.Time, late bool) {
 	T := tn.pol.Interval
 	tnow := tn.pz.tenantTime(now)
 	tnb := tn.pz.tenantTime(notBefore)
 	r := laterOf(tnow, tn.tat.Add(-tn.tau()))
 	tn.tat = laterOf(tn.tat, tnow).Add(time.Duration(j.cost) * T)
-	at := laterOf(r, tnb)
-	exact := true
+	at = laterOf(r, tnb)
 	if len(tn.wins) > 0 {
 		at = tn.earliestWindow(at, j.cost)
-		exact = false
 	}
-	return at, exact
+	return at, tnb.After(r)
 }
 
 // placeReserved completes reserve once the slot is known (windows).
 func (m *model) placeReserved(tn *mtenant, j *mjob, slot time.Time, backoffRuled bool) {
+	j.lateRetry = backoffRuled || tn.inRewound(slot, m.known)
 	if len(tn.wins) > 0 {
 		tn.recordWindows(slot, j.cost)
 		if !backoffRuled {
@@ -575,10 +657,16 @@ func (m *model) next(now time.Time) time.Time {
 }
 
 // expire ends the waiting jobs whose deadline has passed at now: they were
-// not sent in time and never will be.
+// not sent in time and never will be. With DefectLateExpiry a held
+// tenant's job stays waiting until the store says it has expired it
+// (lateExpiry).
 func (m *model) expire(now time.Time) {
 	for _, j := range m.jobs {
 		if j.state == msWaiting && !j.deadline.IsZero() && j.deadline.Before(now) {
+			if !j.tn.pz.held.IsZero() && m.known&DefectLateExpiry != 0 {
+				j.lateExpiry = true
+				continue
+			}
 			j.state = msExpired
 		}
 	}

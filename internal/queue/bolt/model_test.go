@@ -1,0 +1,344 @@
+package bolt
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
+	"throttler/internal/testutil"
+)
+
+// The model test on the embedded store (see queuetest/model.go). CI runs a
+// fixed set of seeds; a soak is
+//
+//	THROTTLER_MODEL_SEEDS=500 go test -run 'TestModel$' ./internal/queue/bolt/
+//
+// (THROTTLER_MODEL_STEPS sets the steps per seed, THROTTLER_MODEL_SEED=N
+// runs seed N alone).
+
+// modelKnown are the defects of issue 12 this store still has: the model
+// tolerates them here so that the rest is checked, and the regression
+// cases below pin each one (skipped until it is fixed; then drop its flag).
+const modelKnown = queuetest.DefectStartLag | queuetest.DefectCountRetryAfter | queuetest.DefectRestartCost | queuetest.DefectRepeatCost |
+	queuetest.DefectBatchWindow | queuetest.DefectWindowRetryAfter | queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
+	queuetest.DefectRetryCost | queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture |
+	queuetest.DefectHeldRestart | queuetest.DefectLateExpiry
+
+// modelDriver runs the model on the embedded store; known are the defects
+// it tolerates.
+func modelDriver(known queuetest.Defect) queuetest.ModelDriver {
+	var files atomic.Int64
+	return queuetest.ModelDriver{
+		Open: func(t testing.TB, c queuetest.Config) (queue.Store, error) {
+			return openModelStore(filepath.Join(t.TempDir(), "model.db"), c)
+		},
+		// kill -9 leaves the file as of its last commit: bbolt commits are
+		// atomic, so a copy in a read transaction is exactly that. The old
+		// process goes on writing to its own file, which nobody reads.
+		Crash: func(t testing.TB, s queue.Store) (func(testing.TB, queuetest.Config) (queue.Store, error), error) {
+			path := filepath.Join(t.TempDir(), fmt.Sprintf("crashed-%d.db", files.Add(1)))
+			if err := s.(*Store).db.View(func(tx *bbolt.Tx) error { return tx.CopyFile(path, 0o600) }); err != nil {
+				return nil, err
+			}
+			return func(t testing.TB, c queuetest.Config) (queue.Store, error) { return openModelStore(path, c) }, nil
+		},
+		TakeStartLag: func(s queue.Store) time.Duration {
+			st := s.(*Store)
+			return time.Duration(st.promptLag.Swap(0))
+		},
+		// The dispatcher is in its select: no poke waiting, and it has
+		// planned its next wake (it clears the plan when it wakes).
+		Quiet: func(s queue.Store) bool {
+			st := s.(*Store)
+			return len(st.wake) == 0 && st.nextWake.Load() != math.MaxInt64
+		},
+		TAT: func(s queue.Store, tenant string) (time.Time, error) {
+			st := s.(*Store)
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			tm, err := st.loadTenant(tenant)
+			if err != nil {
+				return time.Time{}, err
+			}
+			return tm.rec.TAT, nil
+		},
+		Known: known,
+	}
+}
+
+func openModelStore(path string, c queuetest.Config) (queue.Store, error) {
+	return Open(path, Options{Clock: c.Clock, Policy: c.Policy, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+}
+
+// TestModel: CI size; a soak with THROTTLER_MODEL_SEEDS.
+func TestModel(t *testing.T) {
+	seeds, steps := 32, 200
+	if testutil.Race {
+		seeds, steps = 12, 150
+	}
+	queuetest.RunModel(t, modelDriver(modelKnown), seeds, steps)
+}
+
+// The cases the model found, shrunk. Each runs with the tolerances of
+// TestModel but its own: a defect still open is skipped (its fix removes
+// the skip and the flag from modelKnown); the rest pass.
+func TestModelRegression(t *testing.T) {
+	ms := time.Millisecond
+	windows := queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 2, Windows: []queuetest.WindowSpec{{N: 2, Length: 500 * ms}}}
+	tokenWindow := queuetest.PolicySpec{Interval: 50 * ms, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}
+	cases := []struct {
+		name   string
+		defect queuetest.Defect // the tolerance this case must run without
+		skip   string           // "": it passes
+		ops    []queuetest.Op
+	}{
+		{
+			// Issue 12 #4: windows add no place to the queue (capacity 5: one
+			// at once and five waiting, then a seventh is refused until the
+			// first waiting one goes, exactly).
+			name: "WindowPlace",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 5, Windows: []queuetest.WindowSpec{{N: 100, Length: time.Minute}}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+			},
+		},
+		{
+			// Issue 12 #1: a prompt job is not scheduled later and later as
+			// jobs are sent (the start lag stays at the real overhead: none).
+			name: "PromptStartLag", defect: queuetest.DefectStartLag,
+			ops: promptStream(40),
+		},
+		{
+			// Issue 12 #3: killed again and again, with a backlog and writes
+			// in flight, each restart spaces from the last possible write.
+			name: "RepeatedCrashes",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 40}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 40}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: make([]queuetest.JobSpec, 40)},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: make([]queuetest.JobSpec, 40)},
+				{Kind: queuetest.OpAdvance, D: 250 * ms},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpAdvance, D: 400 * ms},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpAdvance, D: 300 * ms},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpAdvance, D: 650 * ms},
+				{Kind: queuetest.OpCrash, D: 100 * ms},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Timeout: 100 * ms, Backoff: 50 * ms}},
+				{Kind: queuetest.OpAdvance, D: 500 * ms},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerOK}},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpAdvance, D: 300 * ms},
+			},
+		},
+		{
+			name: "HeldRestart", defect: queuetest.DefectHeldRestart,
+			skip: "defect: a held tenant's write lost in a crash is sent again at the instant of the resume, 0ms after the lost write at T=100ms, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 150 * ms, Timeout: 150 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpHold, Tenant: "b"},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpResume, Tenant: "b"},
+			},
+		},
+		{
+			name: "BatchWindow", defect: queuetest.DefectBatchWindow,
+			skip: "defect: with windows, one Enqueue call admits past capacity (the jobs it admitted earlier are not counted as waiting), see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: windows},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}, {}, {}, {}}},
+			},
+		},
+		{
+			name: "RestartCost", defect: queuetest.DefectRestartCost,
+			skip: "defect: a restart spaces the resend of a cost-4 job one interval after it, not four, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 50 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 4}}},
+				{Kind: queuetest.OpCrashOnWrite},
+			},
+		},
+		{
+			// Found while the fix (cd9a7d6) was being made: a restart gave the
+			// re-spaced job and the ones after it the burst again.
+			name: "RestartBurst",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 2}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 50 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k5"}}},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpAdvance, D: 200 * ms},
+			},
+		},
+		{
+			name: "RepeatCost", defect: queuetest.DefectRepeatCost,
+			skip: "defect: a repeat of an admitted key is answered 422 cost_too_large after a reload lowered the bucket, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 2}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 3, Key: "k1"}}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 1}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 3, Key: "k1"}}},
+			},
+		},
+		{
+			name: "HeldDeadline", defect: queuetest.DefectLateExpiry,
+			skip: "defect: a job admitted to a held tenant with a deadline is expired only at the dispatcher's next poll (up to 1s late) and counts in the depth meanwhile, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpHold, Tenant: "b"},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 320 * ms}}},
+				{Kind: queuetest.OpAdvance, D: 350 * ms},
+			},
+		},
+		{
+			name: "PushbackWindow", defect: queuetest.DefectPushbackWindow,
+			skip: "defect: a resend after 429 ignores the windows (3 sends within 200ms under 2/500ms), see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: windows},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}, {}}},
+			},
+		},
+		{
+			name: "TokenWindowRetryAfter", defect: queuetest.DefectWindowRetryAfter,
+			skip: "defect: token mode with a full window says the rate's Retry-After (50ms) though the window refuses for 950ms, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: tokenWindow},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+			},
+		},
+		{
+			name: "RetryPacing", defect: queuetest.DefectRetryPacing,
+			skip: "defect: a retry sent at the end of its backoff, past its place, goes 50ms after the next job at T=100ms (the store leaves spacing to the gate), see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 250 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerOK}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+			},
+		},
+		{
+			name: "RetryPacingCancel", defect: queuetest.DefectRetryPacing,
+			skip: "defect: cancelling a retry placed by its backoff gives back a place it never held: the next job shares a slot, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 100 * ms, Timeout: 50 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 200 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCancel, Pick: 864},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k3"}}},
+			},
+		},
+		{
+			name: "RetryCost", defect: queuetest.DefectRetryCost,
+			skip: "defect: Retry of a job whose cost a reload made too large answers 429 (for ever) instead of 422 cost_too_large, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 2}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPermanent}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 3}}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 1}},
+				{Kind: queuetest.OpRetry, Pick: 0},
+			},
+		},
+		{
+			name: "PushbackBurst", defect: queuetest.DefectPushbackBurst,
+			skip: "defect: a burst answered 429 is sent again as a burst when the pause ends (4 sends within 100ms at 10/s burst 2), see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 2}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}, {}}},
+			},
+		},
+		{
+			name: "WindowFuture", defect: queuetest.DefectWindowFuture,
+			skip: "defect: a retry placed later in a window makes a token-mode job that fits now be refused, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 250 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 2}}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: tokenWindow},
+				{Kind: queuetest.OpAdvance, D: 550 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k1"}}},
+			},
+		},
+		{
+			name: "StartLagAfterCrash", defect: queuetest.DefectStartLag,
+			skip: "defect: a prompt job resent after a crash feeds its wait into the start-lag estimate (issue 12 #1 by another way), see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 50 * ms, Timeout: 100 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerOK}},
+				{Kind: queuetest.OpAdvance, D: 200 * ms},
+			},
+		},
+		{
+			name: "StartLagAfterRetry", defect: queuetest.DefectStartLag,
+			skip: "defect: Store.Retry of an old failed job feeds its whole age into the start-lag estimate (issue 12 #1 by another way), see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPermanent}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: time.Second},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerOK}},
+				{Kind: queuetest.OpRetry, Pick: 0},
+			},
+		},
+		{
+			name: "CountRetryAfter", defect: queuetest.DefectCountRetryAfter,
+			skip: "defect: a refusal by the count bound (two jobs waiting to retry) says Retry-After 100ms; it is refused until the first retry goes, 1.6s later, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 1}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 2 * time.Second}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 100 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 300 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			if c.skip != "" && os.Getenv("THROTTLER_MODEL_DEFECTS") == "" {
+				t.Skip(c.skip)
+			}
+			queuetest.ReplayModel(t, modelDriver(modelKnown&^c.defect), c.ops)
+		})
+	}
+}
+
+// promptStream is n jobs of one tenant, each enqueued when the last has
+// gone: every one can go at once.
+func promptStream(n int) []queuetest.Op {
+	var ops []queuetest.Op
+	for range n {
+		ops = append(ops, queuetest.Op{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}}, queuetest.Op{Kind: queuetest.OpAdvance, D: 150 * time.Millisecond})
+	}
+	return ops
+}

@@ -1,0 +1,163 @@
+package queuetest
+
+import (
+	"throttler/internal/queue"
+	"time"
+)
+
+// kill -9 and the restart after it.
+
+// crash kills the process now and restarts it down later.
+func (r *runner) crash(down time.Duration) {
+	x := r.clk.Now()
+	r.mu.Lock()
+	r.crashing, r.crashArmed = true, false
+	r.cond.Broadcast()
+	r.mu.Unlock()
+	restart, err := r.d.Crash(r.t, r.store)
+	if err != nil {
+		r.failf("crash", "%v", err)
+		return
+	}
+	r.stop()
+	r.store.Close()
+	r.mu.Lock()
+	r.gen++
+	r.crashing, r.crashReq, r.inHandler = false, false, 0
+	r.pending, r.parked, r.events, r.answering = map[string]bool{}, nil, nil, map[string]bool{}
+	r.mu.Unlock()
+	r.m.crash()
+	if down > 0 {
+		r.clk.Set(x.Add(down))
+	}
+	at := r.clk.Now()
+	s, err := restart(r.t, r.cfg)
+	if err != nil {
+		r.failf("restart", "%v", err)
+		r.store = nil
+		return
+	}
+	r.store = s
+	r.recover(at)
+	r.startConsume()
+}
+
+// recover checks what the restarted store made of each waiting job and
+// takes its times: a job keeps its slot unless that is too soon; then it
+// goes at or after the restart, and no sooner than one interval after the
+// last write of its tenant (recorded, or written and lost in the crash).
+func (r *runner) recover(at time.Time) {
+	for _, name := range r.m.order {
+		tn := r.m.tenants[name]
+		T := tn.pol.Interval
+		if r.m.known&DefectRestartCost != 0 && len(tn.writes) > 0 {
+			// issue 12 (found by the model): a restart spaces the next
+			// send one interval after the last one, whatever its cost.
+			last := tn.writes[len(tn.writes)-1]
+			tn.rateTAT = earliest(tn.rateTAT, laterOf(last.Add(tn.lastWriteT), tn.rateTAT1))
+		}
+		// The next send no sooner than the writes so far allow (lost in
+		// the crash or not, with the burst of the policy the job was given
+		// its slot under or of the one now), and one interval after the
+		// last recorded one.
+		boundFor := func(j *mjob) time.Time {
+			var bound time.Time
+			if len(tn.writes) > 0 {
+				bound = tn.rateTAT.Add(-max(tn.tau(), j.tag.tau))
+			}
+			if !tn.lastRecorded.IsZero() {
+				bound = laterOf(bound, tn.lastRecorded.Add(min(T, j.tag.T)))
+			}
+			return bound
+		}
+		held := !tn.pz.held.IsZero()
+		respaced := len(tn.waiting()) > 0 && !held // a held tenant is left as it is
+		for _, j := range tn.waiting() {
+			sj, err := r.store.Job(r.ctx, j.id)
+			if err != nil {
+				r.failf("lost", "%s after a restart: %v", r.m.describe(j), err)
+				return
+			}
+			if sj.State == queue.StateExpired && !j.deadline.IsZero() && j.deadline.Before(at) {
+				j.state = msExpired // past its deadline: expired before the crash, or at the restart
+				continue
+			}
+			if !sj.State.Waiting() {
+				r.failf("lost", "%s is %s after a restart, want waiting", r.m.describe(j), sj.State)
+				return
+			}
+			if held {
+				if j.possiblySent && r.m.known&DefectHeldRestart != 0 {
+					j.heldResend = true
+				}
+				if !sj.Slot.Equal(j.slot) {
+					r.failf("restart", "%s of a held tenant moved by a restart: slot %v, was %v", r.m.describe(j), sj.Slot.Sub(T0), j.slot.Sub(T0))
+				}
+				continue
+			}
+			old, _ := tn.pz.real(j.slot)
+			bound := boundFor(j)
+			switch {
+			case sj.DispatchAt.Before(at):
+				r.failf("restart", "%s due at T0+%v after a restart at T0+%v", r.m.describe(j), sj.DispatchAt.Sub(T0), at.Sub(T0))
+			case !bound.IsZero() && sj.DispatchAt.Before(bound):
+				r.failf("restart spacing", "%s due at T0+%v after a restart at T0+%v, sooner than its tenant's writes so far allow (T0+%v; T %v; writes %v)", r.m.describe(j), sj.DispatchAt.Sub(T0), at.Sub(T0), bound.Sub(T0), T, relTimes(lastN(tn.writes, 4)))
+			case !j.possiblySent && sj.DispatchAt.Before(old):
+				r.failf("restart", "%s moved earlier by a restart: T0+%v, was T0+%v", r.m.describe(j), sj.DispatchAt.Sub(T0), old.Sub(T0))
+			}
+			if r.fail != nil {
+				return
+			}
+			if !sj.Slot.Equal(j.slot) {
+				tag := tn.tagNow()
+				tag.T, tag.tau = min(tag.T, j.tag.T), max(tag.tau, j.tag.tau)
+				j.slot, j.tag, j.lateRetry = sj.Slot, tag, false
+				tn.recordWindows(sj.Slot, j.cost)
+				tn.tat = laterOf(tn.tat, sj.Slot.Add(time.Duration(j.cost)*T))
+			}
+		}
+		// The next send no sooner than one interval after the last one
+		// recorded, whatever the schedule says.
+		if !tn.lastRecorded.IsZero() {
+			tn.tat = laterOf(tn.tat, tn.lastRecorded.Add(T+tn.tau()-tn.pz.shift))
+		}
+		// What the restart chose beyond that is the store's to choose.
+		if got, ok := r.storeTAT(tn); ok {
+			if got.Before(tn.tat) {
+				r.failf("restart", "tenant %s: after a restart its schedule is at T0+%v (tenant time), sooner than its jobs and last send allow (T0+%v)", name, got.Sub(T0), tn.tat.Sub(T0))
+				return
+			}
+			tn.tat = got
+		}
+		// Written back only for a tenant with jobs to re-space; for the
+		// others the floor holds in memory and is found again at the next
+		// start.
+		if respaced {
+			tn.persistedTAT = tn.tat
+			clear(tn.dormant)
+		}
+	}
+}
+
+// storeTAT is the store's schedule of tn, if it can be known.
+func (r *runner) storeTAT(tn *mtenant) (time.Time, bool) {
+	if r.d.TAT != nil {
+		at, err := r.d.TAT(r.store, tn.name)
+		if err != nil {
+			r.failf("tenant", "TAT(%s): %v", tn.name, err)
+			return time.Time{}, false
+		}
+		return at, true
+	}
+	if len(tn.wins) > 0 {
+		return time.Time{}, false
+	}
+	// expected_delay says where the schedule's next slot is, once it is
+	// past now.
+	st, err := r.store.Tenant(r.ctx, tn.name)
+	if err != nil || st.ExpectedDelay <= 0 || !tn.pz.held.IsZero() {
+		return time.Time{}, false
+	}
+	now := r.clk.Now()
+	return tn.pz.tenantTime(now).Add(st.ExpectedDelay).Add(tn.tau()), true
+}
