@@ -331,9 +331,10 @@ func (s *Store) observeStart(j queue.Job, handedAt time.Time) {
 	if !j.Prompt || j.Attempts != 1 || j.SentAt.IsZero() || handedAt.IsZero() {
 		return
 	}
-	if handedAt.Sub(j.EnqueuedAt) > maxStartLag {
-		// Not the pipeline's overhead: a job sent again after a crash, or a
-		// failed job retried long after its enqueue.
+	if handedAt.Sub(j.EnqueuedAt) >= maxStartLag || !j.DispatchAt.Equal(j.EnqueuedAt.Add(j.AdmitDelay)) {
+		// Not the pipeline's overhead: a job sent again after a crash, a
+		// failed job retried long after its enqueue, or one whose time
+		// moved after its admission (a pause, a restart).
 		return
 	}
 	ready := clock.Later(handedAt, j.DispatchAt)

@@ -29,7 +29,7 @@ import (
 // modelKnown are the defects of issue 12 this store still has: the model
 // tolerates them here so that the rest is checked, and the regression
 // cases below pin each one (skipped until it is fixed; then drop its flag).
-const modelKnown = queuetest.DefectStartLag | queuetest.DefectCountRetryAfter | queuetest.DefectRestartCost | queuetest.DefectRepeatCost |
+const modelKnown = queuetest.DefectCountRetryAfter | queuetest.DefectRestartCost | queuetest.DefectRepeatCost |
 	queuetest.DefectBatchWindow | queuetest.DefectWindowRetryAfter | queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
 	queuetest.DefectRetryCost | queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture |
 	queuetest.DefectHeldRestart | queuetest.DefectLateExpiry
@@ -288,7 +288,6 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			name: "StartLagAfterCrash", defect: queuetest.DefectStartLag,
-			skip: "defect: a prompt job resent after a crash feeds its wait into the start-lag estimate (issue 12 #1 by another way), see report",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 50 * ms, Timeout: 100 * ms}},
 				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
@@ -299,7 +298,6 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			name: "StartLagAfterRetry", defect: queuetest.DefectStartLag,
-			skip: "defect: Store.Retry of an old failed job feeds its whole age into the start-lag estimate (issue 12 #1 by another way), see report",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPermanent}},
 				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
