@@ -1,8 +1,10 @@
 package queuetest
 
 import (
-	"throttler/internal/queue"
+	"fmt"
 	"time"
+
+	"throttler/internal/queue"
 )
 
 // kill -9 and the restart after it.
@@ -160,4 +162,35 @@ func (r *runner) storeTAT(tn *mtenant) (time.Time, bool) {
 	}
 	now := r.clk.Now()
 	return tn.pz.tenantTime(now).Add(st.ExpectedDelay).Add(tn.tau()), true
+}
+
+// crash is what a kill -9 at at leaves: every attempt in flight is
+// forgotten (its job waits at its slot as committed, and may be sent
+// again), and what was held only in memory is gone.
+func (m *model) crash() {
+	for _, name := range m.order {
+		tn := m.tenants[name]
+		tn.tat = tn.persistedTAT
+		for _, j := range tn.jobs {
+			if j.state == msInFlight {
+				j.state = msWaiting
+				j.possiblySent = true
+				j.answerAt = time.Time{}
+			}
+			if j.state == msWaiting {
+				j.disturbed = true
+			}
+		}
+	}
+}
+
+func (m *model) describe(j *mjob) string {
+	return fmt.Sprintf("job #%d (%s of %s, cost %d)", j.n, shortID(j.id), j.tn.name, j.cost)
+}
+
+func shortID(id string) string {
+	if len(id) > 8 {
+		return id[len(id)-8:]
+	}
+	return id
 }

@@ -1,7 +1,6 @@
 package queuetest
 
 import (
-	"fmt"
 	"slices"
 	"time"
 )
@@ -670,35 +669,4 @@ func (m *model) expire(now time.Time) {
 			j.state = msExpired
 		}
 	}
-}
-
-// crash is what a kill -9 at at leaves: every attempt in flight is
-// forgotten (its job waits at its slot as committed, and may be sent
-// again), and what was held only in memory is gone.
-func (m *model) crash() {
-	for _, name := range m.order {
-		tn := m.tenants[name]
-		tn.tat = tn.persistedTAT
-		for _, j := range tn.jobs {
-			if j.state == msInFlight {
-				j.state = msWaiting
-				j.possiblySent = true
-				j.answerAt = time.Time{}
-			}
-			if j.state == msWaiting {
-				j.disturbed = true
-			}
-		}
-	}
-}
-
-func (m *model) describe(j *mjob) string {
-	return fmt.Sprintf("job #%d (%s of %s, cost %d)", j.n, shortID(j.id), j.tn.name, j.cost)
-}
-
-func shortID(id string) string {
-	if len(id) > 8 {
-		return id[len(id)-8:]
-	}
-	return id
 }
