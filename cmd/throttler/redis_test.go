@@ -74,12 +74,17 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 			t.Fatalf("status %d: %v", a.status, a.body)
 		}
 	}
-	t.Logf("200 decisions through %d APIs in %v", len(apis), last.Sub(began))
-	if len(accepted) != 51 {
-		t.Fatalf("accepted %d, want exactly 51 (capacity 50 and one going at once)", len(accepted))
+	span := last.Sub(began)
+	t.Logf("200 decisions through %d APIs in %v", len(apis), span)
+	// Capacity 50 and one going at once; a burst that takes longer than an
+	// interval (the race detector slows every process down) also finds the
+	// places freed meanwhile, one an interval, and no more.
+	if most := 51 + int(span/T); len(accepted) < 51 || len(accepted) > most {
+		t.Fatalf("accepted %d, want 51 (capacity 50 and one going at once), or at most %d for a burst that took %v", len(accepted), most, span)
 	}
+	n := len(accepted)
 
-	testutil.WaitFor(t, 20*time.Second, "51 deliveries", func() bool { return len(ds.All()) >= 51 })
+	testutil.WaitFor(t, 20*time.Second, "every accepted job delivered", func() bool { return len(ds.All()) >= n })
 	nothingMoreWithin(3 * T) // no repeat, no job that was not accepted
 	got := ds.All()
 	seen := map[string]bool{}
@@ -92,8 +97,8 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 		}
 		seen[a.Key] = true
 	}
-	if len(got) != 51 {
-		t.Fatalf("downstream saw %d requests, want 51", len(got))
+	if len(got) != n {
+		t.Fatalf("downstream saw %d requests, want %d", len(got), n)
 	}
 	if !testutil.Race {
 		downstreamtest.CheckWindows(t, got, T, 1)
