@@ -91,9 +91,10 @@ func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayl
 		return queue.NewJob{}, err
 	}
 	// The stores read the zero time (0001-01-01T00:00:00Z) as "no
-	// deadline": a given deadline before 1970 is passed on as 1970, as
-	// passed as it. The store refuses it (would_expire), after it has
-	// looked up the idempotency key: a repeat still gets its first answer.
+	// deadline": a given deadline before 1970 is passed on as 1970, which
+	// has passed just as surely. The store refuses it (would_expire) after
+	// it has looked up the idempotency key, so a repeat still gets its
+	// first answer.
 	if epoch := time.Unix(0, 0); given && at.Before(epoch) {
 		at = epoch
 	}

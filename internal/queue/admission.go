@@ -70,6 +70,3 @@ func (p Plan) FillRepeats(out []Admission) {
 		out[i].Duplicate = out[f].Admitted()
 	}
 }
-
-// Repeats reports whether the call repeats a key of its own.
-func (p Plan) Repeats() bool { return len(p.copyOf) > 0 }

@@ -13,7 +13,7 @@ import (
 // context that Stop cancels, so a long pass ends early. Safe to Stop more
 // than once, or without Start.
 type Periodic struct {
-	Name  string // for logs: what the part does
+	Name  string // what the part does, named when it is misconfigured
 	Every time.Duration
 	Run   func(ctx context.Context)
 
@@ -28,6 +28,9 @@ func (p *Periodic) Start(ctx context.Context) {
 	defer p.mu.Unlock()
 	if p.done != nil {
 		return
+	}
+	if p.Every <= 0 {
+		panic("startstop: " + p.Name + ": Every must be positive") // a ticker cannot run on it
 	}
 	ctx, p.cancel = context.WithCancel(ctx)
 	p.done = make(chan struct{})
