@@ -18,7 +18,7 @@ import (
 func redisConfig(t *testing.T, url, mode, body string, ds *downstreamtest.Server) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "config.toml")
-	full := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n[store]\nbackend = \"redis\"\nredis_url = %q\nredis_mode = %q\n[downstreams.test]\nurl = %q\ntimeout = \"2s\"\n%s",
+	full := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n[store]\nbackend = \"redis\"\nredis_url = %q\nredis_mode = %q\nredis_lease = \"1s\"\n[downstreams.test]\nurl = %q\ntimeout = \"2s\"\n%s",
 		url, mode, ds.URL+"/send", body)
 	if err := os.WriteFile(p, []byte(full), 0o600); err != nil {
 		t.Fatal(err)

@@ -87,6 +87,15 @@ type Store struct {
 	// after its schedule runs out, so tenants that come and go do not
 	// fill Redis. Default 10m.
 	RedisIdleTTL Duration `toml:"redis_idle_ttl"`
+	// RedisPartitions is P, how many partitions the tenants hash onto,
+	// each owned by one worker at a time: fixed per Redis (the first
+	// process records it, and a process configured otherwise is refused).
+	// 1 to 256. Default 32.
+	RedisPartitions int `toml:"redis_partitions"`
+	// RedisLease is a partition's lease: a worker that dies holding
+	// partitions has them taken over about this long after its last
+	// renewal. Default 5s; at least 100ms.
+	RedisLease Duration `toml:"redis_lease"`
 	// Retention is how long finished jobs (and their idempotency keys) are
 	// kept. Default 72h.
 	Retention Duration `toml:"retention"`
@@ -152,12 +161,14 @@ func Default() *Config {
 			MaxConcurrentRequests: 1024,
 		},
 		Store: Store{
-			Backend:      "embedded",
-			Path:         "data/throttler.db",
-			RedisURL:     "redis://127.0.0.1:6379/0",
-			RedisMode:    "standalone",
-			RedisIdleTTL: Duration(10 * time.Minute),
-			Retention:    Duration(72 * time.Hour),
+			Backend:         "embedded",
+			Path:            "data/throttler.db",
+			RedisURL:        "redis://127.0.0.1:6379/0",
+			RedisMode:       "standalone",
+			RedisIdleTTL:    Duration(10 * time.Minute),
+			RedisPartitions: 32,
+			RedisLease:      Duration(5 * time.Second),
+			Retention:       Duration(72 * time.Hour),
 		},
 		Dispatch: Dispatch{Concurrency: 1024},
 		Log:      Log{Level: "info", Format: "auto"},

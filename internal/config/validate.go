@@ -142,6 +142,12 @@ func (c *Config) checkRedis() error {
 	if c.Store.RedisIdleTTL < Duration(time.Second) {
 		return c.bad("store.redis_idle_ttl", "must be at least 1s, got %v", c.Store.RedisIdleTTL.Std())
 	}
+	if c.Store.RedisPartitions < 1 || c.Store.RedisPartitions > 256 {
+		return c.bad("store.redis_partitions", "must be 1 to 256, got %d (every process on one Redis must give the same)", c.Store.RedisPartitions)
+	}
+	if c.Store.RedisLease < Duration(100*time.Millisecond) {
+		return c.bad("store.redis_lease", "must be at least 100ms, got %v", c.Store.RedisLease.Std())
+	}
 	return nil
 }
 

@@ -83,6 +83,7 @@ type attempt struct {
 var (
 	errExpired = errors.New("deadline passed before the request could be written")
 	errStopped = errors.New("the service is stopping: the send that waited at the gate goes back in line")
+	errNotOurs = errors.New("the store took the job back (this worker no longer owns its partition): nothing was written")
 )
 
 // sent is what an attempt's send came to, for classify.
@@ -207,6 +208,10 @@ func (a *attempt) waitAtGate() (*Ticket, error) {
 			return nil, err
 		}
 	}
+	if !queue.MaySend(a.stop) { // asked last: a frozen process wakes up to this
+		ticket.Done()
+		return nil, errNotOurs
+	}
 	return ticket, nil
 }
 
@@ -216,7 +221,7 @@ func (a *attempt) waitAtGate() (*Ticket, error) {
 func (a *attempt) refuse(err error) {
 	var held *HeldError
 	switch {
-	case errors.As(err, &held), errors.Is(err, errExpired):
+	case errors.As(err, &held), errors.Is(err, errExpired), errors.Is(err, errNotOurs):
 	case a.stop.Err() != nil && a.gateCtx.Err() != nil:
 		err = errStopped
 	default:

@@ -45,7 +45,7 @@ type Decoder interface{ Decode(r *Reply) }
 func (sc *Script) Run(ctx context.Context, rdb goredis.Scripter, keys []string, args []any, dst Decoder) error {
 	v, err := sc.lua.Run(ctx, rdb, keys, args...).Result()
 	if err != nil {
-		return queue.Unavailable(err)
+		return runError(err)
 	}
 	return sc.decode(v, dst)
 }
@@ -54,7 +54,7 @@ func (sc *Script) Run(ctx context.Context, rdb goredis.Scripter, keys []string, 
 func (sc *Script) RunInt(ctx context.Context, rdb goredis.Scripter, keys []string, args []any) (int64, error) {
 	v, err := sc.lua.Run(ctx, rdb, keys, args...).Result()
 	if err != nil {
-		return 0, queue.Unavailable(err)
+		return 0, runError(err)
 	}
 	n, ok := v.(int64)
 	if !ok {
@@ -88,12 +88,23 @@ func (sc *Script) RunEach(ctx context.Context, rdb goredis.UniversalClient, call
 			v, err = sc.lua.Run(ctx, rdb, calls[i].Keys, calls[i].Args...).Result()
 		}
 		if err != nil {
-			errs[i] = queue.Unavailable(err)
+			errs[i] = runError(err)
 			continue
 		}
 		errs[i] = sc.decode(v, dsts[i])
 	}
 	return errs
+}
+
+// runError is why a script did not run: queue.ErrUnavailable, except a
+// fenced write's refusal ("FENCED ..."), which is Redis's error as it came
+// for the writer to read (owner.Fence.Err): Redis answered, and retrying
+// would be refused again.
+func runError(err error) error {
+	if goredis.HasErrorPrefix(err, "FENCED") {
+		return err
+	}
+	return queue.Unavailable(err)
 }
 
 // decode decodes reply v into dst (nil: nothing to decode), naming the

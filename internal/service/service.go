@@ -392,6 +392,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *
 	s, err := redis.Open(pingCtx, redis.Options{
 		Client: rdb, OwnsClient: true, Policy: policy, Ceiling: ceiling, OnExpired: onExpired,
 		Retention: cfg.Store.Retention.Std(), IdleTTL: cfg.Store.RedisIdleTTL.Std(), Logger: log,
+		Partitions: cfg.Store.RedisPartitions, Timing: redis.Timing{Lease: cfg.Store.RedisLease.Std()},
 	})
 	if err != nil {
 		rdb.Close()

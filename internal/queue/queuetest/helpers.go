@@ -46,6 +46,11 @@ type Handed struct {
 	At  time.Time
 }
 
+// readier is a store that says when a Consume of it is ready to hand over.
+type readier interface {
+	Ready(ctx context.Context) bool
+}
+
 // Consume runs s.Consume in the background; the returned func stops it and
 // waits for it to return.
 func Consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) func() {
@@ -53,6 +58,12 @@ func Consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) f
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Consume(ctx, h, queue.ConsumeOptions{Lead: lead, Concurrency: 16}) }()
+	if r, ok := s.(readier); ok {
+		// A store that takes a while to start handing over (Redis's
+		// partition owners take their partitions) says when it is ready:
+		// the fake clock must not run ahead meanwhile.
+		testutil.WaitFor(t, 10*time.Second, "the store ready to hand over", func() bool { return r.Ready(ctx) })
+	}
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {

@@ -2,10 +2,9 @@
 --
 -- KEYS[1]  the job's hash
 -- KEYS[2]  its tenant's hash
--- KEYS[3]  the shard's hand-off zset
--- KEYS[4]  the shard's active-tenants zset
--- KEYS[5]  its idempotency key's key (its hash again if none)
--- KEYS[6]  the tenant's waiting jobs (zset: id -> slot)
+-- KEYS[3]  the partition's active-tenants zset
+-- KEYS[4]  its idempotency key's key (its hash again if none)
+-- KEYS[5]  the tenant's waiting jobs (zset: id -> slot)
 -- ARGV[1]  now (0: the server's TIME)
 -- ARGV[2]  retention (ms)
 -- ARGV[3]  the tenant's interval
@@ -22,7 +21,7 @@ if not j[1] then return {0, '', 0} end
 if j[1] ~= 'queued' and j[1] ~= 'retrying' then return {1, j[1], 0} end
 redis.call('HSET', KEYS[1], 'state', 'cancelled', 'fin', now)
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[2]))
 redis.call('HINCRBY', KEYS[2], 'depth', -1)
 redis.call('HINCRBY', KEYS[2], 'cancelled', 1)
 if ARGV[4] == '1' then
@@ -34,8 +33,8 @@ if ARGV[4] == '1' then
     redis.call('HSET', KEYS[2], 'tat', slot)
   end
 end
-redis.call('ZREM', KEYS[3], j[5])
-redis.call('ZREM', KEYS[6], j[5])
-inactive(KEYS[4], j[4])
+-- Its owner, if it has it in its schedule, drops it at its claim.
+redis.call('ZREM', KEYS[5], j[5])
+inactive(KEYS[3], j[4])
 settle(KEYS[2], now, tonumber(ARGV[5]))
 return {2, 'cancelled', now}

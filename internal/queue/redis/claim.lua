@@ -1,118 +1,114 @@
--- Takes a due job for one attempt, for the asynq task that carries it:
--- atomically, so that asynq's early starts, repeats and many workers hand
--- each attempt to one worker only. Run by Store.claim (claim.go).
+-- Claims a batch of due jobs of one partition for their owner, each for
+-- one attempt: Store.claimBatch (claim.go). Fenced (owner.FenceLua is put
+-- in front): only the partition's owner, in its epoch, claims. Keys are
+-- built from the partition's prefix (its hash tag: the slot of KEYS).
 -- Microseconds.
 --
--- KEYS[1]  the job's hash
--- KEYS[2]  its tenant's hash
--- KEYS[3]  the shard's hand-off zset
--- KEYS[4]  the shard's active-tenants zset
--- KEYS[5]  the shard's in-flight zset (job id -> lease end)
--- KEYS[6]  the tenant's waiting jobs (zset: id -> slot)
--- KEYS[7]  the tenant's claimed jobs (zset: id -> slot)
--- ARGV[1]  now (0: the server's TIME)
--- ARGV[2]  the task's id
--- ARGV[3]  horizon: claim this long before the job's dispatch time
--- ARGV[4]  lease
--- ARGV[5]  retention (ms)
--- ARGV[6]  held recheck: how soon a held tenant's job looks again
--- ARGV[7]  the longest wait the worker holds the task for (longer: it hands
---          the task back to asynq)
--- ARGV[8]  the shard's key prefix (shardKeys.tag)
--- ARGV[9]  idle ttl (ms)
+-- KEYS[1]  the partition's lease (the fence)
+-- KEYS[2]  the partition's active-tenants zset
+-- KEYS[3]  the partition's jobs being sent (zset: id -> slot)
+-- ARGV[1]  the owner's token (the fence)
+-- ARGV[2]  now (0: the server's TIME)
+-- ARGV[3]  horizon: claim a job this long before its dispatch time
+-- ARGV[4]  retention (ms)
+-- ARGV[5]  held recheck: how soon a held tenant's job looks again
+-- ARGV[6]  the partition's key prefix (partKeys.tag)
+-- ARGV[7]  idle ttl (ms)
+-- ARGV[8..] per job: its id, its tenant, and the tenant's interval (a new
+--          owner sends the tenant's next job no earlier than this job's
+--          dispatch time plus its cost times the interval)
 --
--- A job whose task a worker holds, waiting or sending, is in the in-flight
--- set under a lease the worker renews: if the worker dies, recover.lua
--- gives the job a new task at once, not asynq's minute or two later.
---
--- Returns {code, wait, dispatch_at, now, field, value, ...}, code one of
---   0  drop the task: the job is gone, done, or carried by another task
---   1  not yet: come back in wait
---   2  claimed: its dispatch time, and the job's hash as field-value pairs
+-- Returns {now, reply, ...}, one reply per job, each
+--   {code, wait, dispatch_at, attempts, field, value, ...}, code one of
+--   0  drop it: the job is gone, done, or being sent already
+--   1  not yet: come back in wait (a pause moved it)
+--   2  claimed: its dispatch time, its attempts now, and its hash
 --   3  expired: its deadline comes first
---   4  another worker has it (leased): not before wait
 --   5  its tenant is held: look again in wait
 
-local now = server_now(ARGV[1])
-local horizon, lease, holdmax = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
+local now = server_now(ARGV[2])
+local horizon, retention, recheck = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local prefix, idle_ms = ARGV[6], tonumber(ARGV[7])
 
-local j = redis.call('HMGET', KEYS[1], 'state', 'task', 'slot', 'deadline', 'tenant', 'id', 'key', 'attempts')
-local state, task, tenant, jobid = j[1], j[2], j[5], j[6]
-local function reply(code, wait, dispatch_at) return {code, wait or 0, dispatch_at or 0, now} end
-if not state or task ~= ARGV[2] then return reply(0) end
+-- Each tenant's hash, read once: its pause, and what the batch changes.
+local tenants = {}
+local function tenant_of(name)
+  local t = tenants[name]
+  if t then return t end
+  local tk = prefix .. 'tenant:' .. name
+  local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'depth', 'inflight', 'next')
+  t = {key = tk, name = name, shift = tonumber(h[1]) or 0, untl = tonumber(h[2]) or 0, held = tonumber(h[3]) or 0,
+    depth = tonumber(h[4]) or 0, inflight = tonumber(h[5]) or 0, next = tonumber(h[6]) or 0,
+    claimed = 0, expired = 0}
+  tenants[name] = t
+  tenants[#tenants + 1] = t
+  return t
+end
 
--- Not yet: the worker holds the task (under a lease) or hands it back.
-local function later(wait, code)
-  if wait <= holdmax then
-    redis.call('ZADD', KEYS[5], now + lease, jobid)
+local function expire(jk, id, t, key)
+  redis.call('HSET', jk, 'state', 'expired', 'fin', now, 'err', 'expired: its deadline passed before it could be sent')
+  redis.call('PEXPIRE', jk, retention)
+  if key and key ~= '' then redis.call('PEXPIRE', idem_key(prefix, t.name, key), retention) end
+  redis.call('ZREM', prefix .. 'waiting:' .. t.name, id)
+  t.expired = t.expired + 1
+end
+
+local out = {now}
+for i = 8, #ARGV, 3 do
+  local id, tname, interval = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local jk = prefix .. 'job:' .. id
+  local all = redis.call('HGETALL', jk)
+  local j = {}
+  for f = 1, #all, 2 do j[all[f]] = all[f + 1] end
+  local reply
+  if j.state ~= 'queued' and j.state ~= 'retrying' then
+    reply = {0, 0, 0, 0}
   else
-    redis.call('ZREM', KEYS[5], jobid)
+    local t = tenant_of(tname)
+    local slot = tonumber(j.slot) or 0
+    -- '' or none: no deadline; '0' too (builds before this one wrote it
+    -- for none, and admission refuses a deadline at 1970 exactly).
+    local deadline = tonumber(j.deadline)
+    if deadline == 0 then deadline = nil end
+    if t.held > 0 then
+      -- Held by an operator: look again at the next multiple of the
+      -- recheck, plus the job's place in the schedule, so that after a
+      -- resume the tenant's jobs come back in slot order.
+      local frozen = at_least(t.untl, t.held) - t.shift
+      reply = {5, recheck - now % recheck + at_least(0, slot - frozen), 0, 0}
+    else
+      local dispatch_at = at_least(t.untl, slot + t.shift)
+      if deadline and dispatch_at > deadline then
+        expire(jk, id, t, j.key)
+        reply = {3, 0, 0, 0}
+      elseif dispatch_at - now > horizon then
+        local wait = dispatch_at - now - horizon
+        if deadline and deadline - now < wait then wait = deadline - now end
+        reply = {1, wait, dispatch_at, 0}
+      else
+        local attempts = (tonumber(j.attempts) or 0) + 1
+        redis.call('HSET', jk, 'state', 'dispatching', 'dispatch', dispatch_at, 'attempts', attempts)
+        redis.call('ZREM', prefix .. 'waiting:' .. tname, id)
+        redis.call('ZADD', prefix .. 'claimed:' .. tname, slot, id)
+        redis.call('ZADD', KEYS[3], slot, id)
+        t.claimed = t.claimed + 1
+        t.next = at_least(t.next, dispatch_at + interval * at_least(tonumber(j.cost) or 1, 1))
+        reply = {2, 0, dispatch_at, attempts}
+        for f = 1, #all do reply[#reply + 1] = all[f] end
+      end
+    end
   end
-  return reply(code or 1, wait)
+  out[#out + 1] = reply
 end
 
-if state == 'dispatching' then
-  -- Another worker has it, unless its lease ran out (it crashed): then
-  -- this task takes it over (the attempt may have been sent: the same
-  -- Idempotency-Key goes again).
-  local lease_end = tonumber(redis.call('ZSCORE', KEYS[5], jobid) or 0)
-  if lease_end > now then return reply(4, lease_end - now) end
-  redis.call('HINCRBY', KEYS[2], 'inflight', -1)
-  redis.call('HINCRBY', KEYS[2], 'depth', 1)
-  redis.call('HSET', KEYS[1], 'state', 'retrying')
-  redis.call('ZREM', KEYS[7], jobid)
-  redis.call('ZADD', KEYS[6], tonumber(j[3]), jobid)
-elseif state ~= 'queued' and state ~= 'retrying' then
-  redis.call('ZREM', KEYS[5], jobid)
-  return reply(0)
+for _, t in ipairs(tenants) do
+  if t.claimed + t.expired > 0 then
+    redis.call('HSET', t.key, 'depth', t.depth - t.claimed - t.expired, 'inflight', t.inflight + t.claimed, 'next', t.next)
+  end
+  if t.expired > 0 then
+    redis.call('HINCRBY', t.key, 'expired', t.expired)
+    for _ = 1, t.expired do inactive(KEYS[2], t.name) end
+    settle(t.key, now, idle_ms)
+  end
 end
-
-local slot = tonumber(j[3])
--- '' or none: no deadline; '0' too, written for none by builds before this
--- one (no job is kept with a deadline at 1970 exactly: its admission
--- refuses it). Any other number is a deadline.
-local deadline = tonumber(j[4])
-if deadline == 0 then deadline = nil end
-local h = redis.call('HMGET', KEYS[2], 'shift', 'until', 'held')
-local shift, untl, held = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0
-if held > 0 then
-  -- Held by an operator: look again at the next multiple of the recheck,
-  -- the same for every job of the tenant, plus the job's place in the
-  -- schedule: after a resume they come back in slot order (a resume is
-  -- seen within the recheck).
-  local frozen = at_least(untl, held) - shift
-  local recheck = tonumber(ARGV[6])
-  return later(recheck - now % recheck + at_least(0, slot - frozen), 5)
-end
-local dispatch_at = at_least(untl, slot + shift)
-
-if deadline and dispatch_at > deadline then
-  redis.call('HSET', KEYS[1], 'state', 'expired', 'fin', now,
-    'err', 'expired: its deadline passed before it could be sent')
-  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]))
-  if j[7] and j[7] ~= '' then redis.call('PEXPIRE', idem_key(ARGV[8], tenant, j[7]), tonumber(ARGV[5])) end
-  redis.call('HINCRBY', KEYS[2], 'depth', -1)
-  redis.call('HINCRBY', KEYS[2], 'expired', 1)
-  redis.call('ZREM', KEYS[3], jobid)
-  redis.call('ZREM', KEYS[5], jobid)
-  redis.call('ZREM', KEYS[6], jobid)
-  inactive(KEYS[4], tenant)
-  settle(KEYS[2], now, tonumber(ARGV[9]))
-  return reply(3)
-end
-if deadline and dispatch_at - now > horizon and deadline - now < dispatch_at - now - horizon then
-  return later(deadline - now) -- look again when it expires
-end
-if dispatch_at - now > horizon then return later(dispatch_at - now - horizon) end
-
-redis.call('HSET', KEYS[1], 'state', 'dispatching', 'dispatch', dispatch_at, 'attempts', (tonumber(j[8]) or 0) + 1)
-redis.call('HINCRBY', KEYS[2], 'depth', -1)
-redis.call('HINCRBY', KEYS[2], 'inflight', 1)
-redis.call('ZREM', KEYS[3], jobid)
-redis.call('ZADD', KEYS[5], now + lease, jobid)
-redis.call('ZREM', KEYS[6], jobid)
-redis.call('ZADD', KEYS[7], slot, jobid)
-local out = reply(2, 0, dispatch_at)
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all do out[#out + 1] = all[i] end
 return out

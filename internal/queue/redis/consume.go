@@ -3,123 +3,211 @@ package redis
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
-	"github.com/hibiken/asynq"
+	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/queue"
+	"throttler/internal/queue/redis/owner"
 )
 
-// consumer is one Consume call's state, shared by its asynq handlers.
+// consumer is one Consume call: this worker's share of the partitions.
 type consumer struct {
 	s    *Store
 	h    queue.Handler
 	lead time.Duration
-	// held are the jobs this process holds, waiting for their slot or
-	// being sent: the renewer renews their leases.
-	held *heldJobs
-	// sending bounds the jobs being sent (handed to h, not finished) by
-	// Concurrency across the shards, as on the embedded store; tasks that
-	// only wait for their slot are not bounded by it (each shard's server
-	// holds that many).
+	// sending bounds the jobs handed to h and not yet finished, across
+	// the partitions (ConsumeOptions.Concurrency).
 	sending chan struct{}
+	stop    context.Context // Consume's
+	mgr     *owner.Manager
+
+	mu    sync.Mutex
+	parts map[int]*owned // the partitions owned now
+	// running counts the owned partitions' goroutines, which may outlive
+	// their tenure a little (a send being written when it was lost).
+	running sync.WaitGroup
 }
 
-// Consume implements queue.Store: an asynq server per shard, whose handler
-// claims the task's job, hands it to h at its slot, and records the
-// outcome. (One server per shard, not one for all: an asynq server takes
-// tasks one at a time, a round trip each, and one would cap a worker's
-// deliveries.) Beside them run the renewer (the leases of the jobs this
-// process holds), the recoverer (the jobs of workers that died holding
-// them) and the sweeper (the tasks of jobs whose admitting process died
-// before it could make them).
+// Consume implements queue.Store: this process joins the partitions'
+// owners (package owner: leases, epochs, balancing), and for each
+// partition it owns it paces the jobs in memory and hands each to h at its
+// slot (owned.go). Beside them one poller reads every owned partition's
+// arrivals. When ctx ends it hands its partitions over cleanly: sends not
+// yet written go back to waiting, those being written are recorded, and
+// only then are the leases released.
 func (s *Store) Consume(ctx context.Context, h queue.Handler, opts queue.ConsumeOptions) error {
-	concurrency := cmp.Or(opts.Concurrency, 1024)
-	c := &consumer{s: s, h: h, lead: cmp.Or(opts.Lead, queue.DefaultLead), held: newHeldJobs(), sending: make(chan struct{}, concurrency)}
-	servers, err := s.startServers(ctx, c, concurrency)
+	c := &consumer{s: s, h: h, lead: cmp.Or(opts.Lead, queue.DefaultLead), stop: ctx,
+		sending: make(chan struct{}, cmp.Or(opts.Concurrency, 1024)), parts: map[int]*owned{}}
+	mgr, err := owner.New(owner.Options{
+		Client: s.rdb, Partitions: s.partitions, WorkerID: s.workerID,
+		Lease: s.timing.Lease, Balance: s.timing.Balance, Logger: s.log,
+		Acquired: c.acquired, Lost: c.lost, Drain: c.drain,
+	})
 	if err != nil {
 		return err
 	}
-	// The renewer runs until the servers are down (not until ctx is done):
-	// a send that outlives ctx is never taken back while it is written.
-	renewer, recoverer, sweeper := newRenewer(s, c.held), newRecoverer(s), newSweeper(s)
-	renewer.Start(context.WithoutCancel(ctx))
-	recoverer.Start(ctx)
-	sweeper.Start(ctx)
+	c.mgr = mgr
+	s.addConsumer(c)
+	defer s.removeConsumer(c)
+	// Not ctx: a cancelled one abandons the leases as a crash would. Stop
+	// below hands them over instead.
+	if err := mgr.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	polled := make(chan struct{})
+	go func() { defer close(polled); c.pollArrivals(ctx) }()
 	<-ctx.Done()
-	shutdown(servers)
-	renewer.Stop()
-	recoverer.Stop()
-	sweeper.Stop()
+	mgr.Stop()
+	<-polled
+	c.running.Wait()
 	return nil
 }
 
-// startServers starts one asynq server per shard, all handing their tasks
-// to c; none if one cannot start.
-func (s *Store) startServers(ctx context.Context, c *consumer, concurrency int) ([]*asynq.Server, error) {
-	mux := asynq.HandlerFunc(func(tctx context.Context, t *asynq.Task) error {
-		taskID, _ := asynq.GetTaskID(tctx)
-		jobID, tenant := splitTaskPayload(t.Payload())
-		return c.runTask(ctx, jobID, tenant, taskID)
-	})
-	var servers []*asynq.Server
-	for shard := range Shards {
-		srv := asynq.NewServerFromRedisClient(s.rdb, asynq.Config{
-			Concurrency:              concurrency,
-			Queues:                   map[string]int{queueName(shard): 1},
-			TaskCheckInterval:        s.timing.Poll,
-			DelayedTaskCheckInterval: s.timing.Forward,
-			IsFailure:                func(err error) bool { var nd *notDue; return !errors.As(err, &nd) },
-			RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
-				var nd *notDue
-				if errors.As(err, &nd) {
-					return nd.wait
-				}
-				return asynq.DefaultRetryDelayFunc(n, err, t)
-			},
-			// Handlers watch ctx themselves and give their jobs back at
-			// once; this only bounds a send already being written.
-			ShutdownTimeout: 30 * time.Second,
-			Logger:          asynqLogger{s},
-			LogLevel:        asynq.WarnLevel,
-		})
-		if err := srv.Start(mux); err != nil {
-			shutdown(servers)
-			return nil, fmt.Errorf("asynq server: %w", err)
+// acquired starts a tenure of partition p (owner's callback: quick).
+func (c *consumer) acquired(p int, epoch int64) {
+	f, ok := c.mgr.Fence(p)
+	if !ok || f.Epoch != epoch {
+		return // lost already
+	}
+	o := newOwned(c, f)
+	c.mu.Lock()
+	c.parts[p] = o
+	c.mu.Unlock()
+	o.start()
+}
+
+// lost ends a tenure at once: nothing more is sent for p, and what the
+// partition's goroutines still write is refused by the fence.
+func (c *consumer) lost(p int) {
+	if o := c.take(p); o != nil {
+		o.abandon()
+	}
+}
+
+// drain ends a tenure cleanly, before the lease is released.
+func (c *consumer) drain(ctx context.Context, p int) {
+	c.mu.Lock()
+	o := c.parts[p]
+	c.mu.Unlock()
+	if o != nil {
+		o.drain(ctx)
+		c.take(p)
+	}
+}
+
+func (c *consumer) take(p int) *owned {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	o := c.parts[p]
+	delete(c.parts, p)
+	return o
+}
+
+func (c *consumer) owned() []*owned {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*owned, 0, len(c.parts))
+	for _, o := range c.parts {
+		out = append(out, o)
+	}
+	return out
+}
+
+// resumed wakes the held jobs of tenant, if this worker owns them.
+func (c *consumer) resumed(tenant string) {
+	c.mu.Lock()
+	o := c.parts[c.s.partOf(tenant)]
+	c.mu.Unlock()
+	if o != nil {
+		o.wakeHeld(tenant)
+	}
+}
+
+// arrivalsBatch is the most lines one poll takes from one partition.
+const arrivalsBatch = 1000
+
+// pollArrivals reads the arrivals of every partition owned, in one
+// pipelined round trip, and again at once while there were any; otherwise
+// every Timing.Poll.
+func (c *consumer) pollArrivals(ctx context.Context) {
+	for ctx.Err() == nil {
+		parts := c.owned()
+		found := false
+		if len(parts) > 0 {
+			found = c.pollOnce(ctx, parts)
 		}
-		servers = append(servers, srv)
+		if found {
+			continue
+		}
+		t := time.NewTimer(c.s.timing.Poll)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
 	}
-	return servers, nil
 }
 
-// shutdown shuts the servers down together: each waits for its handlers,
-// which all see ctx and give their jobs back at once.
-func shutdown(servers []*asynq.Server) {
-	var down sync.WaitGroup
-	for _, srv := range servers {
-		down.Add(1)
-		go func() { defer down.Done(); srv.Shutdown() }()
+// pollOnce reads each partition's arrivals once; found reports any.
+func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (found bool) {
+	pipe := c.s.rdb.Pipeline()
+	cmds := make([]*goredis.StringSliceCmd, len(parts))
+	for i, o := range parts {
+		cmds[i] = pipe.LPopCount(ctx, o.k.arrivals(), arrivalsBatch)
 	}
-	down.Wait()
+	if _, err := pipe.Exec(ctx); err != nil && err != goredis.Nil && ctx.Err() == nil {
+		c.s.log.Warn("cannot read the partitions' arrivals; trying again", "err", err)
+		return false
+	}
+	for i, o := range parts {
+		lines := cmds[i].Val()
+		if len(lines) > 0 {
+			found = true
+			o.arrive(lines)
+		}
+	}
+	return found
 }
 
-// notDue is a handler's answer for a task whose job must wait longer than
-// a worker should hold it: asynq runs the task again after wait, and,
-// since it is not a failure (Config.IsFailure), uses up none of its
-// retries.
-type notDue struct{ wait time.Duration }
-
-func (e *notDue) Error() string { return fmt.Sprintf("not due for %v", e.wait) }
-
-// holdMax is how long a worker holds a claimed task waiting for its job's
-// claim time, rather than handing it back to asynq: a task comes up to
-// early() before its slot, so a worker holds it about that long.
-func (s *Store) holdMax() time.Duration {
-	if s.clock != nil {
-		return time.Duration(1 << 62) // a test clock: asynq cannot wait on it
+// parseArrival reads one line of a partition's arrivals (enqueue.lua's
+// "id dispatch_at tenant").
+func parseArrival(line string) (id string, at time.Time, tenant string, ok bool) {
+	id, rest, ok1 := strings.Cut(line, " ")
+	us, tenant, ok2 := strings.Cut(rest, " ")
+	n, err := strconv.ParseInt(us, 10, 64)
+	if !ok1 || !ok2 || err != nil {
+		return "", time.Time{}, "", false
 	}
-	return s.timing.early() + time.Second
+	return id, fromMicros(n), tenant, true
+}
+
+// Ready reports whether every partition has an owner and the partitions
+// this process owns are loaded: jobs due now are handed over at once. A
+// worker on a new Redis takes about a lease to get there (a partition
+// Redis has never seen is held vacant for one lease). Tests and readiness
+// probes ask it.
+func (s *Store) Ready(ctx context.Context) bool {
+	leases, err := owner.ReadLeases(ctx, s.rdb, s.partitions)
+	if err != nil {
+		return false
+	}
+	for _, l := range leases {
+		if l.Worker == "" {
+			return false
+		}
+	}
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	for c := range s.consumers {
+		for _, o := range c.owned() {
+			if !o.isLoaded() {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -3,11 +3,8 @@ package redis
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"time"
-
-	"github.com/hibiken/asynq"
 
 	"throttler/internal/leaky"
 	"throttler/internal/luascript"
@@ -50,7 +47,6 @@ type admitReply struct {
 	Depth      int // before this job
 	Now        time.Time
 	Prompt     bool
-	Task       string      // a retry admitted: its new task
 	Pause      leaky.Pause // a repeat: the tenant's, which moves its dispatch time
 	Job        map[string]string
 }
@@ -64,7 +60,6 @@ func (a *admitReply) Decode(r *luascript.Reply) {
 	a.Depth = int(r.Int())
 	a.Now = r.Time()
 	a.Prompt = r.Flag()
-	a.Task = r.Str()
 	a.Pause = leaky.Pause{Shift: r.Duration(), Until: r.Time(), Held: r.Time()}
 	a.Job = r.Hash()
 	if a.Code < admitRefused || a.Code > admitNotFailed {
@@ -91,14 +86,14 @@ type admitCall struct {
 
 // newAdmitCall starts a call of mode ("new", or "retry") for tenant, of
 // policy p under ceiling (nil: none).
-func (s *Store) newAdmitCall(k shardKeys, tenant string, p leaky.Policy, ceiling *leaky.Policy, mode string) *admitCall {
+func (s *Store) newAdmitCall(k partKeys, tenant string, p leaky.Policy, ceiling *leaky.Policy, mode string) *admitCall {
 	var ceilingT int64
 	var ceilingBurst int
 	if ceiling != nil {
 		ceilingT, ceilingBurst = usCeil(ceiling.Interval), ceiling.Burst
 	}
 	c := &admitCall{
-		keys: []string{k.tenant(tenant), k.handoff(), k.active(), k.failed(tenant), k.waiting(tenant), k.claimed(tenant)},
+		keys: []string{k.tenant(tenant), k.arrivals(), k.active(), k.failed(tenant), k.waiting(tenant), k.claimed(tenant)},
 		args: []any{s.now(), usCeil(s.lag), usCeil(p.Interval), p.Burst, p.Capacity, ceilingT, ceilingBurst,
 			s.idle.Milliseconds(), mode, tenant, k.tag, len(p.Windows)},
 	}
@@ -110,10 +105,10 @@ func (s *Store) newAdmitCall(k shardKeys, tenant string, p leaky.Policy, ceiling
 }
 
 // add puts a job in the call: its hash's key, its idempotency key's key
-// (its hash's again if none), its id and its task's.
-func (c *admitCall) add(jobKey, idemKey, id, task string, nj queue.NewJob) {
+// (its hash's again if none) and its id.
+func (c *admitCall) add(jobKey, idemKey, id string, nj queue.NewJob) {
 	c.keys = append(c.keys, jobKey, idemKey)
-	c.args = append(c.args, id, task, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline))
+	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline))
 	c.ids = append(c.ids, id)
 }
 
@@ -129,11 +124,9 @@ func (c *admitCall) run(ctx context.Context, s *Store) (admitReplies, error) {
 }
 
 // Enqueue implements queue.Store: one script decides and keeps the whole
-// batch (nothing is admitted if it fails) and answers every job from what
-// it read itself, a repeated key too; then each admitted job becomes an
-// asynq task. A job whose task cannot be made (Redis went away just then)
-// is still admitted: it is in the hand-off set, and the sweeper makes its
-// task.
+// batch (nothing is admitted if it fails), tells the partition's owner of
+// the jobs admitted (its arrivals), and answers every job from what it
+// read itself, a repeated key too.
 func (s *Store) Enqueue(ctx context.Context, tenant string, jobs []queue.NewJob) ([]queue.Admission, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -143,31 +136,24 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, jobs []queue.NewJob)
 	out := make([]queue.Admission, len(jobs))
 	plan := queue.Precheck(tenant, jobs, queue.MaxCost(p, ceiling), p.Capacity, out)
 	if len(plan.Decide) > 0 {
-		shard := shardOf(tenant)
-		k := keysOf(shard)
+		part := s.partOf(tenant)
+		k := keysOf(part)
 		call := s.newAdmitCall(k, tenant, p, ceiling, "new")
 		idNow := s.localNow()
 		for _, i := range plan.Decide {
-			id := newJobID(idNow, shard)
+			id := newJobID(idNow, part)
 			ik := k.job(id)
 			if key := jobs[i].IdempotencyKey; key != "" {
 				ik = k.idem(tenant, key)
 			}
-			call.add(k.job(id), ik, id, id, jobs[i])
+			call.add(k.job(id), ik, id, jobs[i])
 		}
 		replies, err := call.run(ctx, s)
 		if err != nil {
 			return nil, err
 		}
-		var admitted []queue.Job
 		for n, i := range plan.Decide {
 			out[i] = s.admission(tenant, p, jobs[i], call.ids[n], replies[n])
-			if replies[n].Code == admitAdmitted {
-				admitted = append(admitted, out[i].Job)
-			}
-		}
-		for _, j := range admitted {
-			s.makeTask(ctx, j)
 		}
 	}
 	plan.FillRepeats(out)
@@ -198,9 +184,9 @@ func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id str
 }
 
 // Retry implements queue.Store: the failed job takes a new slot like a new
-// job, under a new task id (its old task is gone).
+// job, and its partition's owner is told of it as of one.
 func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
-	shard, ok := shardOfID(id)
+	part, ok := s.partOfID(id)
 	if !ok {
 		return queue.Admission{}, queue.ErrNotFound
 	}
@@ -211,12 +197,12 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	if j.State != queue.StateFailed {
 		return queue.Admission{}, &queue.StateError{ID: id, State: j.State, Op: "retry"}
 	}
-	k := keysOf(shard)
+	k := keysOf(part)
 	p := s.policy(j.Tenant)
 	_, ceiling := s.ceiling(j.Tenant)
 	call := s.newAdmitCall(k, j.Tenant, p, ceiling, "retry")
-	// Its payload and key stay in its hash; the script names the new task.
-	call.add(k.job(id), k.idemOf(j), id, "", queue.NewJob{Cost: j.Cost, Deadline: j.Deadline})
+	// Its payload and key stay in its hash.
+	call.add(k.job(id), k.idemOf(j), id, queue.NewJob{Cost: j.Cost, Deadline: j.Deadline})
 	replies, err := call.run(ctx, s)
 	if err != nil {
 		return queue.Admission{}, err
@@ -228,9 +214,6 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	a := s.admission(j.Tenant, p, queue.NewJob{Payload: j.Payload, IdempotencyKey: j.IdempotencyKey, Cost: j.Cost, Deadline: j.Deadline}, id, r)
 	if r.Code == admitAdmitted {
 		a.Job.EnqueuedAt, a.Job.Attempts = j.EnqueuedAt, 0
-		if err := s.enqueueTask(ctx, id, j.Tenant, r.Task, a.Job.DispatchAt); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-			s.log.Warn("job sent again, its asynq task not made yet: the sweeper will make it", "job", id, "err", err)
-		}
 	}
 	return a, nil
 }

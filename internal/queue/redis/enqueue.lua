@@ -2,12 +2,12 @@
 -- the Redis backend's Enqueue (and Retry) in one round trip, run by
 -- enqueue.go. Each decision is admit.lua's (loaded before this file as the
 -- function admit_decision); around it, the idempotency key, the job's hash,
--- the hand-off set (jobs not yet known to be asynq tasks) and the tenant's
--- expiry. Microseconds, like admit.lua.
+-- the line that tells the partition's owner of it (its arrivals) and the
+-- tenant's expiry. Microseconds, like admit.lua.
 --
 -- KEYS[1]      the tenant's hash
--- KEYS[2]      the shard's hand-off zset
--- KEYS[3]      the shard's active-tenants zset
+-- KEYS[2]      the partition's arrivals (a list: "id dispatch_at tenant")
+-- KEYS[3]      the partition's active-tenants zset
 -- KEYS[4]      the tenant's failed zset
 -- KEYS[5]      the tenant's waiting jobs (zset: id -> slot)
 -- KEYS[6]      the tenant's claimed jobs (zset: id -> slot)
@@ -23,19 +23,19 @@
 -- ARGV[8]      idle ttl (ms)
 -- ARGV[9]      mode: 'new', or 'retry' for a failed job sent again
 -- ARGV[10]     the tenant's name
--- ARGV[11]     the shard's key prefix (shardKeys.tag)
+-- ARGV[11]     the partition's key prefix (partKeys.tag)
 -- ARGV[12]     nw, the number of windows
 -- ARGV[13..]   n and length per window
--- then per job id, task id, payload, idempotency key ('' none), cost,
---              deadline ('' none)
+-- then per job id, payload, idempotency key ('' none), cost, deadline
+--              ('' none)
 --
 -- Returns one reply per job, each
---   {code, slot, dispatch_at, delay, retry_after, depth, now, prompt, task,
+--   {code, slot, dispatch_at, delay, retry_after, depth, now, prompt,
 --    shift, until, held, field, value, ...}
 -- code 1 admitted, 0 refused, 3 would expire (admit.lua's), 2 a repeated
 -- idempotency key, 4 a retry of a job that is not failed; slot,
--- dispatch_at, delay, retry_after, depth, prompt as admit.lua's; task the
--- new task id of a retry admitted ('' otherwise); shift, until, held the
+-- dispatch_at, delay, retry_after, depth, prompt as admit.lua's; shift,
+-- until, held the
 -- tenant's pause and the field-value pairs the first job's hash without
 -- its payload (a repeat), or its state (4).
 
@@ -56,7 +56,7 @@ local function repeat_reply(jk)
   local v = redis.call('HMGET', jk, unpack(job_fields))
   if not v[3] then return nil end -- gone (past retention): the key is stale
   local p = redis.call('HMGET', KEYS[1], 'shift', 'until', 'held')
-  local r = {2, 0, 0, 0, 0, 0, now, 0, '', tonumber(p[1]) or 0, tonumber(p[2]) or 0, tonumber(p[3]) or 0}
+  local r = {2, 0, 0, 0, 0, 0, now, 0, tonumber(p[1]) or 0, tonumber(p[2]) or 0, tonumber(p[3]) or 0}
   for i, f in ipairs(job_fields) do
     if v[i] then r[#r + 1] = f; r[#r + 1] = v[i] end
   end
@@ -65,49 +65,44 @@ end
 
 local out = {}
 local longest = 0 -- the latest dispatch time admitted, and its cost
-for j = 0, (#ARGV - a + 1) / 6 - 1 do
-  local b = a + j * 6
-  local id, task, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  local cost, deadline = tonumber(ARGV[b + 4]), ARGV[b + 5]
+for j = 0, (#ARGV - a + 1) / 5 - 1 do
+  local b = a + j * 5
+  local id, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 2]
+  local cost, deadline = tonumber(ARGV[b + 3]), ARGV[b + 4]
   local jk, ik = KEYS[7 + nw + j * 2], KEYS[8 + nw + j * 2]
   local r
   local first = key ~= '' and redis.call('GET', ik)
-  -- (The first job's hash: in the shard's hash tag, the same slot as KEYS.)
+  -- (The first job's hash: in the partition's hash tag, the same slot as KEYS.)
   if first then r = repeat_reply(prefix .. 'job:' .. first) end
   if r then
     -- answered as the first time
   elseif mode == 'retry' and redis.call('HGET', jk, 'state') ~= 'failed' then
-    r = {4, 0, 0, 0, 0, 0, now, 0, '', 0, 0, 0, 'state', redis.call('HGET', jk, 'state') or ''}
+    r = {4, 0, 0, 0, 0, 0, now, 0, 0, 0, 0, 'state', redis.call('HGET', jk, 'state') or ''}
   else
     local aargv = {now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], cost, -1, '1', deadline, ARGV[6], ARGV[7]}
     for i = 1, 2 * nw do aargv[#aargv + 1] = ARGV[12 + i] end
     local d = admit_decision(akeys, aargv)
     -- admit.lua's {admitted, slot, dispatch_at, retry_after, depth, now, prompt, delay}
-    r = {d[1], d[2], d[3], d[8], d[4], d[5], d[6], d[7], '', 0, 0, 0}
+    r = {d[1], d[2], d[3], d[8], d[4], d[5], d[6], d[7], 0, 0, 0}
   end
   if r[1] == 0 then
     redis.call('HINCRBY', KEYS[1], 'rejected', 1)
   elseif r[1] == 1 then
     local slot, dispatch_at, delay, depth = r[2], r[3], r[4], r[6]
     if mode == 'retry' then
-      -- A new task id: the failed one's task is gone, and a task id may
-      -- not come back while asynq remembers it.
-      task = id .. '.' .. redis.call('HINCRBY', jk, 'lives', 1)
-      r[9] = task
-      redis.call('HSET', jk, 'state', 'queued', 'slot', slot, 'task', task, 'attempts', 0,
-        'failures', 0, 'fin', 0)
+      redis.call('HSET', jk, 'state', 'queued', 'slot', slot, 'attempts', 0, 'failures', 0, 'fin', 0)
       redis.call('PERSIST', jk)
       redis.call('PERSIST', ik)
       redis.call('ZREM', KEYS[4], id)
     else
       redis.call('HSET', jk, 'id', id, 'tenant', tenant, 'state', 'queued', 'payload', payload, 'key', key,
-        'cost', cost, 'deadline', deadline, 'enq', now, 'slot', slot, 'task', task,
+        'cost', cost, 'deadline', deadline, 'enq', now, 'slot', slot,
         'delay', delay, 'depth', depth + 1, 'prompt', r[8], 'attempts', 0, 'failures', 0)
       -- Kept while the job is, and store.retention after it finishes.
       if key ~= '' then redis.call('SET', ik, id) end
       redis.call('HINCRBY', KEYS[1], 'accepted', 1)
     end
-    redis.call('ZADD', KEYS[2], now, id)
+    redis.call('RPUSH', KEYS[2], id .. ' ' .. string.format('%d', dispatch_at) .. ' ' .. tenant)
     redis.call('ZADD', KEYS[5], slot, id)
     redis.call('ZINCRBY', KEYS[3], 1, tenant)
     longest = math.max(longest, dispatch_at - now + cost * T)

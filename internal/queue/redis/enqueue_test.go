@@ -47,25 +47,31 @@ func openFake(t *testing.T, rdb *goredis.Client, clk clock.Clock, policy queue.P
 	return s
 }
 
-// taskExists reports whether the asynq task that carries job id exists.
-func taskExists(t *testing.T, rdb *goredis.Client, id string) bool {
+// arrivalListed reports whether job id is in its partition's arrivals
+// (its owner learns of it from there).
+func arrivalListed(t *testing.T, s *Store, rdb *goredis.Client, id string) bool {
 	t.Helper()
-	shard, ok := shardOfID(id)
+	part, ok := s.partOfID(id)
 	if !ok {
 		t.Fatalf("%q is not a job id of this store", id)
 	}
-	n, err := rdb.Exists(context.Background(), "asynq:{"+queueName(shard)+"}:t:"+id).Result()
+	lines, err := rdb.LRange(context.Background(), keysOf(part).arrivals(), 0, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n == 1
+	for _, line := range lines {
+		if got, _, _, ok := parseArrival(line); ok && got == id {
+			return true
+		}
+	}
+	return false
 }
 
 // Issue 12 #7: a batch whose admission script ran is durable. A repeated
 // key's answer must not need a second read that can fail after the commit
 // (the call would answer 503, the client would retry, and the key-less jobs
 // of the batch would be admitted twice): the call succeeds, the repeat is
-// answered as the first time, and every job admitted gets its task.
+// answered as the first time, and its owner is told of every job admitted.
 func TestRepeatIsAnsweredWithoutASecondRead(t *testing.T) {
 	rdb := redisClient(t, 0)
 	reads := &failReads{}
@@ -93,8 +99,8 @@ func TestRepeatIsAnsweredWithoutASecondRead(t *testing.T) {
 		t.Fatalf("the repeat: %+v\nwant the first answer again: %+v", r, f)
 	}
 	for _, a := range []queue.Admission{out[0], out[2]} {
-		if !taskExists(t, rdb, a.Job.ID) {
-			t.Errorf("job %s admitted, its asynq task not made", a.Job.ID)
+		if !arrivalListed(t, s, rdb, a.Job.ID) {
+			t.Errorf("job %s admitted, its partition's owner not told", a.Job.ID)
 		}
 	}
 	if st, err := s.Tenant(ctx, "acme"); err != nil || st.Accepted != 3 || st.QueueDepth != 3 {
@@ -148,7 +154,7 @@ func TestRetryRefusedInTheScriptNamesTheJob(t *testing.T) {
 
 	// Between Retry's read (failed) and its script, another retry takes
 	// the job.
-	k := keysOf(shardOf("acme")).job(id)
+	k := keysOf(s.partOf("acme")).job(id)
 	rdb.AddHook(beforeScript(func() { rdb.HSet(context.Background(), k, "state", "queued") }))
 	_, err := s.Retry(ctx, id)
 	var se *queue.StateError

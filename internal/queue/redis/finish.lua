@@ -1,50 +1,84 @@
--- Records an attempt that ended the job (sent and answered 2xx, or failed
--- for good): the common outcomes, in one round trip. Outcomes that change
--- the tenant's schedule (a retry, a pushback, a release) go through the Go
--- rule instead (queue.ApplyOutcome, in Store.finishByRule). Run by
--- Store.finishDone (outcome.go). Microseconds.
+-- Records a batch of attempts that ended their jobs (sent and answered
+-- 2xx, or failed for good) for the partition's owner, in one round trip:
+-- Store.finishBatch (outcome.go). Outcomes that change a tenant's schedule
+-- (a retry, a pushback, a release) go through the Go rule instead
+-- (queue.ApplyOutcome, in Store.finishByRule). Fenced (owner.FenceLua is
+-- put in front): a stale owner's outcomes are refused, and the job goes
+-- again from its new owner with the same Idempotency-Key. Keys are built
+-- from the partition's prefix. Microseconds.
 --
--- KEYS[1]  the job's hash
--- KEYS[2]  its tenant's hash
--- KEYS[3]  the shard's in-flight zset
--- KEYS[4]  the shard's active-tenants zset
--- KEYS[5]  the tenant's failed zset
--- KEYS[6]  its idempotency key's key (its hash again if none)
--- KEYS[7]  the tenant's claimed jobs (zset: id -> slot)
--- ARGV[1]  now (0: the server's TIME)
--- ARGV[2]  the task's id
--- ARGV[3]  state: 'succeeded' | 'failed'
--- ARGV[4]  sent at (0: not sent)
--- ARGV[5]  status
--- ARGV[6]  error
--- ARGV[7]  retention (ms)
--- ARGV[8]  idle ttl (ms)
+-- KEYS[1]  the partition's lease (the fence)
+-- KEYS[2]  the partition's active-tenants zset
+-- KEYS[3]  the partition's jobs being sent
+-- ARGV[1]  the owner's token (the fence)
+-- ARGV[2]  now (0: the server's TIME)
+-- ARGV[3]  retention (ms)
+-- ARGV[4]  idle ttl (ms)
+-- ARGV[5]  the partition's key prefix (partKeys.tag)
+-- ARGV[6..] per job: id, tenant, state ('succeeded' | 'failed'), sent at
+--          (0: not sent), status, error, idempotency key ('' none)
 --
--- Returns 1, or 0 if the job is no longer this task's to finish (its
--- worker's lease ran out and another took it).
+-- Returns {recorded, ...} per job: 1, or 0 if the job was not being sent.
 
-local now = server_now(ARGV[1])
-local retention = tonumber(ARGV[7])
-local j = redis.call('HMGET', KEYS[1], 'state', 'task', 'tenant', 'id', 'sent', 'status', 'slot')
-if j[1] ~= 'dispatching' or j[2] ~= ARGV[2] then return 0 end
-local state, tenant, id = ARGV[3], j[3], j[4]
-local sent, status = ARGV[4], ARGV[5]
-if sent == '0' then sent = j[5] or '0' end
-if status == '0' then status = j[6] or '0' end
-redis.call('HSET', KEYS[1], 'state', state, 'fin', now, 'sent', sent, 'status', status, 'err', ARGV[6])
-redis.call('PEXPIRE', KEYS[1], retention)
-redis.call('PEXPIRE', KEYS[6], retention)
-redis.call('ZREM', KEYS[3], id)
-leave_claimed(KEYS[7], tonumber(j[7]) or 0, tenant_time(KEYS[2], now), tonumber(ARGV[8]))
-redis.call('HINCRBY', KEYS[2], 'inflight', -1)
-if state == 'succeeded' then
-  redis.call('HINCRBY', KEYS[2], 'delivered', 1)
-else
-  redis.call('HINCRBY', KEYS[2], 'failed', 1)
-  redis.call('ZADD', KEYS[5], now, id)
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - retention * 1000)
-  redis.call('PEXPIRE', KEYS[5], retention)
+local now = server_now(ARGV[2])
+local retention, idle_ms, prefix = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+
+local tenants = {}
+local function tenant_of(name)
+  local t = tenants[name]
+  if t then return t end
+  local tk = prefix .. 'tenant:' .. name
+  local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'depth', 'inflight', 'tat')
+  t = {key = tk, name = name, shift = tonumber(h[1]) or 0, untl = tonumber(h[2]) or 0, held = tonumber(h[3]) or 0,
+    depth = tonumber(h[4]) or 0, inflight = tonumber(h[5]) or 0, tat = tonumber(h[6]) or 0,
+    delivered = 0, failed = 0, last_slot = 0}
+  tenants[name] = t
+  tenants[#tenants + 1] = t
+  return t
 end
-inactive(KEYS[4], tenant)
-settle(KEYS[2], now, tonumber(ARGV[8]))
-return 1
+
+local out = {}
+for i = 6, #ARGV, 7 do
+  local id, tname, state = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local sent, status, err, key = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
+  local jk = prefix .. 'job:' .. id
+  local j = redis.call('HMGET', jk, 'state', 'slot', 'sent', 'status')
+  if j[1] ~= 'dispatching' then
+    out[#out + 1] = 0
+  else
+    if sent == '0' then sent = j[3] or '0' end
+    if status == '0' then status = j[4] or '0' end
+    redis.call('HSET', jk, 'state', state, 'fin', now, 'sent', sent, 'status', status, 'err', err)
+    redis.call('ZREM', KEYS[3], id)
+    redis.call('PEXPIRE', jk, retention)
+    if key ~= '' then redis.call('PEXPIRE', idem_key(prefix, tname, key), retention) end
+    local t = tenant_of(tname)
+    t.last_slot = at_least(t.last_slot, tonumber(j[2]) or 0)
+    if state == 'succeeded' then
+      t.delivered = t.delivered + 1
+    else
+      t.failed = t.failed + 1
+      local fk = prefix .. 'failed:' .. tname
+      redis.call('ZADD', fk, now, id)
+      redis.call('ZREMRANGEBYSCORE', fk, '-inf', now - retention * 1000)
+      redis.call('PEXPIRE', fk, retention)
+    end
+    out[#out + 1] = 1
+  end
+end
+
+for _, t in ipairs(tenants) do
+  local n = t.delivered + t.failed
+  local inflight = at_least(0, t.inflight - n)
+  redis.call('HSET', t.key, 'inflight', inflight)
+  if t.delivered > 0 then redis.call('HINCRBY', t.key, 'delivered', t.delivered) end
+  if t.failed > 0 then redis.call('HINCRBY', t.key, 'failed', t.failed) end
+  -- Tenant time (leaky.Pause.TenantTime).
+  local tnow = now
+  if t.held > 0 and t.held < tnow then tnow = t.held end
+  if tnow < t.untl then tnow = t.untl end
+  leave_claimed(prefix .. 'claimed:' .. t.name, t.last_slot, tnow - t.shift, idle_ms)
+  if tonumber(redis.call('ZINCRBY', KEYS[2], -n, t.name)) <= 0 then redis.call('ZREM', KEYS[2], t.name) end
+  settle_known(t.key, now, idle_ms, t.depth + inflight, t.held, t.tat, t.shift, t.untl)
+end
+return out

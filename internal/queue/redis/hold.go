@@ -32,7 +32,7 @@ func (s *Store) Resume(ctx context.Context, tenant string) (queue.TenantStatus, 
 // setHold holds tenant (held) or ends its hold, in its state (pause.lua)
 // and in its gate lane (gatehold.lua), and reports the tenant.
 func (s *Store) setHold(ctx context.Context, tenant string, held bool) (queue.TenantStatus, error) {
-	k := keysOf(shardOf(tenant))
+	k := keysOf(s.partOf(tenant))
 	p := s.policy(tenant)
 	op, gateOp := "hold", "hold"
 	if !held {
@@ -55,25 +55,47 @@ func (s *Store) setHold(ctx context.Context, tenant string, held bool) (queue.Te
 	return s.Tenant(ctx, tenant)
 }
 
-// resumed is closed when this process resumes tenant (other processes'
-// resumes are seen at the next recheck of the claim).
-func (s *Store) resumed(tenant string) <-chan struct{} {
-	s.resumesMu.Lock()
-	defer s.resumesMu.Unlock()
-	ch, ok := s.resumes[tenant]
-	if !ok {
-		ch = make(chan struct{})
-		s.resumes[tenant] = ch
-	}
-	return ch
+// addConsumer and removeConsumer keep the Consume calls of this process,
+// which a resume here wakes at once (resumes elsewhere are seen at the
+// held jobs' next claim, within heldRecheck).
+func (s *Store) addConsumer(c *consumer) {
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	s.consumers[c] = struct{}{}
 }
 
-// wakeResumed wakes this process's tasks of tenant, waiting out a hold.
+func (s *Store) removeConsumer(c *consumer) {
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	delete(s.consumers, c)
+}
+
+// wakeResumed wakes this process's held jobs of tenant.
 func (s *Store) wakeResumed(tenant string) {
-	s.resumesMu.Lock()
-	defer s.resumesMu.Unlock()
-	if ch, ok := s.resumes[tenant]; ok {
-		close(ch)
-		delete(s.resumes, tenant)
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	for c := range s.consumers {
+		c.resumed(tenant)
+	}
+}
+
+// sleep waits d on the store's clock, or until wake has a value; false if
+// stop came first.
+func (s *Store) sleep(stop context.Context, d time.Duration, wake <-chan struct{}) bool {
+	var after <-chan time.Time
+	if s.clock != nil {
+		after = s.clock.After(d)
+	} else {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		after = t.C
+	}
+	select {
+	case <-after:
+		return true
+	case <-wake:
+		return true
+	case <-stop.Done():
+		return false
 	}
 }

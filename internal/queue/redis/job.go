@@ -19,11 +19,11 @@ var (
 
 // Job implements queue.Store.
 func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
-	shard, ok := shardOfID(id)
+	part, ok := s.partOfID(id)
 	if !ok {
 		return queue.Job{}, queue.ErrNotFound
 	}
-	k := keysOf(shard)
+	k := keysOf(part)
 	h, err := s.rdb.HGetAll(ctx, k.job(id)).Result()
 	if err != nil {
 		return queue.Job{}, queue.Unavailable(err)
@@ -106,11 +106,11 @@ func (c *cancelReply) Decode(r *luascript.Reply) {
 
 // Cancel implements queue.Store.
 func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
-	shard, ok := shardOfID(id)
+	part, ok := s.partOfID(id)
 	if !ok {
 		return queue.Job{}, queue.ErrNotFound
 	}
-	k := keysOf(shard)
+	k := keysOf(part)
 	j, err := s.Job(ctx, id)
 	if err != nil {
 		return queue.Job{}, err
@@ -124,7 +124,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 		giveBack = 1
 	}
 	var r cancelReply
-	err = cancelScript.Run(ctx, s.rdb, []string{k.job(id), k.tenant(j.Tenant), k.handoff(), k.active(), k.idemOf(j), k.waiting(j.Tenant)},
+	err = cancelScript.Run(ctx, s.rdb, []string{k.job(id), k.tenant(j.Tenant), k.active(), k.idemOf(j), k.waiting(j.Tenant)},
 		[]any{s.now(), s.retain.Milliseconds(), usCeil(p.Interval), giveBack, s.idle.Milliseconds()}, &r)
 	switch {
 	case err != nil:
@@ -140,7 +140,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 
 // Failed implements queue.Store.
 func (s *Store) Failed(ctx context.Context, tenant string, limit int) ([]queue.Job, error) {
-	k := keysOf(shardOf(tenant))
+	k := keysOf(s.partOf(tenant))
 	ids, err := s.rdb.ZRevRange(ctx, k.failed(tenant), 0, int64(max(limit, 1))-1).Result()
 	if err != nil {
 		return nil, queue.Unavailable(err)

@@ -19,14 +19,19 @@ end
 -- A tenant's hash lives while it has jobs (waiting or being sent) or an
 -- operator's hold; once it has neither, it expires idle_ms after its
 -- schedule runs out. Called wherever those counts change.
-local function settle(tk, now, idle_ms)
-  local h = redis.call('HMGET', tk, 'depth', 'inflight', 'held', 'tat', 'shift', 'until')
-  if (tonumber(h[1]) or 0) + (tonumber(h[2]) or 0) > 0 or (tonumber(h[3]) or 0) > 0 then
+-- settle_known is settle for a caller that has the hash's fields at hand.
+local function settle_known(tk, now, idle_ms, jobs, held, tat, shift, untl)
+  if jobs > 0 or held > 0 then
     redis.call('PERSIST', tk)
     return
   end
-  local real_tat = at_least(tonumber(h[6]) or 0, (tonumber(h[4]) or 0) + (tonumber(h[5]) or 0))
+  local real_tat = at_least(untl, tat + shift)
   redis.call('PEXPIRE', tk, at_least(0, math.floor((real_tat - now) / 1000)) + idle_ms)
+end
+local function settle(tk, now, idle_ms)
+  local h = redis.call('HMGET', tk, 'depth', 'inflight', 'held', 'tat', 'shift', 'until')
+  settle_known(tk, now, idle_ms, (tonumber(h[1]) or 0) + (tonumber(h[2]) or 0), tonumber(h[3]) or 0,
+    tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0)
 end
 
 -- Keeps key k at least ms more.
@@ -46,7 +51,7 @@ local function tenant_time(tk, now)
 end
 
 -- A claimed job of slot ended at tenant time tnow: it leaves the tenant's
--- claimed set (see shardKeys.claimed) once its slot has come. Until then
+-- claimed set (see partKeys.claimed) once its slot has come. Until then
 -- it keeps its place, as any job short of its slot (an attempt that ended
 -- early does not free a place early), and the set lives at least until
 -- then. Places whose slots have come go with it.
@@ -55,12 +60,12 @@ local function leave_claimed(claimed, slot, tnow, idle_ms)
   if slot > tnow then keep(claimed, math.floor((slot - tnow) / 1000) + idle_ms) end
 end
 
--- A job's idempotency key (see shardKeys.idem).
+-- A job's idempotency key (see partKeys.idem).
 local function idem_key(prefix, tenant, key)
   return prefix .. 'key:' .. #tenant .. ':' .. tenant .. ':' .. key
 end
 
--- One fewer job of tenant in the shard's active set.
+-- One fewer job of tenant in the partition's active set.
 local function inactive(active, tenant)
   if tonumber(redis.call('ZINCRBY', active, -1, tenant)) <= 0 then redis.call('ZREM', active, tenant) end
 end

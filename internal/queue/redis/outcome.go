@@ -5,105 +5,87 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/leaky"
+	"throttler/internal/luascript"
 	"throttler/internal/queue"
+	"throttler/internal/queue/redis/owner"
 )
 
 var (
 	//go:embed finish.lua
 	finishLua    string
-	finishScript = newScript("finish.lua", finishLua, true)
+	finishScript = newScript("finish.lua", owner.FenceLua+finishLua, true)
 )
 
-// recordOutcome records o, through passing Redis failures: the job is held
-// (its lease renewed) until it is recorded. Once the service is stopping it
-// gives up after a few tries; the lease then runs out and another worker
-// sends the job again with the same Idempotency-Key.
-func (s *Store) recordOutcome(stop context.Context, k shardKeys, j queue.Job, taskID string, o queue.Outcome) {
-	backoff := 100 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := s.finish(context.WithoutCancel(stop), k, j, taskID, o)
-		if err == nil {
-			return
-		}
-		s.log.Error("cannot record the outcome of an attempt; trying again", "job", j.ID, "err", err)
-		if stop.Err() != nil && attempt >= 5 {
-			return
-		}
-		time.Sleep(backoff)
-		backoff = min(2*backoff, 5*time.Second)
-	}
+// ending is an attempt that ended its job (Succeeded, or Failed with no
+// pause): what finish.lua records in batches.
+func ending(o queue.Outcome) bool {
+	return o.Result == queue.Succeeded || (o.Result == queue.Failed && o.PauseUntil.IsZero())
 }
 
-// finish records an attempt's outcome: in one script if it ends the job
-// and changes nothing of its tenant's schedule, by the shared rule
-// otherwise.
-func (s *Store) finish(ctx context.Context, k shardKeys, j queue.Job, taskID string, o queue.Outcome) error {
-	if o.Result == queue.Succeeded || (o.Result == queue.Failed && o.PauseUntil.IsZero()) {
-		return s.finishDone(ctx, k, j, taskID, o)
-	}
-	paused, err := s.finishByRule(ctx, k, j, taskID, o)
-	if err != nil {
-		return err
-	}
-	if paused {
-		// Sends other processes hold stop at the gate.
-		if err := s.holdLanes(ctx, j.Tenant, o.PauseUntil, o.PauseDownstream); err != nil {
-			s.log.Warn("cannot hold the shared gate after a pushback", "tenant", j.Tenant, "err", err)
+// finishBatch records attempts that ended their jobs (ending), jobs[i]'s
+// outcome outs[i], in one fenced script: recorded[i] is false for a job
+// that was not being sent.
+func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs []queue.Job, outs []queue.Outcome) (recorded []bool, err error) {
+	args := []any{f.Token(), s.now(), s.retain.Milliseconds(), s.idle.Milliseconds(), k.tag}
+	for i, j := range jobs {
+		o := outs[i]
+		state, msg := queue.StateSucceeded, ""
+		if o.Result == queue.Failed {
+			state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
 		}
+		args = append(args, j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey)
 	}
-	return nil
+	var r finishReplies
+	if err := finishScript.Run(ctx, s.rdb, []string{f.Key(), k.active(), k.sending()}, args, &r); err != nil {
+		return nil, f.Err(err)
+	}
+	if len(r) != len(jobs) {
+		return nil, fmt.Errorf("finish.lua: %d replies for %d jobs", len(r), len(jobs))
+	}
+	return r, nil
 }
 
-// finishDone records an attempt that ended the job (finish.lua).
-func (s *Store) finishDone(ctx context.Context, k shardKeys, j queue.Job, taskID string, o queue.Outcome) error {
-	state, msg := queue.StateSucceeded, ""
-	if o.Result == queue.Failed {
-		state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
+// finishReplies is finish.lua's answer: whether each job was recorded.
+type finishReplies []bool
+
+func (l *finishReplies) Decode(r *luascript.Reply) {
+	for r.More() {
+		*l = append(*l, r.Flag())
 	}
-	ok, err := finishScript.RunInt(ctx, s.rdb, []string{k.job(j.ID), k.tenant(j.Tenant), k.inflight(), k.active(), k.failed(j.Tenant), k.idemOf(j), k.claimed(j.Tenant)},
-		[]any{s.now(), taskID, string(state), microsOf(o.SentAt), o.Status, msg, s.retain.Milliseconds(), s.idle.Milliseconds()})
-	if err != nil {
-		return err
-	}
-	if ok == 0 {
-		s.log.Warn("an attempt's outcome came after its lease ran out: another worker has the job", "job", j.ID, "result", o.Result)
-	}
-	return nil
 }
 
 // finishByRule records an outcome by queue.ApplyOutcome, in one optimistic
-// transaction on the job, its tenant and its windows. paused reports a new
-// pause of the tenant.
-func (s *Store) finishByRule(ctx context.Context, k shardKeys, j queue.Job, taskID string, o queue.Outcome) (paused bool, err error) {
+// transaction on the job, its tenant, its windows and the partition's
+// lease (the fence: a stale owner's outcome is a *owner.FencedError). It
+// returns the job as it is now (cur; ok false: it was not being sent) and
+// whether the tenant paused anew.
+func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j queue.Job, o queue.Outcome) (cur queue.Job, ok, paused bool, err error) {
 	p := s.policy(j.Tenant)
-	watch := []string{k.tenant(j.Tenant), k.job(j.ID)}
+	watch := []string{f.Key(), k.tenant(j.Tenant), k.job(j.ID)}
 	for _, w := range p.Windows {
 		watch = append(watch, k.window(j.Tenant, w))
 	}
-	var expired *queue.Job
 	txf := func(tx *goredis.Tx) error {
-		paused, expired = false, nil
-		st, ours, err := s.readForOutcome(ctx, tx, k, j, taskID, p)
+		ok, paused = false, false
+		st, ours, err := s.readForOutcome(ctx, tx, f, k, j, p)
 		if err != nil || !ours {
 			return err
 		}
 		rec := st.rec
-		cur, pausedNow := queue.ApplyOutcome(&rec, j, o, st.now, p)
+		next, pausedNow := queue.ApplyOutcome(&rec, j, o, st.now, p)
 		_, err = tx.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
-			s.writeOutcome(ctx, pipe, k, cur, st, rec, p)
+			s.writeOutcome(ctx, pipe, k, next, st, rec, p)
 			return nil
 		})
 		if err == nil {
-			paused = pausedNow
-			if cur.State == queue.StateExpired {
-				expired = &cur
-			}
+			cur, ok, paused = next, true, pausedNow
 		}
 		return err
 	}
@@ -113,14 +95,19 @@ func (s *Store) finishByRule(ctx context.Context, k shardKeys, j queue.Job, task
 			break
 		}
 	}
-	if err != nil {
-		return false, queue.Unavailable(err)
+	var fenced *owner.FencedError
+	switch {
+	case errors.As(err, &fenced):
+		return cur, false, false, err
+	case err != nil:
+		return cur, false, false, queue.Unavailable(err)
 	}
-	if expired != nil {
+	if ok && cur.State == queue.StateExpired {
+		expired := cur
 		expired.Tenant = j.Tenant
-		s.expired(*expired)
+		s.expired(expired)
 	}
-	return paused, nil
+	return cur, ok, paused, nil
 }
 
 // outcomeState is what an outcome is applied to: the tenant (its record
@@ -130,13 +117,14 @@ type outcomeState struct {
 	now time.Time
 }
 
-// readForOutcome reads, watched, job j's tenant and windows; ours is false
-// if the job is no longer this task's (its lease ran out, another worker
-// took it).
-func (s *Store) readForOutcome(ctx context.Context, tx *goredis.Tx, k shardKeys, j queue.Job, taskID string, p leaky.Policy) (st outcomeState, ours bool, err error) {
+// readForOutcome reads, watched, job j's tenant and windows, and the
+// partition's lease: a *owner.FencedError if it is no longer f's; ours is
+// false if the job is not being sent.
+func (s *Store) readForOutcome(ctx context.Context, tx *goredis.Tx, f owner.Fence, k partKeys, j queue.Job, p leaky.Policy) (st outcomeState, ours bool, err error) {
 	pipe := tx.Pipeline()
+	lease := pipe.Get(ctx, f.Key())
 	tcmd := pipe.HMGet(ctx, k.tenant(j.Tenant), tenantFields...)
-	jcmd := pipe.HMGet(ctx, k.job(j.ID), "state", "task")
+	jcmd := pipe.HMGet(ctx, k.job(j.ID), "state")
 	var timeCmd *goredis.TimeCmd
 	if s.clock == nil {
 		timeCmd = pipe.Time(ctx)
@@ -145,13 +133,14 @@ func (s *Store) readForOutcome(ctx context.Context, tx *goredis.Tx, k shardKeys,
 	for i, w := range p.Windows {
 		wcmds[i] = pipe.LRange(ctx, k.window(j.Tenant, w), 0, -1)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
 		return st, false, err
 	}
-	state, _ := jcmd.Val()[0].(string)
-	task, _ := jcmd.Val()[1].(string)
-	if state != string(queue.StateDispatching) || task != taskID {
-		s.log.Warn("an attempt's outcome came after its lease ran out: another worker has the job", "job", j.ID)
+	if holder := lease.Val(); holder != f.Token() {
+		return st, false, &owner.FencedError{Partition: f.Partition, Epoch: f.Epoch, Holder: holder}
+	}
+	if state, _ := jcmd.Val()[0].(string); state != string(queue.StateDispatching) {
+		s.log.Warn("an attempt's outcome for a job that is not being sent; ignored", "job", j.ID, "state", state)
 		return st, false, nil
 	}
 	if s.clock != nil {
@@ -172,12 +161,12 @@ func (s *Store) readForOutcome(ctx context.Context, tx *goredis.Tx, k shardKeys,
 
 // writeOutcome queues the writes of an outcome applied: job cur, and its
 // tenant's record, before (st) and after (rec).
-func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k shardKeys, cur queue.Job, st outcomeState, rec queue.TenantRecord, p leaky.Policy) {
+func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k partKeys, cur queue.Job, st outcomeState, rec queue.TenantRecord, p leaky.Policy) {
 	tk, jk, now := k.tenant(cur.Tenant), k.job(cur.ID), st.now
 	pipe.HSet(ctx, jk, "state", string(cur.State), "attempts", cur.Attempts, "failures", cur.Failures,
 		"slot", microsOf(cur.Slot), "dispatch", microsOf(cur.DispatchAt), "sent", microsOf(cur.SentAt),
 		"fin", microsOf(cur.FinishedAt), "err", cur.LastError, "status", cur.ResponseStatus)
-	pipe.ZRem(ctx, k.inflight(), cur.ID)
+	pipe.ZRem(ctx, k.sending(), cur.ID)
 	s.leaveClaimed(ctx, pipe, k, cur, st)
 	pipe.HIncrBy(ctx, tk, "inflight", -1)
 	if rec.TAT != st.rec.TAT || rec.Pause != st.rec.Pause {
@@ -218,7 +207,7 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k shar
 // leaveClaimed queues the move of job cur out of its tenant's claimed set:
 // to the waiting set at its slot if it waits again; if it is finished, once
 // its slot has come (as lib.lua's leave_claimed).
-func (s *Store) leaveClaimed(ctx context.Context, pipe goredis.Pipeliner, k shardKeys, cur queue.Job, st outcomeState) {
+func (s *Store) leaveClaimed(ctx context.Context, pipe goredis.Pipeliner, k partKeys, cur queue.Job, st outcomeState) {
 	claimed := k.claimed(cur.Tenant)
 	if !cur.State.Finished() {
 		pipe.ZRem(ctx, claimed, cur.ID)
@@ -233,7 +222,7 @@ func (s *Store) leaveClaimed(ctx context.Context, pipe goredis.Pipeliner, k shar
 }
 
 // writeWindows queues the rewrite of tenant's windows from rec.
-func (s *Store) writeWindows(ctx context.Context, pipe goredis.Pipeliner, k shardKeys, tenant string, rec queue.TenantRecord, now time.Time, p leaky.Policy) {
+func (s *Store) writeWindows(ctx context.Context, pipe goredis.Pipeliner, k partKeys, tenant string, rec queue.TenantRecord, now time.Time, p leaky.Policy) {
 	recent := rec.Recent(p)
 	for i, w := range p.Windows {
 		key := k.window(tenant, w)

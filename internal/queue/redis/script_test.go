@@ -44,9 +44,9 @@ func TestScriptRepliesAreChecked(t *testing.T) {
 			t.Errorf("%s: %v, want %q", tc.lua, err, tc.err)
 		}
 	}
-	var l recoveredList
-	err := newScript("test.lua", "return {{'a', 'b', 'c'}, {'d', 'e'}}", false).Run(ctx, rdb, nil, nil, &l)
-	if err == nil || !strings.Contains(err.Error(), "item 2: item 3 (a string): missing") {
+	var l takeoverReply
+	err := newScript("test.lua", "return {1000000, 0, {'a', 0, 0, 0, 0}, {'b', 0, 0}}", false).Run(ctx, rdb, nil, nil, &l)
+	if err == nil || !strings.Contains(err.Error(), "item 4: item 4 (an integer): missing") {
 		t.Errorf("a list of arrays, one short: %v", err)
 	}
 }

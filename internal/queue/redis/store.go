@@ -1,39 +1,40 @@
 // Package redis is the queue.Store of many throttler processes sharing one
-// Redis (standalone, Sentinel or Cluster). It owns everything of that
-// backend: the Redis keys (keys.go), the Lua scripts beside the Go that
-// runs them (admission and keeping a batch: enqueue.go; the claim of a due
-// job: claim.go; outcomes: outcome.go; pauses and holds: hold.go; the
-// shared gate: gate.go), the asynq tasks that carry the jobs (task.go,
-// consume.go), and the background parts a worker runs beside its asynq
-// servers, one component and one file each: the lease renewer
-// (renewer.go), the recoverer of crashed workers' jobs (recoverer.go) and
-// the sweeper of the hand-off set (sweeper.go). The rules both backends
-// share (admission's pre-check, outcomes, tenant records) are package
-// queue's.
+// Redis (standalone, Sentinel or Cluster), built on partitioned ownership
+// (DESIGN.md section 4). It owns everything of that backend: the Redis keys
+// (keys.go), the Lua scripts beside the Go that runs them (admission:
+// enqueue.go; claims: claim.go; outcomes: outcome.go; a new owner's
+// takeover: takeover.go; pauses and holds: hold.go; the shared gate of a
+// downstream ceiling: gate.go), and the consumer of a worker (consume.go,
+// owned.go). Which worker owns which partition is package owner's; the
+// rules both backends share are package queue's.
 //
-// Bucket state and jobs are Redis hashes changed by Lua scripts (one round
-// trip per decision, atomic across processes, in the server's clock); each
-// waiting job is an asynq task due a little before its slot. A worker
-// claims the job when its task runs, waits for the exact slot, and passes
-// the gate in Redis (PassGate) right before the request is written: the
-// schedule predicts, the gate enforces.
+// Tenants hash onto P partitions. Admission is one script on any process:
+// the GCRA decision in the server's clock, the durable job, and a line in
+// the partition's arrivals list. Each partition is owned by one worker at
+// a time (a lease with an epoch): the owner learns of its partition's jobs
+// from the arrivals in batches, keeps their schedule in memory, claims
+// each a lead before its slot in batches, hands it to the dispatcher
+// (which paces it from the real write, in process, as on the embedded
+// store), and records outcomes in batches. Every write of the owner is
+// fenced by its epoch: once another worker has taken the partition, the
+// old owner's writes are refused.
 package redis
 
 import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/hibiken/asynq"
 	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
+	"throttler/internal/queue/redis/owner"
 )
 
 var (
@@ -44,61 +45,62 @@ var (
 // Store is the Redis backend of queue.Store. All methods are safe for
 // concurrent use, by any number of processes on one Redis.
 type Store struct {
-	rdb      goredis.UniversalClient
-	tasks    *asynq.Client
-	policy   queue.PolicyFunc
-	ceiling  queue.CeilingFunc
-	clock    clock.Clock // nil: the Redis server's TIME
-	log      *slog.Logger
-	retain   time.Duration
-	idle     time.Duration
-	lag      time.Duration
-	timing   Timing
-	expired  func(queue.Job)
-	ownsConn bool
+	rdb        goredis.UniversalClient
+	partitions int
+	policy     queue.PolicyFunc
+	ceiling    queue.CeilingFunc
+	clock      clock.Clock // nil: the Redis server's TIME
+	log        *slog.Logger
+	retain     time.Duration
+	idle       time.Duration
+	lag        time.Duration
+	timing     Timing
+	workerID   string
+	expired    func(queue.Job)
+	ownsConn   bool
 
-	resumesMu sync.Mutex
-	resumes   map[string]chan struct{} // tenant -> closed when resumed here
-
-	// trouble is when this process last failed to reach Redis (unix ns):
-	// for a lease after it, it takes back no other worker's job (theirs
-	// may have lapsed only because Redis was away).
-	trouble atomic.Int64
+	consumersMu sync.Mutex
+	consumers   map[*consumer]struct{} // this process's Consume calls
 }
 
-// Timing is how the store drives asynq. Zero fields take the defaults.
+// Timing is how a worker learns of jobs and holds its partitions. Zero
+// fields take the defaults.
 type Timing struct {
-	// Poll is asynq's TaskCheckInterval: how often an idle worker looks for
-	// a due task (it sleeps 0.5x to 1.5x this). Default 20 ms: a job that
-	// can go at once waits about that long for a worker.
+	// Poll is how often an owner with nothing new looks at its partitions'
+	// arrivals (one pipelined round trip for all of them). Default 20 ms:
+	// a job that can go at once waits about that long to be seen, and
+	// admission counts it in its start lag.
 	Poll time.Duration
-	// Forward is asynq's DelayedTaskCheckInterval: how often scheduled
-	// tasks that came due move to the pending list. Default 100 ms.
-	Forward time.Duration
-	// Lease is how long a worker that stopped renewing (it crashed) keeps
-	// the job it was sending before another worker takes it back.
-	// Default 10 s.
+	// Lease is a partition's lease: a worker that dies holding partitions
+	// has them taken over about this long after its last renewal (a
+	// worker that stops cleanly hands them over at once). Default
+	// owner.LeaseDefault (5 s). Every worker on one Redis should give the
+	// same.
 	Lease time.Duration
+	// Balance is how often a worker looks at its share of the partitions
+	// (and sends its heartbeat). Default Lease/5.
+	Balance time.Duration
 }
 
 func (t Timing) withDefaults() Timing {
 	t.Poll = cmp.Or(t.Poll, 20*time.Millisecond)
-	t.Forward = cmp.Or(t.Forward, 100*time.Millisecond)
-	t.Lease = cmp.Or(t.Lease, 10*time.Second)
+	t.Lease = cmp.Or(t.Lease, owner.LeaseDefault)
 	return t
 }
 
-// early is how long before its slot a job's task is made due: asynq
-// stores due times in whole seconds (a task can start up to 1 s early,
-// never late on that account) and moves due tasks every Forward.
-func (t Timing) early() time.Duration { return time.Second + 2*t.Forward }
-
 // Options configure Open.
 type Options struct {
-	// Client is the connection, shared with asynq. Required.
+	// Client is the connection. Required.
 	Client goredis.UniversalClient
 	// OwnsClient: Close closes Client too.
 	OwnsClient bool
+	// Partitions is P, how many partitions the tenants hash onto: fixed
+	// per Redis (the first process records it; one configured otherwise is
+	// refused). At most MaxPartitions. Default owner.PartitionsDefault.
+	Partitions int
+	// WorkerID names this process among the partitions' owners (unique
+	// among live workers). Default hostname-pid-random.
+	WorkerID string
 	// Policy gives each tenant's bucket. Required.
 	Policy queue.PolicyFunc
 	// Ceiling names a tenant's downstream and its ceiling (nil: none).
@@ -113,8 +115,8 @@ type Options struct {
 	// Default 10 min.
 	IdleTTL time.Duration
 	// StartLag is how long a send takes to start: the time from a job's
-	// slot to a worker having claimed it. Default Timing.Poll + 20 ms;
-	// negative: none.
+	// admission to its owner having claimed it. Default Timing.Poll + 20
+	// ms; negative: none.
 	StartLag time.Duration
 	Timing   Timing
 	// OnExpired is told of each job that expired unsent (nil: nobody).
@@ -122,7 +124,9 @@ type Options struct {
 	Logger    *slog.Logger
 }
 
-// Open returns a store on opts.Client. It checks that Redis answers.
+// Open returns a store on opts.Client. It checks that Redis answers and
+// records P there (or finds it recorded: a *owner.PartitionsError if it
+// differs).
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Client == nil {
 		return nil, errors.New("redis: Open needs Options.Client")
@@ -130,21 +134,26 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Policy == nil {
 		return nil, errors.New("redis: Open needs Options.Policy")
 	}
+	partitions := cmp.Or(opts.Partitions, owner.PartitionsDefault)
+	if partitions < 1 || partitions > MaxPartitions {
+		return nil, fmt.Errorf("redis: %d partitions: want 1 to %d", partitions, MaxPartitions)
+	}
 	timing := opts.Timing.withDefaults()
 	s := &Store{
-		rdb:      opts.Client,
-		tasks:    asynq.NewClientFromRedisClient(opts.Client),
-		policy:   opts.Policy,
-		ceiling:  opts.Ceiling,
-		clock:    opts.Clock,
-		log:      cmp.Or(opts.Logger, slog.Default()),
-		retain:   cmp.Or(opts.Retention, 24*time.Hour),
-		idle:     cmp.Or(opts.IdleTTL, 10*time.Minute),
-		lag:      max(cmp.Or(opts.StartLag, timing.Poll+20*time.Millisecond), 0),
-		timing:   timing,
-		expired:  opts.OnExpired,
-		ownsConn: opts.OwnsClient,
-		resumes:  map[string]chan struct{}{},
+		rdb:        opts.Client,
+		partitions: partitions,
+		policy:     opts.Policy,
+		ceiling:    opts.Ceiling,
+		clock:      opts.Clock,
+		log:        cmp.Or(opts.Logger, slog.Default()),
+		retain:     cmp.Or(opts.Retention, 24*time.Hour),
+		idle:       cmp.Or(opts.IdleTTL, 10*time.Minute),
+		lag:        max(cmp.Or(opts.StartLag, timing.Poll+20*time.Millisecond), 0),
+		timing:     timing,
+		workerID:   opts.WorkerID,
+		expired:    opts.OnExpired,
+		ownsConn:   opts.OwnsClient,
+		consumers:  map[*consumer]struct{}{},
 	}
 	if s.ceiling == nil {
 		s.ceiling = func(string) (string, *leaky.Policy) { return "", nil }
@@ -155,7 +164,29 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := s.Ping(ctx); err != nil {
 		return nil, err
 	}
+	if err := refuseShardedData(ctx, s.rdb); err != nil {
+		return nil, err
+	}
+	if err := owner.RecordPartitions(ctx, s.rdb, partitions); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// refuseShardedData refuses a Redis that still holds jobs of the builds
+// before partitions (eight asynq shards, keys throttler:{throttler-N}:...):
+// this build would not see them, and they would wait for ever.
+func refuseShardedData(ctx context.Context, rdb goredis.UniversalClient) error {
+	for shard := range 8 {
+		n, err := rdb.ZCard(ctx, fmt.Sprintf("throttler:{throttler-%d}:active", shard)).Result()
+		if err != nil {
+			return queue.Unavailable(err)
+		}
+		if n > 0 {
+			return fmt.Errorf("redis: this Redis holds jobs of an older throttler (tenants with jobs under throttler:{throttler-%d}:active), which this build does not read: let the older build deliver them first (stop admitting, wait for GET /v1/tenants to show none), then start this one", shard)
+		}
+	}
+	return nil
 }
 
 // Ping implements queue.Store.
@@ -198,6 +229,3 @@ func (s *Store) localNow() time.Time {
 	}
 	return time.Now()
 }
-
-// markTrouble records that Redis could not be reached just now.
-func (s *Store) markTrouble() { s.trouble.Store(time.Now().UnixNano()) }

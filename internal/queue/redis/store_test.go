@@ -29,6 +29,9 @@ func redisClient(t testing.TB, poolSize int) *goredis.Client {
 	return rdb
 }
 
+// testLease is the partitions' lease in this package's tests.
+const testLease = 300 * time.Millisecond
+
 // TestRedisConformance runs the shared suite, each test on a redis-server
 // of its own.
 func TestRedisConformance(t *testing.T) {
@@ -37,10 +40,11 @@ func TestRedisConformance(t *testing.T) {
 		return func(t *testing.T, c queuetest.Config) queue.Store {
 			t.Helper()
 			s, err := Open(context.Background(), Options{Client: rdb, Clock: c.Clock, Policy: c.Policy, Ceiling: c.Ceiling, StartLag: -1,
-				// asynq works in real time: quick polls keep a fake clock
-				// that the test advances from running far ahead of a
-				// hand-over.
-				Timing: Timing{Poll: time.Millisecond}})
+				// The arrivals are polled in real time: quick polls keep a
+				// fake clock that the test advances from running far ahead
+				// of a hand-over. A short lease: each test's Redis is new,
+				// and a new Redis holds its partitions vacant for a lease.
+				Timing: Timing{Poll: time.Millisecond, Lease: testLease}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -83,8 +87,8 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 				n++
 			}
 		}
-		for shard := range Shards {
-			n += int(rdb.ZCard(ctx, keysOf(shard).active()).Val())
+		for p := range s.partitions {
+			n += int(rdb.ZCard(ctx, keysOf(p).active()).Val())
 		}
 		return n
 	}
@@ -147,10 +151,12 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 	t.Logf("every bucket key gone; what is left (jobs kept for store.retention): %d bytes per job", (used()-empty)/int64(tenants))
 }
 
-// The shared gate: a grant that came back too late is given back and asked
-// for again in one round trip, as often as needed, without costing the
-// tenant an interval; the grant that is used stands; a pushback and an
-// operator's hold stop sends at the gate.
+// The shared gate, which a downstream ceiling spanning partitions keeps: a
+// grant that came back too late is given back and asked for again in one
+// round trip, as often as needed, without costing the tenant an interval;
+// the grant that is used stands; a pushback and an operator's hold stop
+// sends at the gate. A tenant with no ceiling needs no gate: it goes at
+// once, without a round trip.
 func TestSharedGate(t *testing.T) {
 	rdb := redisClient(t, 0)
 	ctx := context.Background()
@@ -160,7 +166,14 @@ func TestSharedGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	const T = 100 * time.Millisecond
-	req := queue.GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}}
+	trips := &roundTrips{}
+	rdb.AddHook(trips)
+	before := trips.n.Load()
+	if a, err := s.PassGate(ctx, queue.GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}}); err != nil || a.Wait != 0 || !a.HeldUntil.IsZero() || trips.n.Load() != before {
+		t.Fatalf("no ceiling: %+v %v after %d round trips, want a go without any", a, err, trips.n.Load()-before)
+	}
+	wide := &leaky.Policy{Interval: time.Microsecond, Burst: 1000}
+	req := queue.GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}, Ceiling: wide}
 	goes := func(what string, a queue.GateAnswer, err error) queue.GateAnswer {
 		t.Helper()
 		if err != nil || a.Wait != 0 || !a.HeldUntil.IsZero() || a.Again == nil {
@@ -208,7 +221,7 @@ func TestSharedGate(t *testing.T) {
 	// per 10 s" waits for the first to leave it; a grant given back
 	// leaves it at once.
 	win := queue.GateRequest{Downstream: "sms", Tenant: "win", Policy: leaky.Policy{Interval: time.Millisecond, Burst: 3, Capacity: 10,
-		Windows: []leaky.Window{{N: 3, Length: 10 * time.Second}}}}
+		Windows: []leaky.Window{{N: 3, Length: 10 * time.Second}}}, Ceiling: wide}
 	var last queue.GateAnswer
 	for i := range 3 {
 		last, err = s.PassGate(ctx, win)

@@ -56,7 +56,7 @@ func parseRecent(list []string) leaky.Recent {
 
 // Tenant implements queue.Store.
 func (s *Store) Tenant(ctx context.Context, tenant string) (queue.TenantStatus, error) {
-	v, err := s.rdb.HMGet(ctx, keysOf(shardOf(tenant)).tenant(tenant), tenantFields...).Result()
+	v, err := s.rdb.HMGet(ctx, keysOf(s.partOf(tenant)).tenant(tenant), tenantFields...).Result()
 	if err != nil {
 		return queue.TenantStatus{}, queue.Unavailable(err)
 	}
@@ -75,7 +75,7 @@ func (s *Store) status(ctx context.Context, name string, ts tenantState, now tim
 	tnow := pz.TenantTime(now)
 	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: ts.rec.TAT}, tnow, p))
 	if len(p.Windows) > 0 {
-		k := keysOf(shardOf(name))
+		k := keysOf(s.partOf(name))
 		recent := make([]leaky.Recent, len(p.Windows))
 		for i, w := range p.Windows {
 			l, err := s.rdb.LRange(ctx, k.window(name, w), 0, -1).Result()
@@ -109,7 +109,7 @@ func (s *Store) Tenants(ctx context.Context, offset, limit int) ([]queue.TenantS
 	cmds := make([]*goredis.SliceCmd, len(page))
 	_, err = s.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for i, name := range page {
-			cmds[i] = p.HMGet(ctx, keysOf(shardOf(name)).tenant(name), tenantFields...)
+			cmds[i] = p.HMGet(ctx, keysOf(s.partOf(name)).tenant(name), tenantFields...)
 		}
 		return nil
 	})
@@ -139,8 +139,8 @@ func (s *Store) activePage(ctx context.Context, offset, limit int) ([]string, er
 		n    float64
 	}
 	var all []entry
-	for shard := range Shards {
-		zs, err := s.rdb.ZRangeWithScores(ctx, keysOf(shard).active(), 0, -1).Result()
+	for part := range s.partitions {
+		zs, err := s.rdb.ZRangeWithScores(ctx, keysOf(part).active(), 0, -1).Result()
 		if err != nil {
 			return nil, queue.Unavailable(err)
 		}

@@ -26,7 +26,7 @@ func TestWaitingIndexFollowsTheJobs(t *testing.T) {
 	s := openFake(t, rdb, clk, func(string) leaky.Policy {
 		return leaky.Policy{Interval: queuetest.T, Burst: 1, Capacity: 10, Windows: []leaky.Window{w}}
 	}, nil)
-	k := keysOf(shardOf("acme"))
+	k := keysOf(s.partOf("acme"))
 	index := func() (waiting, claimed map[string]float64) {
 		waiting, claimed = map[string]float64{}, map[string]float64{}
 		for key, m := range map[string]map[string]float64{k.waiting("acme"): waiting, k.claimed("acme"): claimed} {

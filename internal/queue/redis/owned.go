@@ -1,0 +1,405 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+	"throttler/internal/queue/redis/owner"
+)
+
+// owned is one tenure of one partition: the partition's waiting jobs in
+// memory (schedule), claimed in batches a lead before their dispatch
+// time, each handed to the handler, which paces it in process; and the
+// outcomes, recorded in batches. Every write is fenced by the tenure.
+type owned struct {
+	c     *consumer
+	s     *Store
+	k     partKeys
+	fence owner.Fence
+	// ctx ends with the tenure (lost, drained, or Consume's end): claims
+	// stop, and sends not yet written go back to waiting.
+	ctx    context.Context
+	cancel context.CancelFunc
+	send   context.Context // ctx, asking the lease right before each write
+
+	mu    sync.Mutex
+	sched schedule
+	known map[string]bool      // scheduled, or claimed and not recorded yet
+	floor map[string]time.Time // a takeover's: each tenant's earliest next send
+	wake  chan struct{}
+	// lastHanded is closed once the job claimed last is handed over.
+	lastHanded chan struct{}
+
+	loaded   atomic.Bool    // load has read the partition
+	sends    sync.WaitGroup // the claimed jobs' goroutines
+	outcomes chan ended     // to the writer
+	loopDone chan struct{}  // the claim loop has ended
+	written  chan struct{}  // the writer has ended
+	drained  sync.Once
+}
+
+// ended is an attempt that ended its job, for the writer.
+type ended struct {
+	job queue.Job
+	out queue.Outcome
+}
+
+func newOwned(c *consumer, f owner.Fence) *owned {
+	o := &owned{c: c, s: c.s, k: keysOf(f.Partition), fence: f,
+		known: map[string]bool{}, floor: map[string]time.Time{}, wake: make(chan struct{}, 1),
+		outcomes: make(chan ended, 1024), loopDone: make(chan struct{}), written: make(chan struct{})}
+	o.lastHanded = make(chan struct{})
+	close(o.lastHanded)
+	o.ctx, o.cancel = context.WithCancel(c.stop)
+	o.send = queue.WithSendCheck(o.ctx, func() bool { return c.mgr.Holds(f.Partition, f.Epoch) })
+	return o
+}
+
+func (o *owned) start() {
+	o.c.running.Add(2)
+	go func() { defer o.c.running.Done(); defer close(o.loopDone); o.run() }()
+	go func() { defer o.c.running.Done(); defer close(o.written); o.writeOutcomes() }()
+}
+
+// abandon ends a lost tenure: nothing more is claimed or sent; what is
+// being written finishes, and its outcome is refused by the fence (the
+// next owner sends the job again, with the same Idempotency-Key).
+func (o *owned) abandon() {
+	o.cancel()
+	go func() {
+		<-o.loopDone
+		o.sends.Wait()
+		o.closeOutcomes()
+	}()
+}
+
+// drain ends a tenure cleanly: claims stop, sends not yet written go
+// back to waiting, and drain returns once every outcome is recorded.
+func (o *owned) drain(ctx context.Context) {
+	o.cancel()
+	<-o.loopDone
+	o.sends.Wait()
+	o.closeOutcomes()
+	select {
+	case <-o.written:
+	case <-ctx.Done():
+		o.s.log.Warn("a partition handed over before all its outcomes were recorded: those jobs go again from the next owner", "partition", o.fence.Partition)
+	}
+}
+
+func (o *owned) closeOutcomes() { o.drained.Do(func() { close(o.outcomes) }) }
+
+func (o *owned) isLoaded() bool { return o.loaded.Load() }
+
+// holds is whether the tenure still holds, by this worker's clock.
+func (o *owned) holds() bool { return o.c.mgr.Holds(o.fence.Partition, o.fence.Epoch) }
+
+// run loads the partition, then claims each job as it comes due.
+func (o *owned) run() {
+	if !o.load() {
+		return
+	}
+	backoff := 50 * time.Millisecond
+	for o.ctx.Err() == nil {
+		o.mu.Lock()
+		due := o.sched.popDue(o.s.localNow().Add(o.c.lead), claimBatchMax)
+		next, any := o.sched.next()
+		o.mu.Unlock()
+		if len(due) == 0 {
+			wait := time.Hour
+			if any {
+				wait = next.Sub(o.s.localNow()) - o.c.lead
+			}
+			o.s.sleep(o.ctx, max(wait, 0), o.wake)
+			continue
+		}
+		if err := o.claim(due); err != nil {
+			if errors.Is(err, owner.ErrFenced) {
+				o.s.log.Warn("the partition's lease is another worker's now: stopping", "partition", o.fence.Partition)
+				o.cancel()
+				return
+			}
+			o.s.log.Error("cannot claim due jobs; trying again", "partition", o.fence.Partition, "err", err)
+			o.reschedule(due, o.s.localNow().Add(backoff))
+			o.s.sleep(o.ctx, backoff, nil)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+	}
+}
+
+// claimBatchMax is the most jobs one claim takes.
+const claimBatchMax = 200
+
+// load is the tenure's first step: the last owner's sends taken back and
+// the waiting jobs scheduled, each tenant no earlier than the last owner
+// could have sent its next job. False if the tenure ended first.
+func (o *owned) load() bool {
+	backoff := 50 * time.Millisecond
+	for {
+		began := time.Now()
+		now, taken, tenants, err := o.s.takeOver(o.ctx, o.fence, o.k)
+		if err == nil {
+			waiting := 0
+			o.mu.Lock()
+			for _, t := range tenants {
+				if t.Next.After(now) {
+					o.floor[t.Name] = t.Next
+				}
+				for _, w := range t.Waiting {
+					at := clock.Later(queue.DispatchAt(t.Pause, w.Slot, now), o.floor[t.Name])
+					o.addLocked(&entry{at: at, id: w.ID, tenant: t.Name, held: !t.Pause.Held.IsZero()})
+				}
+				waiting += len(t.Waiting)
+			}
+			o.mu.Unlock()
+			o.loaded.Store(true)
+			o.s.log.Info("loaded a partition taken", "partition", o.fence.Partition, "epoch", o.fence.Epoch,
+				"tenants", len(tenants), "waiting", waiting, "took", time.Since(began).Round(time.Millisecond))
+			if taken > 0 {
+				o.s.log.Warn("took back jobs the last owner of the partition was sending: they go again with the same Idempotency-Key", "partition", o.fence.Partition, "jobs", taken)
+			}
+			return true
+		}
+		if errors.Is(err, owner.ErrFenced) {
+			o.s.log.Warn("cannot load a partition taken: its lease is another worker's already", "partition", o.fence.Partition, "err", err)
+			return false
+		}
+		if o.ctx.Err() != nil {
+			return false
+		}
+		o.s.log.Error("cannot load a partition taken over; trying again", "partition", o.fence.Partition, "err", err)
+		if !o.s.sleep(o.ctx, backoff, nil) {
+			return false
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// arrive schedules the jobs of arrivals lines (pollArrivals).
+func (o *owned) arrive(lines []string) {
+	o.mu.Lock()
+	for _, line := range lines {
+		id, at, tenant, ok := parseArrival(line)
+		if !ok {
+			o.s.log.Error("a line in a partition's arrivals that is not a job; skipped", "partition", o.fence.Partition, "line", line)
+			continue
+		}
+		if !o.known[id] {
+			o.addLocked(&entry{at: clock.Later(at, o.floor[tenant]), id: id, tenant: tenant})
+		}
+	}
+	o.mu.Unlock()
+	o.poke()
+}
+
+func (o *owned) addLocked(e *entry) {
+	o.known[e.id] = true
+	o.sched.add(e)
+}
+
+func (o *owned) poke() {
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// reschedule puts entries back, due at (zero: their own time).
+func (o *owned) reschedule(es []*entry, at time.Time) {
+	o.mu.Lock()
+	for _, e := range es {
+		if !at.IsZero() {
+			e.at = at
+		}
+		o.sched.add(e)
+	}
+	o.mu.Unlock()
+	o.poke()
+}
+
+// forget drops job id from the tenure's memory: it is finished, or
+// nobody's to send.
+func (o *owned) forget(id string) {
+	o.mu.Lock()
+	delete(o.known, id)
+	o.mu.Unlock()
+}
+
+func (o *owned) wakeHeld(tenant string) {
+	o.mu.Lock()
+	o.sched.wake(tenant, o.s.localNow())
+	o.mu.Unlock()
+	o.poke()
+}
+
+// claim claims the due entries and starts the send of each job claimed.
+func (o *owned) claim(due []*entry) error {
+	r, err := o.s.claimBatch(context.WithoutCancel(o.ctx), o.fence, o.k, due, o.c.lead)
+	if err != nil {
+		return err
+	}
+	now := o.s.localNow()
+	var later []*entry
+	for i, e := range due {
+		c := r.Jobs[i]
+		switch c.Code {
+		case claimDrop:
+			o.forget(e.id)
+		case claimExpired:
+			o.forget(e.id)
+			if j, err := o.s.Job(o.ctx, e.id); err == nil {
+				o.s.expired(j)
+			}
+		case claimNotYet, claimHeld:
+			e.at, e.held = now.Add(c.Wait+o.c.lead), c.Code == claimHeld
+			later = append(later, e)
+		case claimed:
+			j := claimedJob(c)
+			o.mu.Lock()
+			floor, ok := o.floor[j.Tenant]
+			if ok && !floor.After(now) {
+				delete(o.floor, j.Tenant)
+			}
+			o.mu.Unlock()
+			j.DispatchAt = clock.Later(j.DispatchAt, floor)
+			o.startSend(j)
+		}
+	}
+	if len(later) > 0 {
+		o.reschedule(later, time.Time{})
+	}
+	return nil
+}
+
+// startSend hands claimed job j to the handler once there is room, and
+// records how it went. Jobs are handed over in the order they were
+// claimed (slot order): each waits for the one before it to be handed.
+func (o *owned) startSend(j queue.Job) {
+	o.sends.Add(1)
+	o.mu.Lock()
+	before, handed := o.lastHanded, make(chan struct{})
+	o.lastHanded = handed
+	o.mu.Unlock()
+	go func() {
+		defer o.sends.Done()
+		var out queue.Outcome
+		select {
+		case <-before:
+		case <-o.ctx.Done():
+		}
+		select {
+		case o.c.sending <- struct{}{}:
+			close(handed)
+			out = o.c.h(o.send, j)
+			<-o.c.sending
+		case <-o.ctx.Done():
+			close(handed)
+			out = queue.Outcome{Result: queue.Released}
+		}
+		o.record(j, out)
+	}()
+}
+
+// record records an attempt's outcome: in the writer's next batch if it
+// ended the job, by the shared rule at once otherwise (the job waits
+// again: it goes back in the schedule).
+func (o *owned) record(j queue.Job, out queue.Outcome) {
+	if ending(out) {
+		o.outcomes <- ended{job: j, out: out}
+		return
+	}
+	o.retrying(j.ID, func(ctx context.Context) error {
+		cur, ok, paused, err := o.s.finishByRule(ctx, o.fence, o.k, j, out)
+		if err != nil {
+			return err
+		}
+		if !ok || cur.State.Finished() {
+			o.forget(j.ID)
+			return nil
+		}
+		if paused {
+			o.holdSharedLanes(ctx, j.Tenant, out)
+		}
+		o.reschedule([]*entry{{at: cur.DispatchAt, id: j.ID, tenant: j.Tenant}}, time.Time{})
+		return nil
+	})
+}
+
+// holdSharedLanes holds the shared gate's lanes of a tenant pushed back,
+// when its downstream has a ceiling that spans partitions (other owners'
+// sends to it pass that gate).
+func (o *owned) holdSharedLanes(ctx context.Context, tenant string, out queue.Outcome) {
+	if _, ceiling := o.s.ceiling(tenant); ceiling == nil {
+		return
+	}
+	if err := o.s.holdLanes(ctx, tenant, out.PauseUntil, out.PauseDownstream); err != nil {
+		o.s.log.Warn("cannot hold the shared gate after a pushback", "tenant", tenant, "err", err)
+	}
+}
+
+// retrying runs write through passing Redis failures, while the tenure
+// holds. A fenced write, or a tenure lost meanwhile, gives up: the next
+// owner takes the job back.
+func (o *owned) retrying(what string, write func(context.Context) error) {
+	backoff := 50 * time.Millisecond
+	for {
+		err := write(context.WithoutCancel(o.ctx))
+		if err == nil {
+			return
+		}
+		if errors.Is(err, owner.ErrFenced) || !o.holds() {
+			o.s.log.Warn("an outcome not recorded: the partition is another worker's now, which sends the job again", "partition", o.fence.Partition, "job", what, "err", err)
+			return
+		}
+		o.s.log.Error("cannot record an outcome; trying again", "partition", o.fence.Partition, "job", what, "err", err)
+		time.Sleep(backoff)
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// writeOutcomes records the attempts that ended their jobs, as many in
+// one round trip as have come meanwhile, until the tenure's outcomes are
+// closed.
+func (o *owned) writeOutcomes() {
+	for first := range o.outcomes {
+		batch := []ended{first}
+	more:
+		for len(batch) < finishBatchMax {
+			select {
+			case e, ok := <-o.outcomes:
+				if !ok {
+					break more
+				}
+				batch = append(batch, e)
+			default:
+				break more
+			}
+		}
+		o.writeBatch(batch)
+	}
+}
+
+// finishBatchMax is the most outcomes one write records.
+const finishBatchMax = 200
+
+func (o *owned) writeBatch(batch []ended) {
+	jobs := make([]queue.Job, len(batch))
+	outs := make([]queue.Outcome, len(batch))
+	for i, e := range batch {
+		jobs[i], outs[i] = e.job, e.out
+	}
+	o.retrying(jobs[0].ID, func(ctx context.Context) error {
+		_, err := o.s.finishBatch(ctx, o.fence, o.k, jobs, outs)
+		return err
+	})
+	for _, j := range jobs {
+		o.forget(j.ID)
+	}
+}

@@ -1,0 +1,72 @@
+package redis
+
+import (
+	"container/heap"
+	"time"
+)
+
+// entry is one job in an owner's schedule: when to claim it (a lead
+// before at) and whose it is. Only what scheduling needs: the job itself
+// stays in Redis until its claim reads it.
+type entry struct {
+	at     time.Time // its dispatch time, as last known
+	id     string
+	tenant string
+	held   bool // waiting out an operator's hold: a resume here wakes it
+	index  int  // in the heap
+}
+
+// schedule is an owner's waiting jobs, earliest first.
+type schedule []*entry
+
+func (q schedule) Len() int           { return len(q) }
+func (q schedule) Less(i, j int) bool { return q[i].at.Before(q[j].at) }
+func (q schedule) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *schedule) Push(x any) {
+	e := x.(*entry)
+	e.index = len(*q)
+	*q = append(*q, e)
+}
+func (q *schedule) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return e
+}
+
+func (q *schedule) add(e *entry) { heap.Push(q, e) }
+
+// popDue takes the entries due by (at or before it), at most n.
+func (q *schedule) popDue(by time.Time, n int) []*entry {
+	var due []*entry
+	for q.Len() > 0 && len(due) < n && !(*q)[0].at.After(by) {
+		due = append(due, heap.Pop(q).(*entry))
+	}
+	return due
+}
+
+// next is the earliest entry's time (false: none).
+func (q schedule) next() (time.Time, bool) {
+	if len(q) == 0 {
+		return time.Time{}, false
+	}
+	return q[0].at, true
+}
+
+// wake makes the held entries of tenant due at now.
+func (q *schedule) wake(tenant string, now time.Time) {
+	var held []*entry
+	for _, e := range *q {
+		if e.held && e.tenant == tenant {
+			held = append(held, e)
+		}
+	}
+	for _, e := range held { // fixed after the scan: Fix reorders the heap
+		e.at, e.held = now, false
+		heap.Fix(q, e.index)
+	}
+}

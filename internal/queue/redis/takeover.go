@@ -1,0 +1,96 @@
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"time"
+
+	"throttler/internal/leaky"
+	"throttler/internal/luascript"
+	"throttler/internal/queue"
+	"throttler/internal/queue/redis/owner"
+)
+
+var (
+	//go:embed takeover.lua
+	takeoverLua    string
+	takeoverScript = newScript("takeover.lua", owner.FenceLua+takeoverLua, true)
+)
+
+// takeoverTenants is how many tenants one run of takeover.lua looks at.
+const takeoverTenants = 100
+
+// takenTenant is what takeover.lua found of one tenant.
+type takenTenant struct {
+	Name  string
+	Pause leaky.Pause
+	// Next is the earliest its next send may go: the last owner may have
+	// sent until just before it.
+	Next    time.Time
+	Waiting []waitingJob
+}
+
+type waitingJob struct {
+	ID   string
+	Slot time.Time // tenant time
+}
+
+func (t *takenTenant) Decode(r *luascript.Reply) {
+	t.Name = r.Str()
+	t.Pause = leaky.Pause{Shift: r.Duration(), Until: r.Time(), Held: r.Time()}
+	t.Next = r.Time()
+	for r.More() {
+		id, score := r.Str(), r.Str()
+		slot, err := strconv.ParseFloat(score, 64)
+		if err != nil {
+			r.Fail(fmt.Errorf("job %s: slot %q: %w", id, score, err))
+			return
+		}
+		t.Waiting = append(t.Waiting, waitingJob{ID: id, Slot: fromMicros(int64(slot))})
+	}
+}
+
+type takeoverReply struct {
+	Now     time.Time
+	Taken   int // jobs the last owner was sending, taken back
+	Tenants []takenTenant
+}
+
+func (t *takeoverReply) Decode(r *luascript.Reply) {
+	t.Now = r.Time()
+	t.Taken = int(r.Int())
+	r.Each(func(r *luascript.Reply) {
+		var one takenTenant
+		one.Decode(r)
+		t.Tenants = append(t.Tenants, one)
+	})
+}
+
+// takeOver is a new owner's first look at partition k under fence f: the
+// jobs the last owner was sending taken back, and every tenant with jobs,
+// with what waits.
+func (s *Store) takeOver(ctx context.Context, f owner.Fence, k partKeys) (now time.Time, taken int, tenants []takenTenant, err error) {
+	names, err := s.rdb.ZRange(ctx, k.active(), 0, -1).Result()
+	if err != nil {
+		return now, 0, nil, queue.Unavailable(err)
+	}
+	for first := true; first || len(names) > 0; first = false {
+		n := min(len(names), takeoverTenants)
+		takeBack := "0"
+		if first {
+			takeBack = "1"
+		}
+		args := []any{f.Token(), s.now(), k.tag, takeBack}
+		for _, name := range names[:n] {
+			args = append(args, name)
+		}
+		var r takeoverReply
+		if err := takeoverScript.Run(ctx, s.rdb, []string{f.Key(), k.sending()}, args, &r); err != nil {
+			return now, 0, nil, f.Err(err)
+		}
+		now, taken, tenants, names = r.Now, taken+r.Taken, append(tenants, r.Tenants...), names[n:]
+	}
+	return now, taken, tenants, nil
+}
