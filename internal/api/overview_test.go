@@ -5,13 +5,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"throttler/internal/config"
-	"throttler/internal/leaky"
 	"throttler/internal/metrics"
 	"throttler/internal/queue"
 	"throttler/internal/queue/bolt"
@@ -21,15 +19,8 @@ import (
 // samples the server keeps of the busiest tenants.
 func TestStatusPageReads(t *testing.T) {
 	t.Parallel()
-	cfg, err := config.Load("", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "t.db"), bolt.Options{Policy: func(string) leaky.Policy { return cfg.TenantDefaults.Policy() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	cfg := loadConfig(t, "")
+	store := openStore(t, t.TempDir(), cfg, bolt.Options{})
 	ctx := context.Background()
 	if _, err := store.Enqueue(ctx, "acme", []queue.NewJob{{Payload: []byte("1")}, {Payload: []byte("2")}, {Payload: []byte("3")}}); err != nil {
 		t.Fatal(err)
