@@ -14,6 +14,7 @@ import (
 	"throttler/internal/metrics"
 	"throttler/internal/queue"
 	"throttler/internal/queue/bolt"
+	"throttler/internal/queue/queuetest"
 	"throttler/internal/testutil"
 )
 
@@ -42,14 +43,9 @@ func newTour(t *testing.T) http.Handler {
 	t.Helper()
 	cfg := loadConfig(t, tourConfig)
 	store := openStore(t, t.TempDir(), cfg, bolt.Options{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- store.Consume(ctx, func(_ context.Context, j queue.Job) queue.Outcome {
-			return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 invalid number", SentAt: time.Now()}
-		}, queue.ConsumeOptions{})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	queuetest.Consume(t, store, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
+		return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 invalid number", SentAt: time.Now()}
+	})
 	m := metrics.New(store, func(tenant string) (string, string) { return "test", tenant }, func() []string { return []string{"acme"} })
 	return New(Options{Store: store, Config: func() *config.Config { return cfg }, Metrics: m})
 }

@@ -2,8 +2,6 @@ package api
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -85,8 +83,7 @@ func TestStatusPageAssets(t *testing.T) {
 	if st != 200 || !strings.Contains(hdr.Get("Content-Security-Policy"), "default-src 'self'") {
 		t.Fatalf("page: %d %v", st, hdr)
 	}
-	rec := doRaw(h, "GET", "/static/app.js")
-	js := rec.Body.String()
+	js := string(serve(h, "GET", "/static/app.js"))
 	last := -1
 	for _, name := range pageScripts {
 		raw, _ := pageFS.ReadFile(name)
@@ -96,10 +93,4 @@ func TestStatusPageAssets(t *testing.T) {
 		}
 		last = i
 	}
-}
-
-func doRaw(h http.Handler, method, path string) *httptest.ResponseRecorder {
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
-	return rec
 }

@@ -10,6 +10,7 @@ import (
 	"throttler/internal/clock"
 	"throttler/internal/queue"
 	"throttler/internal/queue/bolt"
+	"throttler/internal/queue/queuetest"
 	"throttler/internal/testutil"
 )
 
@@ -180,14 +181,9 @@ func TestRateLimitBatchAndRepeat(t *testing.T) {
 // of the test; the function it returns waits until tenant's queue is empty.
 func dispatcher(t *testing.T, store queue.Store) func(tenant string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- store.Consume(ctx, func(_ context.Context, j queue.Job) queue.Outcome {
-			return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
-		}, queue.ConsumeOptions{})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	queuetest.Consume(t, store, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
+	})
 	return func(tenant string) {
 		t.Helper()
 		testutil.WaitFor(t, 10*time.Second, tenant+"'s queue drained", func() bool {
