@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,12 +144,10 @@ func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
 	ctx := context.Background()
 	id := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
 	other := EnqueueOne(t, s, "other", Payload(2)).Job.ID
-	var mu sync.Mutex
-	fail := true
+	var fail atomic.Bool
+	fail.Store(true)
 	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 10, func(ctx context.Context, j queue.Job) queue.Outcome {
-		mu.Lock()
-		defer mu.Unlock()
-		if fail {
+		if fail.Load() {
 			return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 Bad Request: invalid number", SentAt: clk.Now()}
 		}
 		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
@@ -177,9 +176,7 @@ func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
 	if _, err := s.Retry(ctx, queue.NewID(T0)); !errors.Is(err, queue.ErrNotFound) {
 		t.Fatalf("retry of an unknown job: %v", err)
 	}
-	mu.Lock()
-	fail = false
-	mu.Unlock()
+	fail.Store(false)
 	a, err := s.Retry(ctx, id)
 	if err != nil || a.Rejected != nil || a.Job.State != queue.StateQueued || a.Job.Attempts != 0 {
 		t.Fatalf("retry: %+v %v", a, err)
