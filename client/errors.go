@@ -158,7 +158,7 @@ func typedError(e *APIError, body []byte, retryAfter time.Duration) error {
 	e.Code, e.Message = cmp.Or(e.Code, f.Error), cmp.Or(e.Message, f.Message)
 	e.RetryAfter = retryAfter
 	if f.RetryAfterMS != nil {
-		e.RetryAfter = time.Duration(*f.RetryAfterMS) * time.Millisecond // finer than the header
+		e.RetryAfter = millis(*f.RetryAfterMS) // finer than the header
 	}
 	switch {
 	case e.Code == "queue_full":
@@ -166,7 +166,7 @@ func typedError(e *APIError, body []byte, retryAfter time.Duration) error {
 	case e.Code == "rate_limited":
 		return &RateLimitedError{APIError: e, Depth: f.QueueDepth, Capacity: f.Capacity}
 	case e.Code == "would_expire":
-		return &WouldExpireError{APIError: e, ExpectedDelay: time.Duration(f.ExpectedDelay) * time.Millisecond, Deadline: f.Deadline}
+		return &WouldExpireError{APIError: e, ExpectedDelay: millis(f.ExpectedDelay), Deadline: f.Deadline}
 	case e.Code == "cost_too_large":
 		return &CostTooLargeError{APIError: e, Cost: f.Cost, MaxCost: f.MaxCost}
 	case e.Status == http.StatusServiceUnavailable:

@@ -101,26 +101,19 @@ func rateLimitOf(h http.Header) RateLimit {
 // parameters are ignored, as the draft asks.
 func ParseRateLimit(policy, state string) (RateLimit, error) {
 	var rl RateLimit
-	pol, err := parseList(policy)
+	pol, err := parseField("RateLimit-Policy", policy, "q", "quota")
 	if err != nil {
-		return RateLimit{}, fmt.Errorf("RateLimit-Policy %q: %w", policy, err)
+		return RateLimit{}, err
 	}
 	for _, it := range pol {
-		q, ok := it.params["q"]
-		if !ok {
-			return RateLimit{}, fmt.Errorf("RateLimit-Policy %q: item %q has no quota (q)", policy, it.name)
-		}
-		rl.Quotas = append(rl.Quotas, Quota{Name: it.name, Limit: q, Window: time.Duration(it.params["w"]) * time.Second})
+		rl.Quotas = append(rl.Quotas, Quota{Name: it.name, Limit: it.params["q"], Window: time.Duration(it.params["w"]) * time.Second})
 	}
-	st, err := parseList(state)
+	st, err := parseField("RateLimit", state, "r", "remaining")
 	if err != nil {
-		return RateLimit{}, fmt.Errorf("RateLimit %q: %w", state, err)
+		return RateLimit{}, err
 	}
 	for _, it := range st {
-		r, ok := it.params["r"]
-		if !ok {
-			return RateLimit{}, fmt.Errorf("RateLimit %q: item %q has no remaining (r)", state, it.name)
-		}
+		r := it.params["r"]
 		i := rl.index(it.name)
 		if i < 0 {
 			rl.Quotas = append(rl.Quotas, Quota{Name: it.name})
@@ -130,6 +123,21 @@ func ParseRateLimit(policy, state string) (RateLimit, error) {
 		rl.Quotas[i].Reset = time.Duration(it.params["t"]) * time.Second
 	}
 	return rl, nil
+}
+
+// parseField parses the value of the field name, whose every item must
+// have the parameter key (what it means).
+func parseField(name, value, key, what string) ([]sfItem, error) {
+	items, err := parseList(value)
+	if err != nil {
+		return nil, fmt.Errorf("%s %q: %w", name, value, err)
+	}
+	for _, it := range items {
+		if _, ok := it.params[key]; !ok {
+			return nil, fmt.Errorf("%s %q: item %q has no %s (%s)", name, value, it.name, what, key)
+		}
+	}
+	return items, nil
 }
 
 func (rl RateLimit) index(name string) int {

@@ -58,9 +58,7 @@ type Admission struct {
 }
 
 // ExpectedDelay is how long the job waits before its first attempt.
-func (a Admission) ExpectedDelay() time.Duration {
-	return time.Duration(a.ExpectedDelayMS) * time.Millisecond
-}
+func (a Admission) ExpectedDelay() time.Duration { return millis(a.ExpectedDelayMS) }
 
 // Batch is the answer to EnqueueBatch.
 type Batch struct {
@@ -156,6 +154,7 @@ type Tenant struct {
 }
 
 // ExpectedDelay is how long a job admitted now would wait.
-func (t Tenant) ExpectedDelay() time.Duration {
-	return time.Duration(t.ExpectedDelayMS) * time.Millisecond
-}
+func (t Tenant) ExpectedDelay() time.Duration { return millis(t.ExpectedDelayMS) }
+
+// millis is a duration the API gives in milliseconds.
+func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

@@ -15,17 +15,21 @@ import (
 	"throttler/internal/testutil"
 )
 
+// repoFile is the file name of the repository (a path from its root).
+func repoFile(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile("../../" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // The compose file validates (docker-compose config works without an
 // engine; .ci/run installs Debian's docker-compose).
 func TestComposeFileValidates(t *testing.T) {
 	t.Parallel()
-	bin, err := exec.LookPath("docker-compose")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("docker-compose is not installed (.ci/run installs it)")
-		}
-		t.Skip("docker-compose is not installed")
-	}
+	bin := testutil.Program(t, "docker-compose")
 	out, err := exec.Command(bin, "-f", "../../docker-compose.yml", "config", "-q").CombinedOutput()
 	if err != nil {
 		t.Fatalf("docker-compose config: %v\n%s", err, out)
@@ -36,9 +40,7 @@ func TestComposeFileValidates(t *testing.T) {
 // go.mod, and serves the config it is given.
 func TestDockerfileBuildsTheREADMEBinary(t *testing.T) {
 	t.Parallel()
-	docker, _ := os.ReadFile("../../Dockerfile")
-	readme, _ := os.ReadFile("../../README.md")
-	gomod, _ := os.ReadFile("../../go.mod")
+	docker, readme, gomod := repoFile(t, "Dockerfile"), repoFile(t, "README.md"), repoFile(t, "go.mod")
 	if !regexp.MustCompile(`go build [^\n]*-o /out/throttler \./cmd/throttler`).Match(docker) {
 		t.Fatal("the Dockerfile does not build ./cmd/throttler")
 	}
@@ -53,10 +55,7 @@ func TestDockerfileBuildsTheREADMEBinary(t *testing.T) {
 
 func TestSystemdUnitIsHardened(t *testing.T) {
 	t.Parallel()
-	unit, err := os.ReadFile("../../deploy/throttler.service")
-	if err != nil {
-		t.Fatal(err)
-	}
+	unit := repoFile(t, "deploy/throttler.service")
 	for _, line := range []string{"DynamicUser=yes", "ProtectSystem=strict", "StateDirectory=throttler", "NoNewPrivileges=yes", "ExecReload=/bin/kill -HUP $MAINPID"} {
 		if !strings.Contains(string(unit), line) {
 			t.Errorf("unit lacks %s", line)
@@ -67,10 +66,7 @@ func TestSystemdUnitIsHardened(t *testing.T) {
 // Every metric the Grafana dashboard asks for is one the service exports.
 func TestDashboardUsesRealMetrics(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile("../../deploy/grafana-dashboard.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := repoFile(t, "deploy/grafana-dashboard.json")
 	var dash struct {
 		Panels []struct {
 			Title   string `json:"title"`

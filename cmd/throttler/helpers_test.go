@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"throttler/internal/downstreamtest"
 	"throttler/internal/servicetest"
+	"throttler/internal/testutil"
 )
 
 // nothingMoreWithin lets d pass so that the checks after it can show that
@@ -103,3 +107,84 @@ func callRaw(t *testing.T, method, url, body string, header ...string) (int, str
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// enqueueN enqueues n jobs {"n": i} for tenant and returns their ids.
+func enqueueN(t *testing.T, base, tenant string, n int) []string {
+	t.Helper()
+	var ids []string
+	for i := 0; i < n; i++ {
+		st, _, body := call(t, "POST", base+"/v1/tenants/"+tenant+"/jobs", fmt.Sprintf(`{"payload":{"n":%d}}`, i))
+		if st != 202 {
+			t.Fatalf("%s job %d: %d %v", tenant, i, st, body)
+		}
+		ids = append(ids, body["id"].(string))
+	}
+	return ids
+}
+
+// jobState is the API's answer for job id.
+func jobState(t *testing.T, base, id string) map[string]any {
+	t.Helper()
+	_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
+	return j
+}
+
+// waitAllSucceeded waits until every job of ids has succeeded, asking the
+// API every 50 ms; if they have not within timeout, it logs those that have
+// not before failing.
+func waitAllSucceeded(t *testing.T, base string, ids []string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout - 100*time.Millisecond)
+	logged := false
+	testutil.WaitFor(t, timeout, "every job delivered", atMostEvery(50*time.Millisecond, func() bool {
+		if allSucceeded(t, base, ids) {
+			return true
+		}
+		if time.Now().After(deadline) && !logged {
+			logged = true
+			for _, id := range ids {
+				if j := jobState(t, base, id); j["state"] != "succeeded" {
+					t.Logf("job %s: %v", id, j)
+				}
+			}
+		}
+		return false
+	}))
+}
+
+// allSucceeded says whether every job of ids has succeeded.
+func allSucceeded(t *testing.T, base string, ids []string) bool {
+	for _, id := range ids {
+		if jobState(t, base, id)["state"] != "succeeded" {
+			return false
+		}
+	}
+	return true
+}
+
+// readBody is a request's body, as far as it could be read.
+func readBody(r *http.Request) string {
+	b, _ := io.ReadAll(r.Body)
+	return string(b)
+}
+
+// scrape is the service's /metrics.
+func scrape(t *testing.T, base string) string {
+	t.Helper()
+	st, body := callRaw(t, "GET", base+"/metrics", "")
+	if st != 200 {
+		t.Fatalf("/metrics: %d %s", st, body)
+	}
+	return body
+}
+
+// value is the value of one series in a scrape (-1 if absent).
+func value(scraped, series string) float64 {
+	for _, line := range strings.Split(scraped, "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, _ := strconv.ParseFloat(rest, 64)
+			return v
+		}
+	}
+	return -1
+}

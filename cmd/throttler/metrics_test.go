@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net/http"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,48 +14,17 @@ import (
 	"throttler/internal/testutil"
 )
 
-func scrape(t *testing.T, base string) string {
-	t.Helper()
-	resp, err := httpClient.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
-		t.Fatalf("/metrics: %d %s", resp.StatusCode, raw)
-	}
-	return string(raw)
-}
-
-// value is the value of one series in a scrape (-1 if absent).
-func value(scraped, series string) float64 {
-	for _, line := range strings.Split(scraped, "\n") {
-		if rest, ok := strings.CutPrefix(line, series+" "); ok {
-			v, _ := strconv.ParseFloat(rest, 64)
-			return v
-		}
-	}
-	return -1
-}
-
 // After a scripted run (accept, refuse, deliver, retry, fail), the counters
 // have exactly the expected values, and depth and delay match the API.
 func TestMetricsAfterAScriptedRun(t *testing.T) {
 	t.Parallel()
 	ds := downstreamtest.New(t)
-	var mu sync.Mutex
-	seen := map[string]bool{}
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		first := !seen[r.Header.Get("Idempotency-Key")]
-		seen[r.Header.Get("Idempotency-Key")] = true
-		mu.Unlock()
+		body := readBody(r)
 		switch {
-		case bytes.Contains(body, []byte("bad")):
+		case strings.Contains(body, "bad"):
 			http.Error(w, "no such number", 400)
-		case bytes.Contains(body, []byte("flaky")) && first:
+		case strings.Contains(body, "flaky") && r.Header.Get("X-Throttler-Attempt") == "1":
 			http.Error(w, "try later", 502)
 		default:
 			w.WriteHeader(200)

@@ -15,6 +15,20 @@ import (
 	"throttler/internal/testutil"
 )
 
+// reload writes config to the process's config file and sends it SIGHUP,
+// then waits for wantLog to be logged once more.
+func (p *process) reload(t *testing.T, file, config, wantLog string) {
+	t.Helper()
+	before := strings.Count(p.logs(), wantLog)
+	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, wantLog, func() bool { return strings.Count(p.logs(), wantLog) > before })
+}
+
 // SIGHUP with a new rate for a named tenant: sends are spaced by the new
 // rate from then on; a broken config is refused with a log line and the
 // running one kept.
@@ -25,17 +39,6 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 	original, _ := os.ReadFile(file)
 	p := startProcess(t, file)
 
-	enqueue := func(n int) []string {
-		var ids []string
-		for i := 0; i < n; i++ {
-			st, _, body := call(t, "POST", p.base+"/v1/tenants/acme/jobs", `{"payload":1}`)
-			if st != 202 {
-				t.Fatalf("%d %v", st, body)
-			}
-			ids = append(ids, body["id"].(string))
-		}
-		return ids
-	}
 	arrivalsOf := func(ids []string) []downstreamtest.Arrival {
 		want := map[string]bool{}
 		for _, id := range ids {
@@ -49,44 +52,34 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 		}
 		return out
 	}
-	waitDelivered := func(ids []string) []downstreamtest.Arrival {
+	waitDelivered := func(n int) []downstreamtest.Arrival {
+		ids := enqueueN(t, p.base, "acme", n)
 		testutil.WaitFor(t, 15*time.Second, "deliveries", func() bool { return len(arrivalsOf(ids)) == len(ids) })
 		return arrivalsOf(ids)
 	}
-	hup := func(wantLog string) {
-		before := strings.Count(p.logs(), wantLog)
-		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-			t.Fatal(err)
-		}
-		testutil.WaitFor(t, 5*time.Second, wantLog, func() bool { return strings.Count(p.logs(), wantLog) > before })
-	}
 
-	first := waitDelivered(enqueue(5))
+	first := waitDelivered(5)
 	if !testutil.Race {
 		downstreamtest.CheckWindows(t, first, 50*time.Millisecond, 1)
 	}
-	// Slower: 4/s.
-	os.WriteFile(file, []byte(strings.Replace(string(original), `rate = "20/s"`, `rate = "4/s"`, 1)), 0o600)
-	hup("config reloaded")
-	if _, _, b := call(t, "GET", p.base+"/v1/tenants/acme", ""); b["rate_per_second"] != 4.0 {
-		t.Fatalf("after reload: %v", b)
-	}
-	second := waitDelivered(enqueue(5))
-	if !testutil.Race {
-		downstreamtest.CheckWindows(t, second, 250*time.Millisecond, 1)
-	}
-	if span := second[4].At.Sub(second[0].At); span < 4*250*time.Millisecond-10*time.Millisecond {
-		t.Fatalf("5 sends in %v at 4/s", span)
-	}
-	// A broken config is refused; the running one stays.
-	os.WriteFile(file, []byte(strings.Replace(string(original), `rate = "20/s"`, `rate = "fast"`, 1)), 0o600)
-	hup("config reload refused")
-	if _, _, b := call(t, "GET", p.base+"/v1/tenants/acme", ""); b["rate_per_second"] != 4.0 {
-		t.Fatalf("after a broken reload: %v", b)
-	}
-	third := waitDelivered(enqueue(3))
-	if !testutil.Race {
-		downstreamtest.CheckWindows(t, third, 250*time.Millisecond, 1)
+	for _, step := range []struct {
+		rate, log string // the rate reloaded, and what the reload logs
+		n         int    // jobs sent after it, one every 250 ms (4/s)
+	}{
+		{"4/s", "config reloaded", 5},
+		{"fast", "config reload refused", 3}, // broken: the running one stays
+	} {
+		p.reload(t, file, strings.Replace(string(original), `rate = "20/s"`, `rate = "`+step.rate+`"`, 1), step.log)
+		if _, _, b := call(t, "GET", p.base+"/v1/tenants/acme", ""); b["rate_per_second"] != 4.0 {
+			t.Fatalf("after reloading %q: %v", step.rate, b)
+		}
+		sent := waitDelivered(step.n)
+		if !testutil.Race {
+			downstreamtest.CheckWindows(t, sent, 250*time.Millisecond, 1)
+		}
+		if span := sent[step.n-1].At.Sub(sent[0].At); span < time.Duration(step.n-1)*250*time.Millisecond-10*time.Millisecond {
+			t.Fatalf("%d sends in %v at 4/s", step.n, span)
+		}
 	}
 }
 
@@ -135,16 +128,79 @@ func TestFakeGatewayNeverRefuses(t *testing.T) {
 	ds := downstreamtest.New(t)
 	ds.Answer(gw.ServeHTTP)
 	base := startServer(t, servicetest.WriteConfig(t, "[tenant_defaults]\nrate = \"19/s\"\ncapacity = 100\n", ds.URL))
-	for i := 0; i < 40; i++ {
-		if st, _, b := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":1}`); st != 202 {
-			t.Fatalf("%d %v", st, b)
-		}
-	}
+	enqueueN(t, base, "acme", 40)
 	testutil.WaitFor(t, 15*time.Second, "40 deliveries", func() bool { return gw.Accepted.Load()+gw.Refused.Load() >= 40 })
 	if testutil.Race {
 		return // timing is checked without -race
 	}
 	if n := gw.Refused.Load(); n != 0 {
 		t.Fatalf("the gateway refused %d requests", n)
+	}
+}
+
+// A rate lowered by SIGHUP with a backlog waiting: 20/s with 18 jobs
+// waiting, reloaded to 1/s, downstream timeout 1 s. The jobs scheduled at
+// the old rate wait at the gate, the last ones for longer than 11 s (the
+// timeout plus the 10 s that once bounded a whole attempt). Waiting there is
+// never an attempt and never a failure: every job reaches the downstream
+// once, on its first attempt, in order, one second apart once the new rate
+// applies; nothing is retried, times out or opens the breaker.
+func TestLoweredRateBacklogIsDeliveredAtTheNewPace(t *testing.T) {
+	const n = 18
+	ds := downstreamtest.New(t)
+	file := servicetest.WriteConfig(t, "[tenant_defaults]\ncapacity = 100\n[tenants.acme]\nrate = \"20/s\"\n", ds.URL)
+	raw, _ := os.ReadFile(file)
+	config := strings.Replace(string(raw), `timeout = "2s"`, `timeout = "1s"`, 1)
+	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProcess(t, file)
+
+	ids := enqueueN(t, p.base, "acme", n)
+	p.reload(t, file, strings.Replace(config, `rate = "20/s"`, `rate = "1/s"`, 1), "config reloaded")
+
+	// At most n seconds at the new rate, and a little more for the sends
+	// that went at the old one; a job retried after a failure (backoff, the
+	// breaker's cooldown) comes later than this.
+	testutil.WaitFor(t, (n+2)*time.Second, "every job at the downstream", func() bool { return len(ds.All()) >= n })
+	a := ds.All()
+	for i, x := range a {
+		if i >= len(ids) || x.Key != ids[i] || x.Attempt != "1" {
+			t.Fatalf("arrival %d: job %s attempt %s; want every job once, first attempt, in order %v", i, x.Key, x.Attempt, ids)
+		}
+	}
+	// The sends handed over before the reload went 50 ms apart; from the
+	// first send at the new rate on, they are 1 s apart.
+	first := 1
+	for first < n && a[first].At.Sub(a[first-1].At) < 500*time.Millisecond {
+		first++
+	}
+	if first > 6 {
+		t.Fatalf("%d sends at the old rate after the reload", first)
+	}
+	if !testutil.Race {
+		downstreamtest.CheckWindows(t, a[first-1:], time.Second, 1)
+	}
+	if span := a[n-1].At.Sub(a[first-1].At); span > time.Duration(n-first)*time.Second+time.Second {
+		t.Errorf("%d sends at 1/s took %v", n-first+1, span)
+	}
+	// The last outcome is recorded a moment after its request arrives.
+	delivered := `throttler_jobs_delivered_total{downstream="test",tenant="acme"}`
+	var m string
+	testutil.WaitFor(t, 5*time.Second, "the last outcome in the metrics", func() bool {
+		m = scrape(t, p.base)
+		return value(m, delivered) >= n
+	})
+	for series, want := range map[string]float64{
+		`throttler_jobs_delivered_total{downstream="test",tenant="acme"}`:      n,
+		`throttler_jobs_retried_total{downstream="test",tenant="acme"}`:        -1, // never counted: no series
+		`throttler_attempts_total{class="2xx",downstream="test"}`:              n,
+		`throttler_attempts_total{class="connection_error",downstream="test"}`: -1,
+		`throttler_attempts_total{class="timeout",downstream="test"}`:          -1,
+		`throttler_breaker_open{downstream="test"}`:                            0,
+	} {
+		if got := value(m, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
 	}
 }

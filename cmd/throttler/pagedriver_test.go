@@ -19,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"throttler/internal/testutil"
 )
 
 // The status page is driven in headless Chromium through what the existing
@@ -32,16 +34,7 @@ import (
 // except in CI, where .ci/run installs it.
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium is not installed (.ci/run installs it)")
-	}
-	t.Skip("chromium is not installed")
-	return ""
+	return testutil.Program(t, "chromium", "chromium-browser", "google-chrome")
 }
 
 // headless runs Chromium on url with extra flags for 3.5 s of the page's

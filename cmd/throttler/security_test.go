@@ -5,11 +5,9 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -29,12 +27,8 @@ import (
 
 	"throttler/internal/downstreamtest"
 	"throttler/internal/servicetest"
+	"throttler/internal/testutil"
 )
-
-func sum(token string) string {
-	s := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(s[:])
-}
 
 const (
 	tokProducerA = "thr_producer_for_a_only_0123456789"
@@ -43,26 +37,15 @@ const (
 )
 
 func tokensConfig() string {
-	return fmt.Sprintf(`
+	return `
 [tenant_defaults]
 rate = "1/h"
 capacity = 100
-[[auth.tokens]]
-name = "producer-a"
-sha256 = %q
-role = "producer"
-tenants = ["a"]
-[[auth.tokens]]
-name = "viewer"
-sha256 = %q
-role = "viewer"
-tenants = ["*"]
-[[auth.tokens]]
-name = "admin"
-sha256 = %q
-role = "admin"
-tenants = ["*"]
-`, sum(tokProducerA), sum(tokViewer), sum(tokAdmin))
+` + testutil.AuthTokens(
+		testutil.Token{Name: "producer-a", Secret: tokProducerA, Role: "producer", Tenants: []string{"a"}},
+		testutil.Token{Name: "viewer", Secret: tokViewer, Role: "viewer", Tenants: []string{"*"}},
+		testutil.Token{Name: "admin", Secret: tokAdmin, Role: "admin", Tenants: []string{"*"}},
+	)
 }
 
 func bearer(tok string) []string { return []string{"Authorization", "Bearer " + tok} }

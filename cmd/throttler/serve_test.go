@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,39 +306,18 @@ func TestBatchAndCancel(t *testing.T) {
 func TestServerErrorsAreRetried(t *testing.T) {
 	t.Parallel()
 	ds := downstreamtest.New(t)
-	var mu sync.Mutex
-	seen := map[string]bool{}
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		first := !seen[r.Header.Get("Idempotency-Key")]
-		seen[r.Header.Get("Idempotency-Key")] = true
-		mu.Unlock()
-		if first {
+		if r.Header.Get("X-Throttler-Attempt") == "1" {
 			http.Error(w, "upstream exploded", http.StatusBadGateway)
 			return
 		}
 		w.WriteHeader(http.StatusOK)
 	})
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"20/s\"\ncapacity = 10\n", ds))
-	var ids []string
-	for i := 0; i < 5; i++ {
-		st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"payload":%d}`, i))
-		if st != 202 {
-			t.Fatalf("%d %v", st, body)
-		}
-		ids = append(ids, body["id"].(string))
-	}
-	testutil.WaitFor(t, 15*time.Second, "every job succeeded", func() bool {
-		for _, id := range ids {
-			if _, _, j := call(t, "GET", base+"/v1/jobs/"+id, ""); j["state"] != "succeeded" {
-				return false
-			}
-		}
-		return true
-	})
+	ids := enqueueN(t, base, "acme", 5)
+	waitAllSucceeded(t, base, ids, 15*time.Second)
 	for _, id := range ids {
-		_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
-		if j["attempts"] != 2.0 || j["response_status"] != 200.0 {
+		if j := jobState(t, base, id); j["attempts"] != 2.0 || j["response_status"] != 200.0 {
 			t.Fatalf("job %v", j)
 		}
 	}
@@ -361,12 +341,10 @@ func TestServerErrorsAreRetried(t *testing.T) {
 func TestPermanentFailureThenRetry(t *testing.T) {
 	t.Parallel()
 	ds := downstreamtest.New(t)
-	var mu sync.Mutex
-	broken := true
+	var broken atomic.Bool
+	broken.Store(true)
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		if broken {
+		if broken.Load() {
 			http.Error(w, `{"error":"invalid destination number"}`, http.StatusBadRequest)
 			return
 		}
@@ -397,9 +375,7 @@ func TestPermanentFailureThenRetry(t *testing.T) {
 		_, _, j := call(t, "GET", base+"/v1/jobs/"+id, "")
 		return j["state"] == "failed"
 	})
-	mu.Lock()
-	broken = false
-	mu.Unlock()
+	broken.Store(false)
 	st, _, b := call(t, "POST", base+"/v1/jobs/"+id+"/retry", "")
 	if st != 202 || b["id"] != id || b["state"] != "queued" {
 		t.Fatalf("retry: %d %v", st, b)

@@ -5,30 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"throttler/internal/clock"
 	"throttler/internal/config"
-	"throttler/internal/leaky"
 	"throttler/internal/queue"
-	"throttler/internal/queue/bolt"
 )
-
-func newAPI(t *testing.T) (http.Handler, *bolt.Store) {
-	t.Helper()
-	cfg, err := config.Load("", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "t.db"), bolt.Options{Policy: func(string) leaky.Policy { return cfg.TenantDefaults.Policy() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	return New(Options{Store: store, Config: func() *config.Config { return cfg }}), store
-}
 
 func TestStoreDownIs503AndSaysSo(t *testing.T) {
 	t.Parallel()

@@ -33,20 +33,20 @@ func urlPathEscape(s string) string { return url.PathEscape(s) }
 
 // newAPIForFuzz is newAPI for a fuzz target (one store for all inputs).
 func newAPIForFuzz(f *testing.F) (http.Handler, *bolt.Store) {
-	cfg, err := config.Load("", nil, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
+	cfg := loadConfig(f, "")
 	dir, err := os.MkdirTemp("", "throttler-fuzz-")
 	if err != nil {
 		f.Fatal(err)
 	}
-	store, err := bolt.Open(filepath.Join(dir, "t.db"), bolt.Options{Policy: func(string) leaky.Policy { return cfg.TenantDefaults.Policy() }})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { store.Close(); os.RemoveAll(dir) })
+	f.Cleanup(func() { os.RemoveAll(dir) })
+	store := openStore(f, dir, cfg, bolt.Options{})
 	return New(Options{Store: store, Config: func() *config.Config { return cfg }}), store
+}
+
+// newAPI is an API with the default config on its own store.
+func newAPI(t *testing.T) (http.Handler, *bolt.Store) {
+	t.Helper()
+	return newAPIConfig(t, "", nil)
 }
 
 // newAPIConfig is an API on its own store with the config body (TOML over
@@ -54,25 +54,44 @@ func newAPIForFuzz(f *testing.F) (http.Handler, *bolt.Store) {
 // options.
 func newAPIConfig(t *testing.T, body string, clk clock.Clock, opts ...func(*bolt.Options)) (http.Handler, *bolt.Store) {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "config.toml")
-	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
+	cfg := loadConfig(t, body)
+	o := bolt.Options{Clock: clk}
+	for _, f := range opts {
+		f(&o)
+	}
+	store := openStore(t, t.TempDir(), cfg, o)
+	return New(Options{Store: store, Config: func() *config.Config { return cfg }, Clock: clk}), store
+}
+
+// loadConfig is the config body, TOML over the defaults ("": the defaults
+// alone).
+func loadConfig(t testing.TB, body string) *config.Config {
+	t.Helper()
+	file := ""
+	if body != "" {
+		file = filepath.Join(t.TempDir(), "config.toml")
+		if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg, err := config.Load(file, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	policy := func(name string) leaky.Policy { ts, _ := cfg.Tenant(name); return ts.Policy() }
-	o := bolt.Options{Policy: policy, Clock: clk}
-	for _, f := range opts {
-		f(&o)
-	}
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "t.db"), o)
+	return cfg
+}
+
+// openStore opens a store in dir, with o and the policies of cfg's
+// tenants, that closes when the test ends.
+func openStore(t testing.TB, dir string, cfg *config.Config, o bolt.Options) *bolt.Store {
+	t.Helper()
+	o.Policy = func(name string) leaky.Policy { ts, _ := cfg.Tenant(name); return ts.Policy() }
+	store, err := bolt.Open(filepath.Join(dir, "t.db"), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	return New(Options{Store: store, Config: func() *config.Config { return cfg }, Clock: clk}), store
+	return store
 }
 
 // do sends one request to h and checks the request and the answer against

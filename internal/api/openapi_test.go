@@ -3,33 +3,24 @@ package api
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"throttler/internal/config"
-	"throttler/internal/leaky"
 	"throttler/internal/metrics"
 	"throttler/internal/queue"
 	"throttler/internal/queue/bolt"
+	"throttler/internal/queue/queuetest"
 	"throttler/internal/testutil"
 )
 
-func digest(token string) string {
-	sum := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(sum[:])
-}
-
 // tourConfig has tokens of each role, small body limits, tenants that
 // queue for a long time (acme), that are unknown (stranger), and metrics.
-var tourConfig = fmt.Sprintf(`
+var tourConfig = `
 [server]
 max_body_bytes = 1024
 max_batch_bytes = 4096
@@ -39,49 +30,22 @@ capacity = 5
 allow_unknown_tenants = false
 [tenants.acme]
 [tenants.beta]
-[[auth.tokens]]
-name = "admin"
-sha256 = %q
-role = "admin"
-tenants = ["*"]
-[[auth.tokens]]
-name = "acme-app"
-sha256 = %q
-role = "producer"
-tenants = ["acme"]
-[[auth.tokens]]
-name = "viewer"
-sha256 = %q
-role = "viewer"
-tenants = ["*"]
-`, digest("admin-token"), digest("acme-token"), digest("viewer-token"))
+` + testutil.AuthTokens(
+	testutil.Token{Name: "admin", Secret: "admin-token", Role: "admin", Tenants: []string{"*"}},
+	testutil.Token{Name: "acme-app", Secret: "acme-token", Role: "producer", Tenants: []string{"acme"}},
+	testutil.Token{Name: "viewer", Secret: "viewer-token", Role: "viewer", Tenants: []string{"*"}},
+)
 
 // newTour is an API with tourConfig, metrics, and a dispatcher whose
 // downstream refuses every job for good (so failed jobs exist to list and
 // retry).
 func newTour(t *testing.T) http.Handler {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "config.toml")
-	if err := os.WriteFile(file, []byte(tourConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(file, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy := func(name string) leaky.Policy { ts, _ := cfg.Tenant(name); return ts.Policy() }
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "t.db"), bolt.Options{Policy: policy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- store.Consume(ctx, func(_ context.Context, j queue.Job) queue.Outcome {
-			return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 invalid number", SentAt: time.Now()}
-		}, queue.ConsumeOptions{})
-	}()
-	t.Cleanup(func() { cancel(); <-done; store.Close() })
+	cfg := loadConfig(t, tourConfig)
+	store := openStore(t, t.TempDir(), cfg, bolt.Options{})
+	queuetest.Consume(t, store, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
+		return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 invalid number", SentAt: time.Now()}
+	})
 	m := metrics.New(store, func(tenant string) (string, string) { return "test", tenant }, func() []string { return []string{"acme"} })
 	return New(Options{Store: store, Config: func() *config.Config { return cfg }, Metrics: m})
 }

@@ -2,16 +2,12 @@ package api
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"throttler/internal/config"
-	"throttler/internal/leaky"
 	"throttler/internal/metrics"
 	"throttler/internal/queue"
 	"throttler/internal/queue/bolt"
@@ -21,15 +17,8 @@ import (
 // samples the server keeps of the busiest tenants.
 func TestStatusPageReads(t *testing.T) {
 	t.Parallel()
-	cfg, err := config.Load("", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "t.db"), bolt.Options{Policy: func(string) leaky.Policy { return cfg.TenantDefaults.Policy() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	cfg := loadConfig(t, "")
+	store := openStore(t, t.TempDir(), cfg, bolt.Options{})
 	ctx := context.Background()
 	if _, err := store.Enqueue(ctx, "acme", []queue.NewJob{{Payload: []byte("1")}, {Payload: []byte("2")}, {Payload: []byte("3")}}); err != nil {
 		t.Fatal(err)
@@ -94,8 +83,7 @@ func TestStatusPageAssets(t *testing.T) {
 	if st != 200 || !strings.Contains(hdr.Get("Content-Security-Policy"), "default-src 'self'") {
 		t.Fatalf("page: %d %v", st, hdr)
 	}
-	rec := doRaw(h, "GET", "/static/app.js")
-	js := rec.Body.String()
+	js := string(serve(h, "GET", "/static/app.js"))
 	last := -1
 	for _, name := range pageScripts {
 		raw, _ := pageFS.ReadFile(name)
@@ -105,10 +93,4 @@ func TestStatusPageAssets(t *testing.T) {
 		}
 		last = i
 	}
-}
-
-func doRaw(h http.Handler, method, path string) *httptest.ResponseRecorder {
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
-	return rec
 }

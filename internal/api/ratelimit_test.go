@@ -10,6 +10,7 @@ import (
 	"throttler/internal/clock"
 	"throttler/internal/queue"
 	"throttler/internal/queue/bolt"
+	"throttler/internal/queue/queuetest"
 	"throttler/internal/testutil"
 )
 
@@ -36,42 +37,82 @@ windows = ["3/m"]
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// step is one enqueue and the answer it must get: its status and both
-// RateLimit fields.
+// step is one enqueue and the answer it must get: its status and its
+// RateLimit field.
 type step struct {
 	advance time.Duration // the clock moves this much first
 	status  int
-	policy  string
 	state   string
 }
 
-func runSteps(t *testing.T, h http.Handler, clk *clock.Fake, tenant string, steps []step) {
+// runSteps enqueues a job for tenant at each step, and checks its answer
+// and that the RateLimit-Policy field is policy.
+func runSteps(t *testing.T, h http.Handler, clk *clock.Fake, tenant, policy string, steps []step) {
 	t.Helper()
 	for i, s := range steps {
 		clk.Advance(s.advance)
 		st, hdr, body := do(t, h, "POST", "/v1/tenants/"+tenant+"/jobs", fmt.Sprintf(`{"payload":%d}`, i))
-		if st != s.status || hdr.Get("RateLimit-Policy") != s.policy || hdr.Get("RateLimit") != s.state {
+		if st != s.status || hdr.Get("RateLimit-Policy") != policy || hdr.Get("RateLimit") != s.state {
 			t.Errorf("%s job %d: %d\n  RateLimit-Policy: %s\n  RateLimit:        %s\nwant %d\n  RateLimit-Policy: %s\n  RateLimit:        %s\n%v",
-				tenant, i+1, st, hdr.Get("RateLimit-Policy"), hdr.Get("RateLimit"), s.status, s.policy, s.state, body)
+				tenant, i+1, st, hdr.Get("RateLimit-Policy"), hdr.Get("RateLimit"), s.status, policy, s.state, body)
 		}
 	}
 }
 
-// A leaky queue of capacity 3 at 1/s has 4 places (3 waiting, 1 going at
-// once), all free again 4 s after a quiet spell; each job takes one, and r
-// is exactly how many more get in: the fifth is refused.
-func TestRateLimitLeaky(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewFake(t0)
-	h, _ := newAPIConfig(t, rateLimitConfig, clk)
-	p := `"leaky";q=4;w=4`
-	runSteps(t, h, clk, "leaky", []step{
-		{0, 202, p, `"leaky";r=3;t=1`},
-		{0, 202, p, `"leaky";r=2;t=1`},
-		{0, 202, p, `"leaky";r=1;t=1`},
-		{0, 202, p, `"leaky";r=0;t=1`},
-		{0, 429, p, `"leaky";r=0;t=1`},
-	})
+// Each tenant of rateLimitConfig, job after job on a fake clock: the
+// status and the RateLimit fields each job gets.
+func TestRateLimitSteps(t *testing.T) {
+	for _, c := range []struct {
+		name, tenant, policy string
+		steps                []step
+	}{
+		// A leaky queue of capacity 3 at 1/s has 4 places (3 waiting, 1
+		// going at once), all free again 4 s after a quiet spell; each job
+		// takes one, and r is exactly how many more get in: the fifth is
+		// refused.
+		{"Leaky", "leaky", `"leaky";q=4;w=4`, []step{
+			{0, 202, `"leaky";r=3;t=1`},
+			{0, 202, `"leaky";r=2;t=1`},
+			{0, 202, `"leaky";r=1;t=1`},
+			{0, 202, `"leaky";r=0;t=1`},
+			{0, 429, `"leaky";r=0;t=1`},
+		}},
+		// A leaky queue with a window of 3 per minute: the window item
+		// counts the sends scheduled in it; jobs past it wait (they are not
+		// refused), each taking a place, until the places run out. t of the
+		// window is when the oldest send it counts leaves it: it counts the
+		// newest 3, as the store does, so once jobs are due 60 s on (the
+		// fourth when the first has left) it is they that a new job must
+		// wait for.
+		{"Windowed", "windowed", `"leaky";q=6;w=1, "3/m";q=3;w=60`, []step{
+			{0, 202, `"leaky";r=5;t=1, "3/m";r=2;t=60`},
+			{0, 202, `"leaky";r=4;t=1, "3/m";r=1;t=60`},
+			{0, 202, `"leaky";r=3;t=1, "3/m";r=0;t=60`},
+			{0, 202, `"leaky";r=2;t=1, "3/m";r=0;t=61`},
+			{0, 202, `"leaky";r=1;t=1, "3/m";r=0;t=61`},
+			{0, 202, `"leaky";r=0;t=1, "3/m";r=0;t=120`},
+			{0, 429, `"leaky";r=0;t=1, "3/m";r=0;t=120`},
+		}},
+		// A token bucket with a window: the window, not the bucket, refuses
+		// the fourth job, and the fields say so (tokens left, the window
+		// full until its oldest send leaves, the Retry-After). A minute on,
+		// the first three have left it. (Nothing is dispatched here: the
+		// four jobs admitted take four of the five places by count.)
+		{"WindowedToken", "windowed-token", `"token";q=5;w=1, "3/m";q=3;w=60`, []step{
+			{0, 202, `"token";r=4;t=1, "3/m";r=2;t=60`},
+			{0, 202, `"token";r=3;t=1, "3/m";r=1;t=60`},
+			{0, 202, `"token";r=2;t=1, "3/m";r=0;t=60`},
+			{0, 429, `"token";r=2;t=1, "3/m";r=0;t=60`},
+			{60 * time.Second, 202, `"token";r=1;t=1, "3/m";r=2;t=60`},
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			clk := clock.NewFake(t0)
+			h, _ := newAPIConfig(t, rateLimitConfig, clk)
+			runSteps(t, h, clk, c.tenant, c.policy, c.steps)
+		})
+	}
 }
 
 // The store schedules a job from when a send can start (its start lag
@@ -81,13 +122,13 @@ func TestRateLimitCountsFromTheStartLag(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewFake(t0)
 	h, _ := newAPIConfig(t, rateLimitConfig, clk, func(o *bolt.Options) { o.InitialStartLag = 30 * time.Millisecond })
-	runSteps(t, h, clk, "leaky", []step{
-		{0, 202, `"leaky";q=4;w=4`, `"leaky";r=3;t=1`},
-		{0, 202, `"leaky";q=4;w=4`, `"leaky";r=2;t=1`},
+	runSteps(t, h, clk, "leaky", `"leaky";q=4;w=4`, []step{
+		{0, 202, `"leaky";r=3;t=1`},
+		{0, 202, `"leaky";r=2;t=1`},
 	})
-	runSteps(t, h, clk, "token", []step{
-		{0, 202, `"token";q=3;w=3`, `"token";r=2;t=1`},
-		{0, 202, `"token";q=3;w=3`, `"token";r=1;t=1`},
+	runSteps(t, h, clk, "token", `"token";q=3;w=3`, []step{
+		{0, 202, `"token";r=2;t=1`},
+		{0, 202, `"token";r=1;t=1`},
 	})
 }
 
@@ -99,62 +140,21 @@ func TestRateLimitToken(t *testing.T) {
 	clk := clock.NewFake(t0)
 	h, store := newAPIConfig(t, rateLimitConfig, clk)
 	p := `"token";q=3;w=3`
-	runSteps(t, h, clk, "token", []step{
-		{0, 202, p, `"token";r=2;t=1`},
-		{0, 202, p, `"token";r=1;t=1`},
-		{0, 202, p, `"token";r=0;t=1`},
-		{0, 429, p, `"token";r=0;t=1`},
+	runSteps(t, h, clk, "token", p, []step{
+		{0, 202, `"token";r=2;t=1`},
+		{0, 202, `"token";r=1;t=1`},
+		{0, 202, `"token";r=0;t=1`},
+		{0, 429, `"token";r=0;t=1`},
 	})
 	dispatched := dispatcher(t, store)
 	for _, s := range []step{
-		{time.Second, 202, p, `"token";r=0;t=1`},     // one token came back, and went
-		{2 * time.Second, 202, p, `"token";r=1;t=1`}, // two came back, one went
-		{3 * time.Second, 202, p, `"token";r=2;t=1`}, // full again, one went
+		{time.Second, 202, `"token";r=0;t=1`},     // one token came back, and went
+		{2 * time.Second, 202, `"token";r=1;t=1`}, // two came back, one went
+		{3 * time.Second, 202, `"token";r=2;t=1`}, // full again, one went
 	} {
 		dispatched("token")
-		runSteps(t, h, clk, "token", []step{s})
+		runSteps(t, h, clk, "token", p, []step{s})
 	}
-}
-
-// A leaky queue with a window of 3 per minute: the window item counts the
-// sends scheduled in it; jobs past it wait (they are not refused), each
-// taking a place, until the places run out. t of the window is when the
-// oldest send it counts leaves it: it counts the newest 3, as the store
-// does, so once jobs are due 60 s on (the fourth when the first has left)
-// it is they that a new job must wait for.
-func TestRateLimitWindowed(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewFake(t0)
-	h, _ := newAPIConfig(t, rateLimitConfig, clk)
-	p := `"leaky";q=6;w=1, "3/m";q=3;w=60`
-	runSteps(t, h, clk, "windowed", []step{
-		{0, 202, p, `"leaky";r=5;t=1, "3/m";r=2;t=60`},
-		{0, 202, p, `"leaky";r=4;t=1, "3/m";r=1;t=60`},
-		{0, 202, p, `"leaky";r=3;t=1, "3/m";r=0;t=60`},
-		{0, 202, p, `"leaky";r=2;t=1, "3/m";r=0;t=61`},
-		{0, 202, p, `"leaky";r=1;t=1, "3/m";r=0;t=61`},
-		{0, 202, p, `"leaky";r=0;t=1, "3/m";r=0;t=120`},
-		{0, 429, p, `"leaky";r=0;t=1, "3/m";r=0;t=120`},
-	})
-}
-
-// A token bucket with a window: the window, not the bucket, refuses the
-// fourth job, and the fields say so (tokens left, the window full until its
-// oldest send leaves, the Retry-After). A minute on, the first three have
-// left it. (Nothing is dispatched here: the four jobs admitted take four of
-// the five places by count.)
-func TestRateLimitWindowedToken(t *testing.T) {
-	t.Parallel()
-	clk := clock.NewFake(t0)
-	h, _ := newAPIConfig(t, rateLimitConfig, clk)
-	p := `"token";q=5;w=1, "3/m";q=3;w=60`
-	runSteps(t, h, clk, "windowed-token", []step{
-		{0, 202, p, `"token";r=4;t=1, "3/m";r=2;t=60`},
-		{0, 202, p, `"token";r=3;t=1, "3/m";r=1;t=60`},
-		{0, 202, p, `"token";r=2;t=1, "3/m";r=0;t=60`},
-		{0, 429, p, `"token";r=2;t=1, "3/m";r=0;t=60`},
-		{60 * time.Second, 202, p, `"token";r=1;t=1, "3/m";r=2;t=60`},
-	})
 }
 
 // A batch's fields say what is left after its last job; a repeated key
@@ -181,14 +181,9 @@ func TestRateLimitBatchAndRepeat(t *testing.T) {
 // of the test; the function it returns waits until tenant's queue is empty.
 func dispatcher(t *testing.T, store queue.Store) func(tenant string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- store.Consume(ctx, func(_ context.Context, j queue.Job) queue.Outcome {
-			return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
-		}, queue.ConsumeOptions{})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	queuetest.Consume(t, store, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
+	})
 	return func(tenant string) {
 		t.Helper()
 		testutil.WaitFor(t, 10*time.Second, tenant+"'s queue drained", func() bool {

@@ -85,6 +85,19 @@ func (f *Fake) Waiters() int {
 	return len(f.waiters)
 }
 
+// Next is when the earliest After that has not fired yet is due (false if
+// none), so that a test can step the clock from one wait to the next. An
+// After nobody reads any more counts too: the clock cannot tell.
+func (f *Fake) Next() (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var at time.Time
+	for _, w := range f.waiters {
+		at = Earliest(at, w.at)
+	}
+	return at, !at.IsZero()
+}
+
 // Never is the time of something that waits until told otherwise (an
 // operator hold with no end): far enough that nothing reaches it, near
 // enough that adding an interval to it cannot overflow.

@@ -51,10 +51,15 @@ func expectAt(t *testing.T, ch <-chan *Ticket, want time.Duration) *Ticket {
 
 const half = 1500 * time.Microsecond // the gate's slack at these rates
 
+// fakeGate is a gate on a fake clock at t0.
+func fakeGate() (*clock.Fake, *Gate) {
+	clk := clock.NewFake(t0)
+	return clk, NewGate(clk)
+}
+
 func TestGateHoldsBackALateSendsSuccessor(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	T := 100 * time.Millisecond
 	p := leaky.Policy{Interval: T, Burst: 1}
 	// The first job's slot is t0 but its connection took 30 ms.
@@ -73,8 +78,7 @@ func TestGateHoldsBackALateSendsSuccessor(t *testing.T) {
 
 func TestGateLetsABurstThrough(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	T := 100 * time.Millisecond
 	p := leaky.Policy{Interval: T, Burst: 3}
 	for i := 0; i < 3; i++ {
@@ -91,8 +95,7 @@ func TestGateLetsABurstThrough(t *testing.T) {
 // not go at all until that is known.
 func TestGateSpacesFromTheRealWrite(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	T := 100 * time.Millisecond
 	p := leaky.Policy{Interval: T, Burst: 1}
 	first := expectAt(t, wait(g, "a", p, t0), 0)
@@ -112,8 +115,7 @@ func TestGateSpacesFromTheRealWrite(t *testing.T) {
 // An attempt that wrote nothing frees the gate without moving it.
 func TestGateDoneWithoutWrite(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	p := leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1}
 	first := expectAt(t, wait(g, "a", p, t0), 0)
 	clk.Set(t0.Add(100 * time.Millisecond))
@@ -128,8 +130,7 @@ func TestGateDoneWithoutWrite(t *testing.T) {
 // whatever the lateness.
 func TestGateWindowRuleUnderJitter(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	T := 20 * time.Millisecond
 	p := leaky.Policy{Interval: T, Burst: 1}
 	var sends []time.Time
@@ -178,8 +179,7 @@ func waitWaiters(t *testing.T, clk *clock.Fake, n int) {
 // when the hold ends, ahead of the job that was pushed back.
 func TestGateHoldReleasesWaiters(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	p := leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1}
 	errc := make(chan error, 1)
 	go func() {
@@ -215,8 +215,7 @@ func TestGateHoldReleasesWaiters(t *testing.T) {
 // job must not be sent back in line for nothing.
 func TestGateHoldEndingBeforeTheSlotDelaysNothing(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	p := leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1}
 	g.Hold("tenant:a", t0.Add(50*time.Millisecond))
 	ch := make(chan *Ticket, 1)
@@ -238,8 +237,7 @@ func TestGateHoldEndingBeforeTheSlotDelaysNothing(t *testing.T) {
 // back in line); a shorter wait is waited out.
 func TestGateWindowsCountWrites(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	w, _ := leaky.ParseWindow("2/s")
 	p := leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1, Windows: []leaky.Window{w}}
 	lane := Lane{Key: "tenant:a", Policy: p}
@@ -271,8 +269,7 @@ func TestGateWindowsCountWrites(t *testing.T) {
 // scheduler wakes them: a tenant's jobs reach the downstream in order.
 func TestGatePassesInSlotOrder(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	p := leaky.Policy{Interval: time.Millisecond, Burst: 1}
 	order := make(chan int, 3)
 	for _, at := range []int{30, 20, 10} { // arrive latest slot first
@@ -317,8 +314,7 @@ func TestGatePassesInSlotOrder(t *testing.T) {
 // shared downstream ceiling: order is kept per tenant only.
 func TestGateNoHeadOfLineBlockingAcrossTenants(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(t0)
-	g := NewGate(clk)
+	clk, g := fakeGate()
 	slow := leaky.Policy{Interval: time.Second, Burst: 1}
 	ceiling := Lane{Key: "downstream:sms", Policy: leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1}}
 	a := Lane{Key: "tenant:a", Policy: slow}

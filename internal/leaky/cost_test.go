@@ -43,11 +43,7 @@ func TestCostTakesSlots(t *testing.T) {
 func TestMaxCost(t *testing.T) {
 	t.Parallel()
 	T := 100 * time.Millisecond
-	for _, p := range []Policy{
-		{Interval: T, Burst: 1, Capacity: 5},
-		{Interval: T, Burst: 4, Capacity: 0},
-		{Interval: T, Burst: 3, Capacity: 7},
-	} {
+	for _, p := range shapes(T) {
 		max := p.MaxCost()
 		if d, _ := AdmitCost(State{}, t0, p, max); !d.Admitted {
 			t.Fatalf("%+v: MaxCost %d refused on a quiet bucket", p, max)

@@ -89,14 +89,19 @@ func TestSteadyStreamSlightlyTooFast(t *testing.T) {
 	}
 }
 
-func TestRetryAfterIsExact(t *testing.T) {
-	t.Parallel()
-	T := 70 * time.Millisecond
-	for _, p := range []Policy{
+// shapes are a policy of each shape at interval T: a leaky queue, a token
+// bucket, and a bucket with a queue behind it.
+func shapes(T time.Duration) []Policy {
+	return []Policy{
 		{Interval: T, Burst: 1, Capacity: 4},
 		{Interval: T, Burst: 6, Capacity: 0},
 		{Interval: T, Burst: 3, Capacity: 3},
-	} {
+	}
+}
+
+func TestRetryAfterIsExact(t *testing.T) {
+	t.Parallel()
+	for _, p := range shapes(70 * time.Millisecond) {
 		_, s := burst(t, p, 50)
 		d, _ := Admit(s, t0, p)
 		if d.Admitted || d.RetryAfter <= 0 {

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"throttler/internal/testutil"
 )
 
 // Server is one redis-server process.
@@ -35,13 +37,7 @@ type Server struct {
 // keeps what was acknowledged. It stops when the test ends.
 func Start(t testing.TB, aof bool) *Server {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server is not installed (.ci/run installs it)")
-		}
-		t.Skip("redis-server is not installed")
-	}
+	bin := testutil.Program(t, "redis-server")
 	s := &Server{dir: t.TempDir(), aof: aof, t: t}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -132,14 +128,7 @@ type Cluster struct {
 // when CI=true).
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	cli, cliErr := exec.LookPath("redis-cli")
-	if err != nil || cliErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server and redis-cli are not installed (.ci/run installs them)")
-		}
-		t.Skip("redis-server or redis-cli is not installed")
-	}
+	bin, cli := testutil.Program(t, "redis-server"), testutil.Program(t, "redis-cli")
 	c := &Cluster{}
 	args := []string{"--cluster", "create"}
 	for range n {

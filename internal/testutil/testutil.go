@@ -1,6 +1,7 @@
 // Package testutil holds what tests of several packages share and nothing
-// else: waiting for a condition with a deadline, and whether the race
-// detector is on.
+// else: waiting for a condition with a deadline, whether the race detector
+// is on, the programs a test needs, and the auth tokens of a test's
+// config.
 package testutil
 
 import (

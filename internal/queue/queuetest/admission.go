@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
 )
@@ -16,9 +15,7 @@ import (
 // Admission: decisions, idempotency, cost, lookups.
 
 func testBurstAgainstCapacity(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	s := d.open(t, clk, Leaky20(10))
+	_, s := d.start(t, Leaky20(10))
 	var admitted []queue.Admission
 	for i := 0; i < 40; i++ {
 		a := EnqueueOne(t, s, "acme", Payload(i))
@@ -50,9 +47,7 @@ func testBurstAgainstCapacity(t *testing.T, d Driver) {
 }
 
 func testTokenMode(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	s := d.open(t, clk, func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 10} })
+	_, s := d.start(t, func(string) leaky.Policy { return leaky.Policy{Interval: T, Burst: 10} })
 	n := 0
 	for i := 0; i < 30; i++ {
 		a := EnqueueOne(t, s, "tok", Payload(i))
@@ -71,8 +66,7 @@ func testTokenMode(t *testing.T, d Driver) {
 }
 
 func testBatchDecidesInOrder(t *testing.T, d Driver) {
-	t.Parallel()
-	s := d.open(t, clock.NewFake(T0), Leaky20(2))
+	_, s := d.start(t, Leaky20(2))
 	jobs := []queue.NewJob{Payload(0), Payload(1), Payload(2), Payload(3)}
 	out, err := s.Enqueue(context.Background(), "b", jobs)
 	if err != nil {
@@ -86,8 +80,7 @@ func testBatchDecidesInOrder(t *testing.T, d Driver) {
 }
 
 func testIdempotency(t *testing.T, d Driver) {
-	t.Parallel()
-	s := d.open(t, clock.NewFake(T0), Leaky20(100))
+	_, s := d.start(t, Leaky20(100))
 	key := queue.NewJob{Payload: json.RawMessage(`1`), IdempotencyKey: "k-1"}
 	first := EnqueueOne(t, s, "acme", key)
 	second := EnqueueOne(t, s, "acme", key)
@@ -131,8 +124,7 @@ func testIdempotency(t *testing.T, d Driver) {
 }
 
 func testCostTakesSlots(t *testing.T, d Driver) {
-	t.Parallel()
-	s := d.open(t, clock.NewFake(T0), func(string) leaky.Policy {
+	_, s := d.start(t, func(string) leaky.Policy {
 		return leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 3}
 	})
 	out, err := s.Enqueue(context.Background(), "acme", []queue.NewJob{
@@ -156,8 +148,7 @@ func testCostTakesSlots(t *testing.T, d Driver) {
 }
 
 func testJobLookupAndCancel(t *testing.T, d Driver) {
-	t.Parallel()
-	s := d.open(t, clock.NewFake(T0), Leaky20(10))
+	_, s := d.start(t, Leaky20(10))
 	ctx := context.Background()
 	a := EnqueueOne(t, s, "acme", Payload(1))
 	b := EnqueueOne(t, s, "acme", Payload(2))
@@ -188,17 +179,9 @@ func testJobLookupAndCancel(t *testing.T, d Driver) {
 }
 
 func testCancellingTheLastJobGivesItsPlaceBack(t *testing.T, d Driver) {
-	t.Parallel()
-	s := d.open(t, clock.NewFake(T0), Leaky20(2))
+	_, s := d.start(t, Leaky20(2))
 	ctx := context.Background()
-	var ids []string
-	for i := 0; i < 3; i++ { // one at once, two waiting: full
-		a := EnqueueOne(t, s, "acme", Payload(i))
-		if a.Rejected != nil {
-			t.Fatalf("job %d refused", i)
-		}
-		ids = append(ids, a.Job.ID)
-	}
+	ids := EnqueueN(t, s, "acme", 3) // one at once, two waiting: full
 	if a := EnqueueOne(t, s, "acme", Payload(9)); a.Rejected == nil {
 		t.Fatal("admitted past capacity")
 	}
@@ -219,8 +202,7 @@ func testCancellingTheLastJobGivesItsPlaceBack(t *testing.T, d Driver) {
 }
 
 func testTenantsDeepestFirst(t *testing.T, d Driver) {
-	t.Parallel()
-	s := d.open(t, clock.NewFake(T0), Leaky20(100))
+	_, s := d.start(t, Leaky20(100))
 	for tenant, n := range map[string]int{"a": 1, "b": 3, "c": 2} {
 		for i := 0; i < n; i++ {
 			EnqueueOne(t, s, tenant, Payload(i))

@@ -13,21 +13,21 @@ import (
 	"throttler/internal/queue"
 )
 
-// openCeiling opens a store whose tenants all deliver to "sms" under
-// ceiling.
-func (d Driver) openCeiling(t *testing.T, clk clock.Clock, policy queue.PolicyFunc, ceiling *leaky.Policy) queue.Store {
+// startCeiling is start for a store whose tenants all deliver to "sms"
+// under ceiling.
+func (d Driver) startCeiling(t *testing.T, policy queue.PolicyFunc, ceiling *leaky.Policy) (*clock.Fake, queue.Store) {
 	t.Helper()
-	return d.New(t)(t, Config{Clock: clk, Policy: policy, Ceiling: func(string) (string, *leaky.Policy) { return "sms", ceiling }})
+	clk, s, _ := d.startWith(t, Config{Policy: policy, Ceiling: func(string) (string, *leaky.Policy) { return "sms", ceiling }})
+	return clk, s
 }
 
 // The expected delay a job is told, and the tenant's, count the ceiling:
 // with the tenant's jobs ahead of it, a job waits at least that many of the
 // ceiling's intervals, even when its own rate is faster (invariant 5).
 func testExpectedDelayCountsTheCeiling(t *testing.T, d Driver) {
-	t.Parallel()
 	ctx := context.Background()
 	ceiling := &leaky.Policy{Interval: 2 * T, Burst: 1} // the tenant may send every 50 ms; its downstream, every 100 ms
-	s := d.openCeiling(t, clock.NewFake(T0), Leaky20(10), ceiling)
+	_, s := d.startCeiling(t, Leaky20(10), ceiling)
 	for i := range 5 {
 		a := EnqueueOne(t, s, "acme", Payload(i))
 		want := max(time.Duration(i)*T, queue.CeilingDelay(ceiling, i))
@@ -47,9 +47,8 @@ func testExpectedDelayCountsTheCeiling(t *testing.T, d Driver) {
 
 // A ceiling's windows bound what one job may cost; its rate does not.
 func testCeilingWindowsBoundTheCost(t *testing.T, d Driver) {
-	t.Parallel()
 	w, _ := leaky.ParseWindow("3/1m")
-	s := d.openCeiling(t, clock.NewFake(T0), Leaky20(10), &leaky.Policy{Interval: time.Second, Burst: 1, Windows: []leaky.Window{w}})
+	_, s := d.startCeiling(t, Leaky20(10), &leaky.Policy{Interval: time.Second, Burst: 1, Windows: []leaky.Window{w}})
 	if a := EnqueueOne(t, s, "acme", queue.NewJob{Payload: []byte(`1`), Cost: 3}); !a.Admitted() {
 		t.Fatalf("cost 3 under a 3/1m ceiling: %+v", a)
 	}
@@ -62,19 +61,15 @@ func testCeilingWindowsBoundTheCost(t *testing.T, d Driver) {
 // A failed job sent again is told its wait as a new job is: the ceiling
 // counts there too.
 func testRetryCountsTheCeiling(t *testing.T, d Driver) {
-	t.Parallel()
 	ctx := context.Background()
-	clk := clock.NewFake(T0)
 	ceiling := &leaky.Policy{Interval: 4 * T, Burst: 1}
-	s := d.openCeiling(t, clk, Leaky20(10), ceiling)
+	clk, s := d.startCeiling(t, Leaky20(10), ceiling)
 	failed := EnqueueOne(t, s, "acme", Payload(0)).Job.ID
-	got := make(chan Handed, 1)
-	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- Handed{Job: j, At: clk.Now()}
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 1, func(ctx context.Context, j queue.Job) queue.Outcome {
 		return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 Bad Request", SentAt: clk.Now()}
 	})
 	WaitHanded(t, clk, got, time.Millisecond)
-	WaitFor(t, func() bool { j, _ := s.Job(ctx, failed); return j.State == queue.StateFailed })
+	WaitState(t, s, failed, queue.StateFailed)
 	stop()
 	for i := range 3 {
 		EnqueueOne(t, s, "acme", Payload(i+1))

@@ -4,31 +4,24 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
 	"throttler/internal/queue"
 )
 
 // Consume: hand-over at the slot, outcomes, retries.
 
 func testConsumeDeliversAtSlotsInOrder(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	s := d.open(t, clk, Leaky20(10))
-	var ids []string
-	for i := 0; i < 5; i++ {
-		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
-	}
+	clk, s := d.start(t, Leaky20(10))
+	ids := EnqueueN(t, s, "acme", 5)
 	cancelled := EnqueueOne(t, s, "acme", Payload(99)).Job.ID
 	if _, err := s.Cancel(context.Background(), cancelled); err != nil {
 		t.Fatal(err)
 	}
 	lead := 20 * time.Millisecond
-	got := make(chan Handed, 10)
-	stop := Consume(t, s, lead, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- Handed{Job: j, At: clk.Now()}
+	got, stop := HandOver(t, s, clk, lead, 10, func(ctx context.Context, j queue.Job) queue.Outcome {
 		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
 	})
 	for i, id := range ids {
@@ -53,21 +46,17 @@ func testConsumeDeliversAtSlotsInOrder(t *testing.T, d Driver) {
 }
 
 func testRetryFailAndRelease(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	s := d.open(t, clk, Leaky20(10))
+	clk, s := d.start(t, Leaky20(10))
 	ctx := context.Background()
 	retry := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
 	fail := EnqueueOne(t, s, "acme", Payload(2)).Job.ID
-	got := make(chan Handed, 10)
 	var mu sync.Mutex
 	calls := map[string]int{}
-	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 10, func(ctx context.Context, j queue.Job) queue.Outcome {
 		mu.Lock()
 		calls[j.ID]++
 		n := calls[j.ID]
 		mu.Unlock()
-		got <- Handed{Job: j, At: clk.Now()}
 		switch {
 		case j.ID == retry && n == 1:
 			return queue.Outcome{Result: queue.Retry, Status: 502, Error: "bad gateway", NotBefore: clk.Now().Add(time.Second)}
@@ -81,7 +70,7 @@ func testRetryFailAndRelease(t *testing.T, d Driver) {
 	if first.Job.ID != retry || second.Job.ID != fail {
 		t.Fatalf("order %s %s", first.Job.ID, second.Job.ID)
 	}
-	WaitFor(t, func() bool { j, _ := s.Job(ctx, retry); return j.State == queue.StateRetrying })
+	WaitState(t, s, retry, queue.StateRetrying)
 	j, _ := s.Job(ctx, retry)
 	if j.LastError != "bad gateway" || j.ResponseStatus != 502 || j.DispatchAt.Before(first.At.Add(time.Second)) {
 		t.Fatalf("retrying job %+v", j)
@@ -103,15 +92,18 @@ func testRetryFailAndRelease(t *testing.T, d Driver) {
 	}
 
 	// queue.Released: nothing was sent, so the attempt does not count.
+	// (A released job is handed over again and again: only the first
+	// hand-over is told.)
 	rel := EnqueueOne(t, s, "acme", Payload(3)).Job.ID
+	released := make(chan Handed, 1)
 	stop = Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
 		select {
-		case got <- Handed{Job: j, At: clk.Now()}:
+		case released <- Handed{Job: j, At: clk.Now()}:
 		default:
 		}
 		return queue.Outcome{Result: queue.Released}
 	})
-	WaitHanded(t, clk, got, 5*time.Millisecond)
+	WaitHanded(t, clk, released, 5*time.Millisecond)
 	stop()
 	if j, _ := s.Job(ctx, rel); j.State != queue.StateQueued || j.Attempts != 0 {
 		t.Fatalf("released job %+v", j)
@@ -119,18 +111,14 @@ func testRetryFailAndRelease(t *testing.T, d Driver) {
 }
 
 func testRetryBackoffDoesNotFillTheQueue(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	s := d.open(t, clk, Leaky20(3))
+	clk, s := d.start(t, Leaky20(3))
 	ctx := context.Background()
 	id := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
-	got := make(chan Handed, 10)
-	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- Handed{Job: j, At: clk.Now()}
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 10, func(ctx context.Context, j queue.Job) queue.Outcome {
 		return queue.Outcome{Result: queue.Retry, Status: 503, Error: "busy", NotBefore: clk.Now().Add(10 * time.Second)}
 	})
 	WaitHanded(t, clk, got, time.Millisecond)
-	WaitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateRetrying })
+	WaitState(t, s, id, queue.StateRetrying)
 	stop()
 	j, _ := s.Job(ctx, id)
 	if j.DispatchAt.Before(T0.Add(10 * time.Second)) {
@@ -152,28 +140,22 @@ func testRetryBackoffDoesNotFillTheQueue(t *testing.T, d Driver) {
 }
 
 func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	s := d.open(t, clk, Leaky20(1))
+	clk, s := d.start(t, Leaky20(1))
 	ctx := context.Background()
 	id := EnqueueOne(t, s, "acme", Payload(1)).Job.ID
 	other := EnqueueOne(t, s, "other", Payload(2)).Job.ID
-	got := make(chan Handed, 10)
-	var mu sync.Mutex
-	fail := true
-	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- Handed{Job: j, At: clk.Now()}
-		mu.Lock()
-		defer mu.Unlock()
-		if fail {
+	var fail atomic.Bool
+	fail.Store(true)
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 10, func(ctx context.Context, j queue.Job) queue.Outcome {
+		if fail.Load() {
 			return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 Bad Request: invalid number", SentAt: clk.Now()}
 		}
 		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
 	})
 	WaitHanded(t, clk, got, time.Millisecond)
 	WaitHanded(t, clk, got, time.Millisecond)
-	WaitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateFailed })
-	WaitFor(t, func() bool { j, _ := s.Job(ctx, other); return j.State == queue.StateFailed })
+	WaitState(t, s, id, queue.StateFailed)
+	WaitState(t, s, other, queue.StateFailed)
 	list, err := s.Failed(ctx, "acme", 10)
 	if err != nil || len(list) != 1 || list[0].ID != id || list[0].LastError == "" || list[0].ResponseStatus != 400 {
 		t.Fatalf("failed list %+v %v", list, err)
@@ -194,9 +176,7 @@ func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
 	if _, err := s.Retry(ctx, queue.NewID(T0)); !errors.Is(err, queue.ErrNotFound) {
 		t.Fatalf("retry of an unknown job: %v", err)
 	}
-	mu.Lock()
-	fail = false
-	mu.Unlock()
+	fail.Store(false)
 	a, err := s.Retry(ctx, id)
 	if err != nil || a.Rejected != nil || a.Job.State != queue.StateQueued || a.Job.Attempts != 0 {
 		t.Fatalf("retry: %+v %v", a, err)
@@ -206,7 +186,7 @@ func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
 	}
 	for h := WaitHanded(t, clk, got, time.Millisecond); h.Job.ID != id; h = WaitHanded(t, clk, got, time.Millisecond) {
 	}
-	WaitFor(t, func() bool { j, _ := s.Job(ctx, id); return j.State == queue.StateSucceeded })
+	WaitState(t, s, id, queue.StateSucceeded)
 	stop()
 	if j, _ := s.Job(ctx, id); j.Attempts != 1 || j.ResponseStatus != 200 {
 		t.Fatalf("after the retry: %+v", j)

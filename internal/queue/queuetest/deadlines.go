@@ -3,11 +3,9 @@ package queuetest
 import (
 	"context"
 	"encoding/json"
-	"sync"
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
 )
@@ -15,14 +13,9 @@ import (
 // Deadlines: refused when they cannot be met, expired when a pause pushes them past.
 
 func testDeadlines(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	s := d.open(t, clk, Leaky20(10))
+	clk, s := d.start(t, Leaky20(10))
 	ctx := context.Background()
-	var ids []string
-	for i := 0; i < 5; i++ { // slots 0, T, ..., 4T
-		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
-	}
+	EnqueueN(t, s, "acme", 5) // slots 0, T, ..., 4T
 	// Would wait 5T: refused at once, nothing taken.
 	a := EnqueueOne(t, s, "acme", queue.NewJob{Payload: json.RawMessage(`9`), Deadline: T0.Add(4 * T)})
 	if a.Impossible == nil || a.Impossible.Reason != queue.ReasonWouldExpire || a.Impossible.ExpectedDelay != 5*T {
@@ -34,19 +27,8 @@ func testDeadlines(t *testing.T, d Driver) {
 	// Fits now (slot 5T, deadline 8T); a pause pushes it past.
 	late := EnqueueOne(t, s, "acme", queue.NewJob{Payload: json.RawMessage(`10`), Deadline: T0.Add(8 * T)}).Job.ID
 	after := EnqueueOne(t, s, "acme", Payload(11)).Job.ID
-	got := make(chan Handed, 20)
-	var mu sync.Mutex
-	pushed := false
-	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- Handed{Job: j, At: clk.Now()}
-		mu.Lock()
-		defer mu.Unlock()
-		if !pushed { // the first job: come back in a second
-			pushed = true
-			return queue.Outcome{Result: queue.Retry, Status: 429, SentAt: clk.Now(), PauseUntil: clk.Now().Add(time.Second)}
-		}
-		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
-	})
+	// The first job: come back in a second.
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 20, PushBackOnce(clk, func(now time.Time) time.Time { return now.Add(time.Second) }))
 	defer stop()
 	var handedIDs []string
 	for len(handedIDs) < 7 { // 6 jobs, the first twice
@@ -57,8 +39,8 @@ func testDeadlines(t *testing.T, d Driver) {
 			t.Fatal("a job past its deadline was Handed over")
 		}
 	}
-	WaitFor(t, func() bool { j, _ := s.Job(ctx, late); return j.State == queue.StateExpired })
-	WaitFor(t, func() bool { j, _ := s.Job(ctx, after); return j.State == queue.StateSucceeded })
+	WaitState(t, s, late, queue.StateExpired)
+	WaitState(t, s, after, queue.StateSucceeded)
 	st, _ := s.Tenant(ctx, "acme")
 	if st.Expired != 1 || st.Delivered != 6 || st.QueueDepth != 0 {
 		t.Fatalf("status %+v", st)
@@ -72,8 +54,7 @@ func testDeadlines(t *testing.T, d Driver) {
 // one before 1970 or at its first instant is a deadline too (zero, which
 // the API never passes for a given deadline, is none).
 func testDeadlinesInThePast(t *testing.T, d Driver) {
-	t.Parallel()
-	s := d.open(t, clock.NewFake(T0), Leaky20(10))
+	_, s := d.start(t, Leaky20(10))
 	for _, deadline := range []time.Time{T0.Add(-time.Second), time.Unix(0, 0), time.Date(1969, 12, 31, 23, 59, 59, 0, time.UTC), time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC)} {
 		a := EnqueueOne(t, s, "acme", queue.NewJob{Payload: json.RawMessage(`1`), Deadline: deadline})
 		if a.Impossible == nil || a.Impossible.Reason != queue.ReasonWouldExpire {
@@ -89,10 +70,9 @@ func testDeadlinesInThePast(t *testing.T, d Driver) {
 // queue) is computed exactly: the last place is exactly capacity intervals
 // away, and the next job is refused for exactly one interval.
 func testLongHorizonIsExact(t *testing.T, d Driver) {
-	t.Parallel()
 	const day = 24 * time.Hour
 	const capacity = 3650 // 1/d: ten years
-	s := d.open(t, clock.NewFake(T0), func(string) leaky.Policy { return leaky.Policy{Interval: day, Burst: 1, Capacity: capacity} })
+	_, s := d.start(t, func(string) leaky.Policy { return leaky.Policy{Interval: day, Burst: 1, Capacity: capacity} })
 	jobs := make([]queue.NewJob, capacity+2)
 	for i := range jobs {
 		jobs[i] = Payload(i)

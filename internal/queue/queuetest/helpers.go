@@ -109,3 +109,65 @@ func WaitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	testutil.WaitFor(t, 10*time.Second, "condition", cond)
 }
+
+// EnqueueN enqueues n jobs Payload(0) to Payload(n-1) one at a time, all
+// of them admitted, and returns their ids.
+func EnqueueN(t *testing.T, s queue.Store, tenant string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		a := EnqueueOne(t, s, tenant, Payload(i))
+		if !a.Admitted() {
+			t.Fatalf("job %d of %d for %s not admitted: %+v", i, n, tenant, a)
+		}
+		ids[i] = a.Job.ID
+	}
+	return ids
+}
+
+// HandOver runs s.Consume in the background, as Consume does, and tells
+// every job handed over, and when, on the returned channel (buffered to
+// size) before outcome answers it.
+func HandOver(t *testing.T, s queue.Store, clk *clock.Fake, lead time.Duration, size int, outcome queue.Handler) (<-chan Handed, func()) {
+	t.Helper()
+	got := make(chan Handed, size)
+	stop := Consume(t, s, lead, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- Handed{Job: j, At: clk.Now()}
+		return outcome(ctx, j)
+	})
+	return got, stop
+}
+
+// Succeed is an outcome: the job was sent now and succeeded.
+func Succeed(clk clock.Clock) queue.Handler {
+	return func(context.Context, queue.Job) queue.Outcome {
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
+	}
+}
+
+// PushBackOnce is an outcome: the first job handed over is pushed back by
+// a 429 that pauses the tenant until until(now); every other one
+// succeeds.
+func PushBackOnce(clk clock.Clock, until func(now time.Time) time.Time) queue.Handler {
+	var mu sync.Mutex
+	pushed := false
+	return func(context.Context, queue.Job) queue.Outcome {
+		mu.Lock()
+		defer mu.Unlock()
+		now := clk.Now()
+		if !pushed {
+			pushed = true
+			return queue.Outcome{Result: queue.Retry, Status: 429, Error: "429 Too Many Requests", SentAt: now, PauseUntil: until(now)}
+		}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: now}
+	}
+}
+
+// WaitState waits up to 10 s for job id to be in state.
+func WaitState(t *testing.T, s queue.Store, id string, state queue.JobState) {
+	t.Helper()
+	testutil.WaitFor(t, 10*time.Second, "job "+id+" "+string(state), func() bool {
+		j, _ := s.Job(context.Background(), id)
+		return j.State == state
+	})
+}

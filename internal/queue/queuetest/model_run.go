@@ -307,13 +307,14 @@ func (r *runner) wake(now time.Time) {
 func (r *runner) nextParked() (time.Time, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var at time.Time
-	for _, p := range r.parked {
-		if at.IsZero() || p.at.Before(at) {
-			at = p.at
-		}
+	if len(r.parked) == 0 {
+		return time.Time{}, false
 	}
-	return at, !at.IsZero()
+	at := r.parked[0].at
+	for _, p := range r.parked[1:] {
+		at = earliest(at, p.at)
+	}
+	return at, true
 }
 
 // settle waits until the store has done all it will do at this moment:
@@ -433,7 +434,9 @@ func (r *runner) advance(to time.Time) {
 	for r.fail == nil {
 		now := r.clk.Now()
 		next := to
-		if w, ok := r.clk.next(); ok && w.Before(next) {
+		// A wait nobody listens to any more (cut short by a poke)
+		// counts too: stopping there costs a moment and misses nothing.
+		if w, ok := r.clk.Next(); ok && w.Before(next) {
 			next = w
 		}
 		if p, ok := r.nextParked(); ok && p.Before(next) {

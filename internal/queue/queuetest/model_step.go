@@ -275,6 +275,15 @@ func (r *runner) pick(op Op, want func(*mjob) bool) *mjob {
 	return list[(op.Pick/2)%len(list)]
 }
 
+// wantStateError checks that op on j, which is in no state for it, failed
+// with a StateError that names j's state.
+func (r *runner) wantStateError(op string, j *mjob, err error) {
+	var se *queue.StateError
+	if !errors.As(err, &se) || se.State != storeState(j) {
+		r.failf(op, "%s of %s (%s): want a StateError %s, got %v", op, r.m.describe(j), j.state, storeState(j), err)
+	}
+}
+
 func (r *runner) cancel(op Op, now time.Time) {
 	j := r.pick(op, func(j *mjob) bool { return j.state == msWaiting })
 	if j == nil {
@@ -282,10 +291,7 @@ func (r *runner) cancel(op Op, now time.Time) {
 	}
 	got, err := r.store.Cancel(r.ctx, j.id)
 	if j.state != msWaiting {
-		var se *queue.StateError
-		if !errors.As(err, &se) || se.State != storeState(j) {
-			r.failf("cancel", "cancel of %s (%s): want a StateError %s, got %v", r.m.describe(j), j.state, storeState(j), err)
-		}
+		r.wantStateError("cancel", j, err)
 		return
 	}
 	if err != nil || got.State != queue.StateCancelled {
@@ -313,10 +319,7 @@ func (r *runner) retry(op Op, now time.Time) {
 	tn := j.tn
 	a, err := r.store.Retry(r.ctx, j.id)
 	if j.state != msFailed {
-		var se *queue.StateError
-		if !errors.As(err, &se) || se.State != storeState(j) {
-			r.failf("retry", "retry of %s (%s): want a StateError %s, got %v", r.m.describe(j), j.state, storeState(j), err)
-		}
+		r.wantStateError("retry", j, err)
 		return
 	}
 	if err != nil {

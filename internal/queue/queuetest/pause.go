@@ -2,43 +2,24 @@ package queuetest
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
 	"throttler/internal/queue"
 )
 
 // Pauses: downstream pushback and operator holds.
 
 func testPushbackPausesTheTenantAndKeepsOrder(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	s := d.open(t, clk, Leaky20(5))
+	clk, s := d.start(t, Leaky20(5))
 	ctx := context.Background()
-	var ids []string
-	for i := 0; i < 4; i++ {
-		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
-	}
+	ids := EnqueueN(t, s, "acme", 4)
 	until := T0.Add(2 * time.Second)
-	got := make(chan Handed, 10)
-	var mu sync.Mutex
-	pushed := false
-	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- Handed{Job: j, At: clk.Now()}
-		mu.Lock()
-		defer mu.Unlock()
-		if !pushed {
-			pushed = true
-			return queue.Outcome{Result: queue.Retry, Status: 429, Error: "429 Too Many Requests", SentAt: clk.Now(), PauseUntil: until}
-		}
-		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
-	})
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 10, PushBackOnce(clk, func(time.Time) time.Time { return until }))
 	if h := WaitHanded(t, clk, got, time.Millisecond); h.Job.ID != ids[0] {
 		t.Fatalf("first Handed %s", h.Job.ID)
 	}
-	WaitFor(t, func() bool { j, _ := s.Job(ctx, ids[0]); return j.State == queue.StateRetrying })
+	WaitState(t, s, ids[0], queue.StateRetrying)
 	st, _ := s.Tenant(ctx, "acme")
 	if !st.Paused || !st.PausedUntil.Equal(until) || st.Held || st.QueueDepth != 4 {
 		t.Fatalf("status during the pause %+v", st)
@@ -82,15 +63,9 @@ func testPushbackPausesTheTenantAndKeepsOrder(t *testing.T, d Driver) {
 }
 
 func testOperatorHoldAndResume(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	reopen := d.reopener(t)
-	s := reopen(t, clk, Leaky20(3))
+	clk, s, reopen := d.startWith(t, Config{Policy: Leaky20(3)})
 	ctx := context.Background()
-	var ids []string
-	for i := 0; i < 2; i++ {
-		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
-	}
+	ids := EnqueueN(t, s, "acme", 2)
 	st, err := s.Pause(ctx, "acme")
 	if err != nil || !st.Paused || !st.Held || !st.PausedUntil.IsZero() {
 		t.Fatalf("pause: %+v %v", st, err)
@@ -102,15 +77,11 @@ func testOperatorHoldAndResume(t *testing.T, d Driver) {
 		t.Fatal("a held tenant admitted past its capacity")
 	}
 	s.Close()
-	s = reopen(t, clk, Leaky20(3))
+	s = reopen()
 	if st, _ := s.Tenant(ctx, "acme"); !st.Held || st.QueueDepth != 3 {
 		t.Fatalf("after a restart: %+v", st)
 	}
-	got := make(chan Handed, 10)
-	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- Handed{Job: j, At: clk.Now()}
-		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
-	})
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 10, Succeed(clk))
 	for range 50 {
 		clk.Advance(100 * time.Millisecond)
 		time.Sleep(time.Millisecond)

@@ -73,22 +73,31 @@ func Run(t *testing.T, d Driver) {
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { tc.run(t, d) })
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.run(t, d)
+		})
 	}
 }
 
-// open opens a fresh store for one test.
-func (d Driver) open(t *testing.T, clk clock.Clock, policy queue.PolicyFunc) queue.Store {
+// start opens a fresh store for one test, on a fake clock at T0.
+func (d Driver) start(t *testing.T, policy queue.PolicyFunc) (*clock.Fake, queue.Store) {
 	t.Helper()
-	return d.New(t)(t, Config{Clock: clk, Policy: policy})
+	clk, s, _ := d.startWith(t, Config{Policy: policy})
+	return clk, s
 }
 
-// reopener returns an opener of one test's data: each call after a Close
-// is a restart on the same data.
-func (d Driver) reopener(t *testing.T) func(t *testing.T, clk clock.Clock, policy queue.PolicyFunc) queue.Store {
+// startWith opens a fresh store for one test as c asks, on a fake clock
+// at T0. The returned reopen opens the same data again with the same
+// clock and config: after a Close, a restart.
+func (d Driver) startWith(t *testing.T, c Config) (clk *clock.Fake, s queue.Store, reopen func() queue.Store) {
+	t.Helper()
+	clk = clock.NewFake(T0)
+	c.Clock = clk
 	open := d.New(t)
-	return func(t *testing.T, clk clock.Clock, policy queue.PolicyFunc) queue.Store {
+	reopen = func() queue.Store {
 		t.Helper()
-		return open(t, Config{Clock: clk, Policy: policy})
+		return open(t, c)
 	}
+	return clk, reopen(), reopen
 }

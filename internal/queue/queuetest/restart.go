@@ -5,31 +5,24 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
 	"throttler/internal/queue"
 )
 
 // Restart: jobs kept, overdue ones spaced.
 
 func testRestartKeepsJobsAndSpacesOverdueOnes(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
-	reopen := d.reopener(t)
-	s := reopen(t, clk, Leaky20(10))
+	clk, s, reopen := d.startWith(t, Config{Policy: Leaky20(10)})
 	if !d.RestartRespaces {
 		// Many processes share such a store: none of them restarting
 		// means the rest stopped.
 		t.Skip("a shared store has no restart of its own")
 	}
-	var ids []string
-	for i := 0; i < 6; i++ {
-		ids = append(ids, EnqueueOne(t, s, "acme", Payload(i)).Job.ID)
-	}
+	ids := EnqueueN(t, s, "acme", 6)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	clk.Advance(time.Hour) // every slot passed while stopped
-	s = reopen(t, clk, Leaky20(10))
+	s = reopen()
 	st, err := s.Tenant(context.Background(), "acme")
 	if err != nil || st.QueueDepth != 6 || st.Accepted != 6 {
 		t.Fatalf("after restart %+v %v", st, err)

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
 )
@@ -14,11 +13,9 @@ import (
 // Windows: at most N sends in any window beside the rate.
 
 func testWindowBesideTheRate(t *testing.T, d Driver) {
-	t.Parallel()
-	clk := clock.NewFake(T0)
 	w, _ := leaky.ParseWindow("20/m")
 	const rateT = 200 * time.Millisecond // 5/s
-	s := d.open(t, clk, func(string) leaky.Policy {
+	clk, s := d.start(t, func(string) leaky.Policy {
 		return leaky.Policy{Interval: rateT, Burst: 1, Capacity: 100, Windows: []leaky.Window{w}}
 	})
 	promised := map[string]time.Time{}
@@ -36,9 +33,7 @@ func testWindowBesideTheRate(t *testing.T, d Driver) {
 	if st, _ := s.Tenant(context.Background(), "acme"); st.ExpectedDelay != 3*time.Minute {
 		t.Fatalf("expected delay for a 61st job %v, want 3m (the window)", st.ExpectedDelay)
 	}
-	got := make(chan Handed, 100)
-	stop := Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- Handed{Job: j, At: clk.Now()}
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 100, func(ctx context.Context, j queue.Job) queue.Outcome {
 		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
 	})
 	defer stop()
@@ -67,11 +62,9 @@ func testWindowBesideTheRate(t *testing.T, d Driver) {
 // job exactly when the same tenant without one does, though jobs leave its
 // depth when handed to the dispatcher, a lead before their slot.
 func testWindowsKeepTheQueueBound(t *testing.T, d Driver) {
-	t.Parallel()
 	w, _ := leaky.ParseWindow("100/1m")
 	for _, windows := range [][]leaky.Window{nil, {w}} {
-		clk := clock.NewFake(T0)
-		s := d.open(t, clk, func(string) leaky.Policy {
+		clk, s := d.start(t, func(string) leaky.Policy {
 			return leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 5, Windows: windows}
 		})
 		for i := range 6 { // one at once, five waiting
@@ -79,9 +72,7 @@ func testWindowsKeepTheQueueBound(t *testing.T, d Driver) {
 				t.Fatalf("windows %v: job %d refused: %+v", windows, i, a.Rejected)
 			}
 		}
-		got := make(chan Handed, 10)
-		Consume(t, s, 100*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-			got <- Handed{Job: j, At: clk.Now()}
+		got, _ := HandOver(t, s, clk, 100*time.Millisecond, 10, func(ctx context.Context, j queue.Job) queue.Outcome {
 			// As the dispatcher does: the request is written at its slot.
 			select {
 			case <-clk.After(j.DispatchAt.Sub(clk.Now())):
@@ -109,10 +100,8 @@ func testWindowsKeepTheQueueBound(t *testing.T, d Driver) {
 // window full for a minute, a client told 100 ms would be refused for that
 // whole minute.
 func testFullWindowRetryAfterIsExact(t *testing.T, d Driver) {
-	t.Parallel()
 	w, _ := leaky.ParseWindow("3/1m")
-	clk := clock.NewFake(T0)
-	s := d.open(t, clk, func(string) leaky.Policy {
+	clk, s := d.start(t, func(string) leaky.Policy {
 		return leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 5, Windows: []leaky.Window{w}}
 	})
 	var slots []time.Duration
