@@ -31,6 +31,7 @@ type owned struct {
 	sched schedule
 	known map[string]bool      // scheduled, or claimed and not recorded yet
 	floor map[string]time.Time // a takeover's: each tenant's earliest next send
+	pace  map[string]time.Time // each tenant's next send by its rate, from the claims (see paced)
 	wake  chan struct{}
 	// lastHanded is closed once the job claimed last is handed over.
 	lastHanded chan struct{}
@@ -51,7 +52,7 @@ type ended struct {
 
 func newOwned(c *consumer, f owner.Fence) *owned {
 	o := &owned{c: c, s: c.s, k: keysOf(f.Partition), fence: f,
-		known: map[string]bool{}, floor: map[string]time.Time{}, wake: make(chan struct{}, 1),
+		known: map[string]bool{}, floor: map[string]time.Time{}, pace: map[string]time.Time{}, wake: make(chan struct{}, 1),
 		outcomes: make(chan ended, 1024), loopDone: make(chan struct{}), written: make(chan struct{})}
 	o.lastHanded = make(chan struct{})
 	close(o.lastHanded)
@@ -107,7 +108,7 @@ func (o *owned) run() {
 	backoff := 50 * time.Millisecond
 	for o.ctx.Err() == nil {
 		o.mu.Lock()
-		due := o.sched.popDue(o.s.localNow().Add(o.c.lead), claimBatchMax)
+		due := o.paced(o.sched.popDue(o.s.localNow().Add(o.c.lead), claimBatchMax))
 		next, any := o.sched.next()
 		o.mu.Unlock()
 		if len(due) == 0 {
@@ -132,6 +133,49 @@ func (o *owned) run() {
 		}
 		backoff = 50 * time.Millisecond
 	}
+}
+
+// paced keeps of due the entries whose tenants may send by a lead from
+// now, at most a burst of each per batch, and puts the others back for
+// when they may: a tenant's backlog (after an outage, a takeover, a
+// pause) is claimed at its rate, a job or a burst at a time, not all at
+// once. A claimed job is being sent: nobody else can cancel or hold it,
+// and a crash repeats it. (Its pace is the dispatcher's gate's, read
+// ahead: the gate still decides the write.) o.mu held.
+func (o *owned) paced(due []*entry) []*entry {
+	by := o.s.localNow().Add(o.c.lead)
+	ready := due[:0]
+	taken := map[string]int{}
+	for _, e := range due {
+		p := o.s.policy(e.tenant)
+		at := o.pace[e.tenant].Add(-p.Tolerance())
+		if at.After(by) || taken[e.tenant] >= max(p.Burst, 1) {
+			// Looked at again once the tenant's pace comes (past the
+			// claims of this batch, which move it on).
+			e.at = clock.Later(at, e.at)
+			o.sched.add(e)
+			continue
+		}
+		taken[e.tenant]++
+		ready = append(ready, e)
+	}
+	if len(o.pace) > 4096 { // the paces of tenants long idle
+		for tenant, at := range o.pace {
+			if at.Before(by.Add(-time.Hour)) {
+				delete(o.pace, tenant)
+			}
+		}
+	}
+	return ready
+}
+
+// claimedPace moves tenant's pace past claimed job j: its next job may
+// go cost intervals after it.
+func (o *owned) claimedPace(j queue.Job) {
+	p := o.s.policy(j.Tenant)
+	o.mu.Lock()
+	o.pace[j.Tenant] = clock.Later(o.pace[j.Tenant], j.DispatchAt).Add(time.Duration(j.EffectiveCost()) * p.Interval)
+	o.mu.Unlock()
 }
 
 // claimBatchMax is the most jobs one claim takes.
@@ -269,6 +313,7 @@ func (o *owned) claim(due []*entry) error {
 			}
 			o.mu.Unlock()
 			j.DispatchAt = clock.Later(j.DispatchAt, floor)
+			o.claimedPace(j)
 			o.startSend(j)
 		}
 	}
