@@ -76,7 +76,10 @@ type attempt struct {
 	// unpaced is the gate's ticket when the connection is not ours (no
 	// pacedConn): the send counts as lasting until the attempt ends.
 	unpaced *Ticket
-	over    bool // the outcome is being decided: a late report changes nothing
+	// grant is the shared gate's grant this attempt's write uses (nil:
+	// none), confirmed once the request is written.
+	grant *remoteGrant
+	over  bool // the outcome is being decided: a late report changes nothing
 }
 
 // Why the gate let nothing be written, beside *HeldError.
@@ -126,6 +129,7 @@ func (a *attempt) end() {
 	if a.unpaced != nil {
 		a.unpaced.Done()
 	}
+	a.grant.resolve(a.ctx, time.Time{}) // a grant its request never used
 }
 
 // request builds the downstream request (DESIGN.md section 6), with the
@@ -202,16 +206,23 @@ func (a *attempt) waitAtGate() (*Ticket, error) {
 		ticket.Done()
 		return nil, errExpired
 	}
+	var grant *remoteGrant
 	if a.remote != nil {
-		if err := passRemote(a.gateCtx, d.clock, a.remote, job.Deadline); err != nil {
+		g, err := passRemote(a.gateCtx, d.clock, a.remote, job.Deadline)
+		if err != nil {
 			ticket.Done()
 			return nil, err
 		}
+		grant = g
 	}
 	if !queue.MaySend(a.stop) { // asked last: a frozen process wakes up to this
 		ticket.Done()
+		grant.resolve(a.ctx, time.Time{})
 		return nil, errNotOurs
 	}
+	a.mu.Lock()
+	a.grant = grant
+	a.mu.Unlock()
 	return ticket, nil
 }
 
@@ -241,6 +252,7 @@ func (a *attempt) wrote(at time.Time) {
 	if !a.over {
 		a.sentAt = at
 	}
+	a.grant.resolve(a.ctx, at)
 }
 
 // send sends the request and reads the answer, all within the timeout but

@@ -113,33 +113,36 @@ const (
 // A grant is used only if it came within remoteBudget of asking, on the
 // clock read last before the write: after that check only the attempt's
 // timeout is started again (no I/O) before the bytes go.
-func passRemote(ctx context.Context, clk clock.Clock, remote RemoteGate, deadline time.Time) error {
+func passRemote(ctx context.Context, clk clock.Clock, remote RemoteGate, deadline time.Time) (*remoteGrant, error) {
 	asked := clk.Now()
 	ans, err := remote(ctx)
 	for late := 0; ; {
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return ctx.Err()
+			return nil, ctx.Err()
 		case err != nil:
-			return &HeldError{Key: "the shared gate (" + err.Error() + ")", Until: clk.Now().Add(time.Second), Busy: true}
+			return nil, &HeldError{Key: "the shared gate (" + err.Error() + ")", Until: clk.Now().Add(time.Second), Busy: true}
 		case !ans.HeldUntil.IsZero():
-			return &HeldError{Key: "the shared gate", Until: ans.HeldUntil}
+			return nil, &HeldError{Key: "the shared gate", Until: ans.HeldUntil}
 		case ans.Wait > maxRemoteWait:
-			return &HeldError{Key: "the shared gate", Until: clk.Now().Add(ans.Wait), Busy: true}
+			return nil, &HeldError{Key: "the shared gate", Until: clk.Now().Add(ans.Wait), Busy: true}
 		case ans.Wait > 0:
 			select {
 			case <-ctx.Done():
-				return ctx.Err()
+				return nil, ctx.Err()
 			case <-clk.After(ans.Wait):
 			}
 			asked = clk.Now()
 			ans, err = remote(ctx)
 		case !deadline.IsZero() && clk.Now().After(deadline):
-			return errExpired
+			if ans.Confirm != nil {
+				go confirm(context.WithoutCancel(ctx), ans.Confirm, 0, false)
+			}
+			return nil, errExpired
 		case clk.Now().Sub(asked) <= remoteBudget:
-			return nil
+			return &remoteGrant{asked: asked, confirm: ans.Confirm}, nil
 		case late >= maxLateGrants:
-			return &HeldError{Key: fmt.Sprintf("the shared gate (its answers took over %v %d times in a row: is Redis far, or fsyncing every write?)", remoteBudget, late), Until: clk.Now().Add(time.Second), Busy: true}
+			return nil, &HeldError{Key: fmt.Sprintf("the shared gate (its answers took over %v %d times in a row: is Redis far, or fsyncing every write?)", remoteBudget, late), Until: clk.Now().Add(time.Second), Busy: true}
 		default:
 			// Granted too long ago: a write now could reach the downstream
 			// too close to another process's next send. Give the grant
@@ -150,6 +153,31 @@ func passRemote(ctx context.Context, clk clock.Clock, remote RemoteGate, deadlin
 			ans, err = ans.Again(ctx)
 		}
 	}
+}
+
+// remoteGrant is a grant of the shared gate being used: when it was asked
+// for, and how to tell the gate when its request was written (nil: no
+// need).
+type remoteGrant struct {
+	asked   time.Time
+	confirm func(ctx context.Context, wroteAfter time.Duration, written bool) error
+	once    sync.Once
+}
+
+// resolve confirms the grant once: written at (zero: not written).
+func (g *remoteGrant) resolve(ctx context.Context, at time.Time) {
+	if g == nil || g.confirm == nil {
+		return
+	}
+	g.once.Do(func() { go confirm(context.WithoutCancel(ctx), g.confirm, at.Sub(g.asked), !at.IsZero()) })
+}
+
+// confirm tells the gate, within a second: past that the gate stops
+// waiting for it anyway.
+func confirm(ctx context.Context, c func(context.Context, time.Duration, bool) error, wroteAfter time.Duration, written bool) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_ = c(ctx, max(wroteAfter, 0), written) // lost: the gate's hold lapses by itself
 }
 
 // maxRemoteWait is the longest a send waits at the shared gate before it

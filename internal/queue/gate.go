@@ -32,4 +32,11 @@ type GateAnswer struct {
 	// Again gives back a grant that will not be used (go only) and asks
 	// again, in one round trip.
 	Again func(context.Context) (GateAnswer, error)
+	// Confirm (go only; nil: the gate needs none) tells the gate when the
+	// grant's request was written: wroteAfter since the grant was asked
+	// for, on the sender's clock (written false: it was not, and the grant
+	// is given back). Until it is confirmed the gate grants its lanes to
+	// no other send (for a second at most, in case the sender died), so a
+	// write that came late cannot shorten the gap to the next.
+	Confirm func(ctx context.Context, wroteAfter time.Duration, written bool) error
 }

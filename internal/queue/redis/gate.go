@@ -16,9 +16,12 @@ var (
 	gateLua string
 	//go:embed gatehold.lua
 	gateHoldLua string
+	//go:embed gateconfirm.lua
+	gateConfirmLua string
 
-	gateScript     = newScript("gate.lua", gateLua, false)
-	gateHoldScript = newScript("gatehold.lua", gateHoldLua, false)
+	gateScript        = newScript("gate.lua", gateLua, false)
+	gateHoldScript    = newScript("gatehold.lua", gateHoldLua, false)
+	gateConfirmScript = newScript("gateconfirm.lua", gateConfirmLua, false)
 )
 
 // gate.lua's codes.
@@ -76,12 +79,13 @@ func (s *Store) PassGate(ctx context.Context, r queue.GateRequest) (queue.GateAn
 		keys = append(keys, gateWindow(dsLane, w))
 		args = append(args, w.N, usCeil(w.Length))
 	}
-	return s.passGate(ctx, keys, args, nil)
+	confirmArgs := []any{usCeil(r.Policy.Interval), dsT, max(r.Cost, 1)}
+	return s.passGate(ctx, keys, args, confirmArgs, nil)
 }
 
 // passGate asks gate.lua with args, and giveBack (a grant to give back
-// first, or nil).
-func (s *Store) passGate(ctx context.Context, keys []string, args, giveBack []any) (queue.GateAnswer, error) {
+// first, or nil); confirmArgs are gateconfirm.lua's last arguments.
+func (s *Store) passGate(ctx context.Context, keys []string, args, confirmArgs, giveBack []any) (queue.GateAnswer, error) {
 	var g gateReply
 	if err := gateScript.Run(ctx, s.rdb, keys, append(args[:len(args):len(args)], giveBack...), &g); err != nil {
 		return queue.GateAnswer{}, err
@@ -98,9 +102,16 @@ func (s *Store) passGate(ctx context.Context, keys []string, args, giveBack []an
 		for _, v := range g.Grant {
 			back = append(back, v)
 		}
-		return s.passGate(ctx, keys, args, back)
+		return s.passGate(ctx, keys, args, confirmArgs, back)
 	}
-	return queue.GateAnswer{Again: again}, nil
+	confirm := func(ctx context.Context, wroteAfter time.Duration, written bool) error {
+		w := "0"
+		if written {
+			w = "1"
+		}
+		return gateConfirmScript.Run(ctx, s.rdb, keys[:2], append([]any{g.Grant[4], usCeil(wroteAfter), w}, confirmArgs...), nil)
+	}
+	return queue.GateAnswer{Again: again, Confirm: confirm}, nil
 }
 
 // holdLanes holds a tenant's gate lane (and its downstream's) after a

@@ -1,13 +1,15 @@
--- The dispatch gate shared by every process: one atomic check right before
--- a request is written, so the spacing the downstream sees holds whatever
--- asynq's polling, early starts, retries and many workers do. A GCRA per
--- lane (the tenant's rate; the downstream's ceiling) and the lanes'
+-- The gate of a downstream ceiling, shared by the owners of every
+-- partition: one atomic check right before a request is written. A GCRA
+-- per lane (the tenant's rate; the downstream's ceiling) and the lanes'
 -- windows ("N per DURATION", counted on the grants, that is on real
--- sends), in the server's time. Run by Store.PassGate (gate.go).
--- Microseconds.
+-- sends), in the server's time. A grant holds the downstream's lane until
+-- its sender confirms when it wrote (gateconfirm.lua), for a second at
+-- most: a write that came late moves the lane on before the next grant.
+-- Run by Store.PassGate (gate.go). Microseconds.
 --
 -- KEYS[1]    the tenant's lane (a hash: tat, hold)
--- KEYS[2]    the downstream's lane (a hash: tat, hold)
+-- KEYS[2]    the downstream's lane (a hash: tat, hold, pend: the time of
+--            the grant not yet confirmed)
 -- KEYS[3..]  one list per window, the tenant's then the downstream's: the
 --            times of their last N grants
 -- ARGV[1]    now (0: the server's TIME)
@@ -30,9 +32,14 @@
 -- tat_d_after, granted_at}: code 0 go (a grant: each lane's TAT before and
 -- after it, and its time), 1 not yet (wait), 2 a lane is held (pushback,
 -- operator hold) until held_until. Giving a grant back puts each lane's
--- TAT back and takes it out of the windows, unless a grant came after it.
+-- TAT back and takes it out of the windows, unless a grant came after it,
+-- and ends its hold on the lane.
 
 local function at_least(a, b) if a > b then return a end return b end
+local function at_most(a, b) if a < b then return a end return b end
+-- How long an unconfirmed grant holds the downstream's lane at most (its
+-- sender may have died), and how soon a send held by one asks again.
+local pend_max, pend_poll = 1000000, 1000
 
 local now = tonumber(ARGV[1])
 if now == 0 then
@@ -63,17 +70,21 @@ if ARGV[a] == 'again' then
   if undone then
     for _, w in ipairs(windows) do redis.call('LREM', w.key, -cost, ARGV[a + 5]) end
   end
+  if redis.call('HGET', KEYS[2], 'pend') == ARGV[a + 5] then redis.call('HDEL', KEYS[2], 'pend') end
 end
 
 local t = redis.call('HMGET', KEYS[1], 'tat', 'hold')
-local d = redis.call('HMGET', KEYS[2], 'tat', 'hold')
+local d = redis.call('HMGET', KEYS[2], 'tat', 'hold', 'pend')
 local tat_t, hold_t = tonumber(t[1]) or 0, tonumber(t[2]) or 0
-local tat_d, hold_d = tonumber(d[1]) or 0, tonumber(d[2]) or 0
+local tat_d, hold_d, pend = tonumber(d[1]) or 0, tonumber(d[2]) or 0, tonumber(d[3]) or 0
 
 local hold = at_least(hold_t, hold_d)
 if hold > now then return {2, 0, hold, 0, 0, 0, 0, 0} end
 local wait = tat_t - taut - slack - now
 if Td > 0 then wait = at_least(wait, tat_d - taud - slack - now) end
+if Td > 0 and pend > 0 and now < pend + pend_max then
+  wait = at_least(wait, at_most(pend_poll, pend + pend_max - now))
+end
 for _, w in ipairs(windows) do
   -- Room for cost more sends: the one cost places from the end must have
   -- left the window.
@@ -92,7 +103,7 @@ redis.call('PEXPIRE', KEYS[1], math.floor((tat_t - now) / 1000) + idle_ms)
 out[5] = tat_t
 if Td > 0 then
   tat_d = at_least(tat_d, now) + cost * Td
-  redis.call('HSET', KEYS[2], 'tat', tat_d)
+  redis.call('HSET', KEYS[2], 'tat', tat_d, 'pend', now)
   redis.call('PEXPIRE', KEYS[2], math.floor((tat_d - now) / 1000) + idle_ms)
   out[7] = tat_d
 end

@@ -61,6 +61,9 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 	rdb := redisClient(t, 128)
 	ctx := context.Background()
 	s, err := Open(ctx, Options{Client: rdb, IdleTTL: time.Second, Policy: queuetest.Leaky20(10),
+		// A lease long enough that a busy Redis (100,000 jobs at once) is
+		// not a lost one.
+		Timing:  Timing{Lease: 2 * time.Second},
 		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +120,7 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 	if n := bucketKeys(); n < tenants {
 		t.Fatalf("%d bucket keys for %d tenants with a job waiting", n, tenants)
 	}
-	t.Logf("%d jobs admitted in %v; Redis memory per waiting job (its tenant, job and asynq task): %d bytes",
+	t.Logf("%d jobs admitted in %v; Redis memory per waiting job (its tenant, job, schedule entry and arrival line): %d bytes",
 		tenants, time.Since(began).Round(time.Millisecond), (waiting-empty)/int64(tenants))
 
 	var delivered atomic.Int64
@@ -176,10 +179,17 @@ func TestSharedGate(t *testing.T) {
 	req := queue.GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}, Ceiling: wide}
 	goes := func(what string, a queue.GateAnswer, err error) queue.GateAnswer {
 		t.Helper()
-		if err != nil || a.Wait != 0 || !a.HeldUntil.IsZero() || a.Again == nil {
+		if err != nil || a.Wait != 0 || !a.HeldUntil.IsZero() || a.Again == nil || a.Confirm == nil {
 			t.Fatalf("%s: %+v %v, want go", what, a, err)
 		}
 		return a
+	}
+	// wrote confirms a grant's request written at once.
+	wrote := func(a queue.GateAnswer) {
+		t.Helper()
+		if err := a.Confirm(ctx, 0, true); err != nil {
+			t.Fatal(err)
+		}
 	}
 	a, err := s.PassGate(ctx, req)
 	a = goes("first send", a, err)
@@ -187,6 +197,7 @@ func TestSharedGate(t *testing.T) {
 		next, err := a.Again(ctx)
 		a = goes(fmt.Sprintf("asked again (%d)", i+1), next, err)
 	}
+	wrote(a)
 	b, err := s.PassGate(ctx, req)
 	if err != nil || b.Wait <= T-5*time.Millisecond || b.Wait > T {
 		t.Fatalf("the send after a used grant: %+v %v, want a wait of about %v", b, err, T)
@@ -202,7 +213,23 @@ func TestSharedGate(t *testing.T) {
 	other := req
 	other.Tenant = "beta"
 	a, err = s.PassGate(ctx, other)
-	goes("another tenant during acme's pushback", a, err)
+	wrote(goes("another tenant during acme's pushback", a, err))
+
+	// A grant not yet confirmed holds the downstream's lane: the next send
+	// asks again within a millisecond. Confirmed as written 40 ms late,
+	// the lane moves on past that write.
+	first, err := s.PassGate(ctx, queue.GateRequest{Downstream: "late", Tenant: "c1", Policy: req.Policy, Ceiling: wide})
+	first = goes("a first send", first, err)
+	next := queue.GateRequest{Downstream: "late", Tenant: "c2", Policy: req.Policy, Ceiling: &leaky.Policy{Interval: 10 * time.Millisecond, Burst: 1}}
+	if w, err := s.PassGate(ctx, next); err != nil || w.Wait <= 0 || w.Wait > time.Millisecond {
+		t.Fatalf("while the first grant is not confirmed: %+v %v, want a wait of at most 1 ms", w, err)
+	}
+	if err := first.Confirm(ctx, 40*time.Millisecond, true); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := s.PassGate(ctx, next); err != nil || w.Wait < 30*time.Millisecond || w.Wait > 40*time.Millisecond+10*time.Millisecond {
+		t.Fatalf("after the first was confirmed written 40 ms late: %+v %v, want a wait of about 40 ms plus the ceiling's interval", w, err)
+	}
 
 	if _, err := s.Pause(ctx, "beta"); err != nil {
 		t.Fatal(err)
@@ -215,6 +242,8 @@ func TestSharedGate(t *testing.T) {
 	}
 	if r, err := s.PassGate(ctx, other); err != nil || !r.HeldUntil.IsZero() || r.Wait > T {
 		t.Fatalf("after resume: %+v %v, want a go, or a wait for beta's last interval", r, err)
+	} else if r.Confirm != nil {
+		wrote(r)
 	}
 
 	// Windows count the grants, across processes: the fourth send in "3
@@ -226,6 +255,9 @@ func TestSharedGate(t *testing.T) {
 	for i := range 3 {
 		last, err = s.PassGate(ctx, win)
 		last = goes(fmt.Sprintf("send %d of 3 in the window", i+1), last, err)
+		if i < 2 {
+			wrote(last)
+		}
 	}
 	if w, err := s.PassGate(ctx, win); err != nil || w.Wait < 9*time.Second {
 		t.Fatalf("a fourth send in the window: %+v %v, want a wait of about 10 s", w, err)
