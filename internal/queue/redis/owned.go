@@ -72,7 +72,9 @@ func (o *owned) start() {
 // next owner sends the job again, with the same Idempotency-Key).
 func (o *owned) abandon() {
 	o.cancel()
+	o.c.running.Add(1)
 	go func() {
+		defer o.c.running.Done()
 		<-o.loopDone
 		o.sends.Wait()
 		o.closeOutcomes()
