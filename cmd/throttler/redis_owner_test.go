@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -445,26 +446,32 @@ func (r *ownerRig) counts(leases []owner.Lease, live ...*worker) (map[string]int
 	return n, all
 }
 
-// awaitBalanced waits until the live workers hold every partition, counts
-// within one of each other, and returns the counts.
+// awaitBalanced waits until the live workers hold every partition, each
+// its fair share (package owner: P/N each, the remainder one each to the
+// first ids), and returns the counts.
 func (r *ownerRig) awaitBalanced(what string, timeout time.Duration, live ...*worker) map[string]int {
 	r.t.Helper()
+	ids := make([]string, len(live))
+	for i, w := range live {
+		ids[i] = w.id(r.t)
+	}
+	slices.Sort(ids)
+	share := map[string]int{}
+	for i, id := range ids {
+		share[r.byID(id).name] = ownerP / len(ids)
+		if i < ownerP%len(ids) {
+			share[r.byID(id).name]++
+		}
+	}
 	var n map[string]int
-	testutil.WaitFor(r.t, timeout, what+": every partition owned by the live workers, counts within one", func() bool {
+	testutil.WaitFor(r.t, timeout, fmt.Sprintf("%s: every partition owned by the live workers, shares %v", what, share), func() bool {
 		leases, err := owner.ReadLeases(context.Background(), r.rdb, ownerP)
 		if err != nil {
 			return false
 		}
 		var all bool
 		n, all = r.counts(leases, live...)
-		if !all || len(n) != len(live) {
-			return false
-		}
-		lo, hi := ownerP, 0
-		for _, c := range n {
-			lo, hi = min(lo, c), max(hi, c)
-		}
-		return hi-lo <= 1
+		return all && maps.Equal(n, share)
 	})
 	return n
 }
@@ -727,6 +734,19 @@ func (r *ownerRig) finish() {
 			r.t.Fatalf("%s after every job arrived: %v", tenant, ten)
 		}
 	}
+}
+
+// id is w's owner id, from the line it logs when it joins.
+func (w *worker) id(t *testing.T) string {
+	t.Helper()
+	var id string
+	testutil.WaitFor(t, 5*time.Second, w.name+" joins the partition owners", func() bool {
+		for _, e := range w.logsSince(time.Time{}, "joined the partition owners") {
+			id, _ = e.logEntry["worker"].(string)
+		}
+		return id != ""
+	})
+	return id
 }
 
 // sigterm stops w cleanly and waits for its exit (status 0).
