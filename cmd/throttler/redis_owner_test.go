@@ -274,7 +274,7 @@ func TestRedisStaleOwnerIsFenced(t *testing.T) {
 		t.Logf("  %d x %q", n, msg)
 	}
 	if len(fenced) > 0 {
-		t.Logf("  for one: %v", fenced[0].logEntry["err"])
+		t.Logf("  for one: %v", fenced[0].logLine["err"])
 	}
 
 	// Repeats: only of jobs the frozen worker was sending.
@@ -310,22 +310,22 @@ type ownerRig struct {
 	tenants []string // the tenant of each partition
 	began   time.Time
 	leases  *leaseWatch
-	fd      *feeder
+	fd      *jobFeeder
 
 	mu      sync.Mutex
 	sent    []sentBy
-	workers []*worker
+	workers []*ownerWorker
 }
 
 // sentBy is one arrival at the downstream and the worker that sent it.
 type sentBy struct {
 	downstreamtest.Arrival
-	worker *worker
+	worker *ownerWorker
 }
 
-// worker is one `throttler serve --role worker` with its own downstream
+// ownerWorker is one `throttler serve --role worker` with its own downstream
 // path.
-type worker struct {
+type ownerWorker struct {
 	name      string
 	p         *process
 	listening time.Time
@@ -388,8 +388,8 @@ capacity = 200
 }
 
 // worker starts a worker sending to /name.
-func (r *ownerRig) worker(name string) *worker {
-	w := &worker{name: name}
+func (r *ownerRig) worker(name string) *ownerWorker {
+	w := &ownerWorker{name: name}
 	r.mu.Lock()
 	r.workers = append(r.workers, w)
 	r.mu.Unlock()
@@ -400,7 +400,7 @@ func (r *ownerRig) worker(name string) *worker {
 
 // byID is the worker whose owner id names its process (ids are
 // host-pid-random).
-func (r *ownerRig) byID(id string) *worker {
+func (r *ownerRig) byID(id string) *ownerWorker {
 	parts := strings.Split(id, "-")
 	if len(parts) < 3 {
 		return nil
@@ -432,7 +432,7 @@ func (r *ownerRig) rel(at time.Time) time.Duration { return at.Sub(r.began).Roun
 
 // counts is how many partitions each worker holds in leases, and whether
 // every partition is held by one of live.
-func (r *ownerRig) counts(leases []owner.Lease, live ...*worker) (map[string]int, bool) {
+func (r *ownerRig) counts(leases []owner.Lease, live ...*ownerWorker) (map[string]int, bool) {
 	n := map[string]int{}
 	all := true
 	for _, l := range leases {
@@ -449,7 +449,7 @@ func (r *ownerRig) counts(leases []owner.Lease, live ...*worker) (map[string]int
 // awaitBalanced waits until the live workers hold every partition, each
 // its fair share (package owner: P/N each, the remainder one each to the
 // first ids), and returns the counts.
-func (r *ownerRig) awaitBalanced(what string, timeout time.Duration, live ...*worker) map[string]int {
+func (r *ownerRig) awaitBalanced(what string, timeout time.Duration, live ...*ownerWorker) map[string]int {
 	r.t.Helper()
 	ids := make([]string, len(live))
 	for i, w := range live {
@@ -479,7 +479,7 @@ func (r *ownerRig) awaitBalanced(what string, timeout time.Duration, live ...*wo
 // steady lets work flow with the live workers as they are (five arrivals
 // of every tenant), and checks that meanwhile every lease read showed every
 // partition held by one of them, counts within one.
-func (r *ownerRig) steady(what string, live ...*worker) {
+func (r *ownerRig) steady(what string, live ...*ownerWorker) {
 	r.t.Helper()
 	from := time.Now()
 	base := map[string]int{}
@@ -525,7 +525,7 @@ func (r *ownerRig) steady(what string, live ...*worker) {
 }
 
 // heldBy lists the partitions w holds now.
-func (r *ownerRig) heldBy(w *worker) []int {
+func (r *ownerRig) heldBy(w *ownerWorker) []int {
 	leases, err := owner.ReadLeases(context.Background(), r.rdb, ownerP)
 	if err != nil {
 		r.t.Fatal(err)
@@ -541,7 +541,7 @@ func (r *ownerRig) heldBy(w *worker) []int {
 
 // firstOwnedOtherThan is the first lease read after since that shows p
 // held by a worker other than w.
-func (r *ownerRig) firstOwnedOtherThan(p int, w *worker, since time.Time) (time.Time, bool) {
+func (r *ownerRig) firstOwnedOtherThan(p int, w *ownerWorker, since time.Time) (time.Time, bool) {
 	for _, s := range r.leases.all() {
 		if l := s.leases[p]; s.at.After(since) && l.Worker != "" && r.byID(l.Worker) != w {
 			return s.at, true
@@ -579,7 +579,7 @@ func (r *ownerRig) longestFree(from, to time.Time) time.Duration {
 func (r *ownerRig) checkLeases() {
 	r.t.Helper()
 	type last struct {
-		w     *worker
+		w     *ownerWorker
 		epoch int64
 	}
 	seen := map[int]last{}
@@ -657,7 +657,7 @@ func (r *ownerRig) checkTiming(all []sentBy, skip map[int]bool) {
 					minHandover = min(minHandover, gap)
 					handovers++
 				}
-				if waiting(accepted[tenant], as[n-1].At) > len(delivered) {
+				if acceptedBefore(accepted[tenant], as[n-1].At) > len(delivered) {
 					waitingGap = max(waitingGap, gap)
 				}
 			}
@@ -678,8 +678,8 @@ func (r *ownerRig) checkTiming(all []sentBy, skip map[int]bool) {
 		minGap.Round(10*time.Microsecond), ownerT, handovers, minHandover.Round(10*time.Microsecond), maxGap.Round(time.Millisecond), ownerLease)
 }
 
-// waiting counts the jobs accepted (answered) before at.
-func waiting(accepted []time.Time, at time.Time) int {
+// acceptedBefore counts the jobs accepted (answered) before at.
+func acceptedBefore(accepted []time.Time, at time.Time) int {
 	n := 0
 	for _, t := range accepted {
 		if t.Before(at) {
@@ -692,7 +692,7 @@ func waiting(accepted []time.Time, at time.Time) int {
 // feed starts the feeder, 20 jobs per tenant at once and 10 a second
 // after, until finish.
 func (r *ownerRig) feed() {
-	r.fd = startFeeder(r.api.base, r.tenants, 20, 10)
+	r.fd = startJobFeeder(r.api.base, r.tenants, 20, 10)
 	r.t.Cleanup(r.fd.stop)
 }
 
@@ -737,12 +737,12 @@ func (r *ownerRig) finish() {
 }
 
 // id is w's owner id, from the line it logs when it joins.
-func (w *worker) id(t *testing.T) string {
+func (w *ownerWorker) id(t *testing.T) string {
 	t.Helper()
 	var id string
 	testutil.WaitFor(t, 5*time.Second, w.name+" joins the partition owners", func() bool {
 		for _, e := range w.logsSince(time.Time{}, "joined the partition owners") {
-			id, _ = e.logEntry["worker"].(string)
+			id, _ = e.logLine["worker"].(string)
 		}
 		return id != ""
 	})
@@ -750,7 +750,7 @@ func (w *worker) id(t *testing.T) string {
 }
 
 // sigterm stops w cleanly and waits for its exit (status 0).
-func (w *worker) sigterm(t *testing.T) {
+func (w *ownerWorker) sigterm(t *testing.T) {
 	t.Helper()
 	if err := w.p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -763,46 +763,46 @@ func (w *worker) sigterm(t *testing.T) {
 }
 
 // kill9 kills w as a crash would.
-func (w *worker) kill9(t *testing.T) {
+func (w *ownerWorker) kill9(t *testing.T) {
 	t.Helper()
 	w.p.kill9(t)
 	w.killed, w.exited = true, time.Now()
 }
 
-// logEntry is one line of a process's JSON log.
-type logEntry map[string]any
+// logLine is one line of a process's JSON log.
+type logLine map[string]any
 
-func (e logEntry) msg() string { s, _ := e["msg"].(string); return s }
+func (e logLine) msg() string { s, _ := e["msg"].(string); return s }
 
-func (e logEntry) num(key string) float64 { f, _ := e[key].(float64); return f }
+func (e logLine) num(key string) float64 { f, _ := e[key].(float64); return f }
 
 // logsSince is w's log lines from since on whose message begins with msg.
-func (w *worker) logsSince(since time.Time, msg string) []timedEntry {
-	var out []timedEntry
+func (w *ownerWorker) logsSince(since time.Time, msg string) []timedLogLine {
+	var out []timedLogLine
 	for _, line := range strings.Split(w.p.logs(), "\n") {
-		var e logEntry
+		var e logLine
 		if json.Unmarshal([]byte(line), &e) != nil || !strings.HasPrefix(e.msg(), msg) {
 			continue
 		}
 		s, _ := e["time"].(string)
 		at, err := time.Parse(time.RFC3339Nano, s)
 		if err == nil && !at.Before(since) {
-			out = append(out, timedEntry{logEntry: e, at: at})
+			out = append(out, timedLogLine{logLine: e, at: at})
 		}
 	}
 	return out
 }
 
-type timedEntry struct {
-	logEntry
+type timedLogLine struct {
+	logLine
 	at time.Time
 }
 
 // fenced is w's log lines since since of writes the fence refused.
-func (w *worker) fenced(since time.Time) []timedEntry {
-	var out []timedEntry
+func (w *ownerWorker) fenced(since time.Time) []timedLogLine {
+	var out []timedLogLine
 	for _, e := range w.logsSince(since, "") {
-		if err, _ := e.logEntry["err"].(string); strings.Contains(err, "(stale owner)") {
+		if err, _ := e.logLine["err"].(string); strings.Contains(err, "(stale owner)") {
 			out = append(out, e)
 		}
 	}
@@ -888,9 +888,9 @@ func (w *leaseWatch) all() []leaseSample {
 	return slices.Clone(w.reads)
 }
 
-// feeder enqueues jobs for each tenant through the API: first jobs at
+// jobFeeder enqueues jobs for each tenant through the API: first jobs at
 // once, then perSecond a second each, in batches, until stopped.
-type feeder struct {
+type jobFeeder struct {
 	mu       sync.Mutex
 	accepted map[string][]time.Time // per tenant, when each job's 202 came back
 	all      []string
@@ -900,8 +900,8 @@ type feeder struct {
 	once     sync.Once
 }
 
-func startFeeder(base string, tenants []string, first, perSecond int) *feeder {
-	f := &feeder{accepted: map[string][]time.Time{}, quit: make(chan struct{}), done: make(chan struct{})}
+func startJobFeeder(base string, tenants []string, first, perSecond int) *jobFeeder {
+	f := &jobFeeder{accepted: map[string][]time.Time{}, quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
 		began := time.Now()
@@ -939,18 +939,18 @@ func startFeeder(base string, tenants []string, first, perSecond int) *feeder {
 	return f
 }
 
-func (f *feeder) stop() {
+func (f *jobFeeder) stop() {
 	f.once.Do(func() { close(f.quit) })
 	<-f.done
 }
 
-func (f *feeder) ids() []string {
+func (f *jobFeeder) ids() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.all)
 }
 
-func (f *feeder) acceptedTimes() map[string][]time.Time {
+func (f *jobFeeder) acceptedTimes() map[string][]time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := map[string][]time.Time{}
