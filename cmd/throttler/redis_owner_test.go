@@ -728,6 +728,9 @@ func (r *ownerRig) finish() {
 		}
 	}
 	r.leases.stop()
+	if err := r.leases.err; err != nil {
+		r.t.Fatalf("reading the leases: %v", err)
+	}
 	for _, tenant := range r.tenants {
 		_, _, ten := call(r.t, "GET", r.api.base+"/v1/tenants/"+tenant, "")
 		if ten["queue_depth"] != 0.0 || ten["in_flight"] != 0.0 {
