@@ -60,7 +60,7 @@ func (g *gateReply) Decode(r *luascript.Reply) {
 // sends for it and paces it in process, so it goes at once.
 func (s *Store) PassGate(ctx context.Context, r queue.GateRequest) (queue.GateAnswer, error) {
 	if r.Ceiling == nil {
-		return queue.GateAnswer{}, nil
+		return goAtOnce(ctx)
 	}
 	lane, dsLane := gateKeys(r.Downstream, r.Tenant)
 	var dsT, dsTau int64
@@ -81,6 +81,15 @@ func (s *Store) PassGate(ctx context.Context, r queue.GateRequest) (queue.GateAn
 	}
 	confirmArgs := []any{usCeil(r.Policy.Interval), dsT, max(r.Cost, 1)}
 	return s.passGate(ctx, keys, args, confirmArgs, nil)
+}
+
+// goAtOnce is the gate's go for a send it does not gate, without a round
+// trip. Like every go it has Again, which the dispatcher calls when the
+// go came back later than it may use one (its goroutine was descheduled
+// between asking and writing): there is nothing to give back, and it is
+// go again.
+func goAtOnce(context.Context) (queue.GateAnswer, error) {
+	return queue.GateAnswer{Again: goAtOnce}, nil
 }
 
 // passGate asks gate.lua with args, and giveBack (a grant to give back
