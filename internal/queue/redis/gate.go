@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"throttler/internal/leaky"
 	"throttler/internal/luascript"
 	"throttler/internal/queue"
 )
@@ -63,11 +62,7 @@ func (s *Store) PassGate(ctx context.Context, r queue.GateRequest) (queue.GateAn
 		return goAtOnce(ctx)
 	}
 	lane, dsLane := gateKeys(r.Downstream, r.Tenant)
-	var dsT, dsTau int64
-	var dsWindows []leaky.Window
-	if r.Ceiling != nil {
-		dsT, dsTau, dsWindows = usCeil(r.Ceiling.Interval), usCeil(r.Ceiling.Tolerance()), r.Ceiling.Windows
-	}
+	dsT, dsTau, dsWindows := usCeil(r.Ceiling.Interval), usCeil(r.Ceiling.Tolerance()), r.Ceiling.Windows
 	keys := []string{lane, dsLane}
 	args := []any{s.now(), usCeil(r.Policy.Interval), usCeil(r.Policy.Tolerance()),
 		dsT, dsTau, max(r.Cost, 1), r.Slack.Microseconds(), s.idle.Milliseconds(), len(r.Policy.Windows), len(dsWindows)}
