@@ -131,16 +131,20 @@ func (c *consumer) resumed(tenant string) {
 const arrivalsBatch = 1000
 
 // pollArrivals reads the arrivals of every partition owned, in one
-// pipelined round trip, and again at once while there were any; otherwise
-// every Timing.Poll.
+// pipelined round trip, every Timing.Poll; again at once only when a
+// partition gave a full batch (more are waiting). Not at once whenever
+// there were any: under a steady flow of admissions that polled every
+// partition once per round trip, a few jobs each, and every claim and
+// outcome batch after it was as small. Admission counts Poll in its start
+// lag, so a job due at once is still claimed by its slot.
 func (c *consumer) pollArrivals(ctx context.Context) {
 	for ctx.Err() == nil {
 		parts := c.owned()
-		found := false
+		full := false
 		if len(parts) > 0 {
-			found = c.pollOnce(ctx, parts)
+			full = c.pollOnce(ctx, parts)
 		}
-		if found {
+		if full {
 			continue
 		}
 		t := time.NewTimer(c.s.timing.Poll)
@@ -152,8 +156,9 @@ func (c *consumer) pollArrivals(ctx context.Context) {
 	}
 }
 
-// pollOnce reads each partition's arrivals once; found reports any.
-func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (found bool) {
+// pollOnce reads each partition's arrivals once; full reports a partition
+// that gave arrivalsBatch lines (it may have more).
+func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (full bool) {
 	pipe := c.s.rdb.Pipeline()
 	cmds := make([]*goredis.StringSliceCmd, len(parts))
 	for i, o := range parts {
@@ -166,11 +171,11 @@ func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (found bool) {
 	for i, o := range parts {
 		lines := cmds[i].Val()
 		if len(lines) > 0 {
-			found = true
 			o.arrive(lines)
 		}
+		full = full || len(lines) >= arrivalsBatch
 	}
-	return found
+	return full
 }
 
 // parseArrival reads one line of a partition's arrivals (enqueue.lua's
