@@ -117,7 +117,7 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 	if n := bucketKeys(); n < tenants {
 		t.Fatalf("%d bucket keys for %d tenants with a job waiting", n, tenants)
 	}
-	t.Logf("%d jobs admitted in %v; Redis memory per waiting job (its tenant, job and asynq task): %d bytes",
+	t.Logf("%d jobs admitted in %v; Redis memory per waiting job, one per tenant (its job hash, its line in the partition arrivals list, its tenant hash, waiting zset and active-set entry): %d bytes",
 		tenants, time.Since(began).Round(time.Millisecond), (waiting-empty)/int64(tenants))
 
 	var delivered atomic.Int64
