@@ -57,7 +57,7 @@ func (g *gateReply) Decode(r *luascript.Reply) {
 // sends for it and paces it in process, so it goes at once.
 func (s *Store) PassGate(ctx context.Context, r queue.GateRequest) (queue.GateAnswer, error) {
 	if r.Ceiling == nil {
-		return queue.GateAnswer{}, nil
+		return noGate(ctx)
 	}
 	lane, dsLane := gateKeys(r.Downstream, r.Tenant)
 	var dsT, dsTau int64
@@ -77,6 +77,14 @@ func (s *Store) PassGate(ctx context.Context, r queue.GateRequest) (queue.GateAn
 		args = append(args, w.N, usCeil(w.Length))
 	}
 	return s.passGate(ctx, keys, args, nil)
+}
+
+// noGate is the answer of a tenant with no ceiling: go, and asked again
+// (the dispatcher asks again when it could not write within its budget of
+// the answer, as on a busy machine), go again, without a round trip. Its
+// Again must not be nil: the dispatcher calls it.
+func noGate(context.Context) (queue.GateAnswer, error) {
+	return queue.GateAnswer{Again: noGate}, nil
 }
 
 // passGate asks gate.lua with args, and giveBack (a grant to give back

@@ -171,6 +171,12 @@ func TestSharedGate(t *testing.T) {
 	before := trips.n.Load()
 	if a, err := s.PassGate(ctx, queue.GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}}); err != nil || a.Wait != 0 || !a.HeldUntil.IsZero() || trips.n.Load() != before {
 		t.Fatalf("no ceiling: %+v %v after %d round trips, want a go without any", a, err, trips.n.Load()-before)
+	} else if a.Again == nil {
+		// The dispatcher gives back a grant it could not use within its
+		// budget and asks again: a nil Again crashed the process.
+		t.Fatal("no ceiling: a go without Again")
+	} else if a, err := a.Again(ctx); err != nil || a.Wait != 0 || !a.HeldUntil.IsZero() || a.Again == nil || trips.n.Load() != before {
+		t.Fatalf("no ceiling, asked again: %+v %v after %d round trips, want a go without any", a, err, trips.n.Load()-before)
 	}
 	wide := &leaky.Policy{Interval: time.Microsecond, Burst: 1000}
 	req := queue.GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}, Ceiling: wide}
