@@ -131,19 +131,27 @@ func (c *consumer) resumed(tenant string) {
 const arrivalsBatch = 1000
 
 // pollArrivals reads the arrivals of every partition owned, in one
-// pipelined round trip, and again at once while there were any; otherwise
-// every Timing.Poll.
+// pipelined round trip: every Timing.Poll while there are none; after a
+// poll that found some, again after pollGather (at once after a full
+// batch: more are waiting). Not at once whenever there were any: under a
+// steady flow of admissions that polled every partition once per round
+// trip, a few jobs each, and every claim and outcome batch after it was
+// as small.
 func (c *consumer) pollArrivals(ctx context.Context) {
 	for ctx.Err() == nil {
 		parts := c.owned()
-		found := false
+		found, full := false, false
 		if len(parts) > 0 {
-			found = c.pollOnce(ctx, parts)
+			found, full = c.pollOnce(ctx, parts)
 		}
-		if found {
+		if full {
 			continue
 		}
-		t := time.NewTimer(c.s.timing.Poll)
+		wait := c.s.timing.Poll
+		if found {
+			wait = min(wait, pollGather)
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 		case <-t.C:
@@ -152,8 +160,14 @@ func (c *consumer) pollArrivals(ctx context.Context) {
 	}
 }
 
-// pollOnce reads each partition's arrivals once; found reports any.
-func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (found bool) {
+// pollGather is how long the poller lets arrivals gather after a poll
+// that found some: a few milliseconds of a job's start lag for batches
+// several times larger under load.
+const pollGather = 5 * time.Millisecond
+
+// pollOnce reads each partition's arrivals once; found reports any, full
+// a partition that gave arrivalsBatch lines (it may have more).
+func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (found, full bool) {
 	pipe := c.s.rdb.Pipeline()
 	cmds := make([]*goredis.StringSliceCmd, len(parts))
 	for i, o := range parts {
@@ -161,7 +175,7 @@ func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (found bool) {
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != goredis.Nil && ctx.Err() == nil {
 		c.s.log.Warn("cannot read the partitions' arrivals; trying again", "err", err)
-		return false
+		return false, false
 	}
 	for i, o := range parts {
 		lines := cmds[i].Val()
@@ -169,8 +183,9 @@ func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (found bool) {
 			found = true
 			o.arrive(lines)
 		}
+		full = full || len(lines) >= arrivalsBatch
 	}
-	return found
+	return found, full
 }
 
 // parseArrival reads one line of a partition's arrivals (enqueue.lua's

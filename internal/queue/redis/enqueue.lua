@@ -65,6 +65,9 @@ end
 
 local out = {}
 local longest = 0 -- the latest dispatch time admitted, and its cost
+-- Counted over the batch, written once at the end (one command, not one
+-- per job).
+local admitted, accepted, rejected = 0, 0, 0
 for j = 0, (#ARGV - a + 1) / 5 - 1 do
   local b = a + j * 5
   local id, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 2]
@@ -86,7 +89,7 @@ for j = 0, (#ARGV - a + 1) / 5 - 1 do
     r = {d[1], d[2], d[3], d[8], d[4], d[5], d[6], d[7], 0, 0, 0}
   end
   if r[1] == 0 then
-    redis.call('HINCRBY', KEYS[1], 'rejected', 1)
+    rejected = rejected + 1
   elseif r[1] == 1 then
     local slot, dispatch_at, delay, depth = r[2], r[3], r[4], r[6]
     if mode == 'retry' then
@@ -100,19 +103,29 @@ for j = 0, (#ARGV - a + 1) / 5 - 1 do
         'delay', delay, 'depth', depth + 1, 'prompt', r[8], 'attempts', 0, 'failures', 0)
       -- Kept while the job is, and store.retention after it finishes.
       if key ~= '' then redis.call('SET', ik, id) end
-      redis.call('HINCRBY', KEYS[1], 'accepted', 1)
+      accepted = accepted + 1
     end
     redis.call('RPUSH', KEYS[2], id .. ' ' .. string.format('%d', dispatch_at) .. ' ' .. tenant)
     redis.call('ZADD', KEYS[5], slot, id)
-    redis.call('ZINCRBY', KEYS[3], 1, tenant)
+    admitted = admitted + 1
     longest = math.max(longest, dispatch_at - now + cost * T)
   end
   out[#out + 1] = r
 end
 
+if accepted > 0 then redis.call('HINCRBY', KEYS[1], 'accepted', accepted) end
+if rejected > 0 then redis.call('HINCRBY', KEYS[1], 'rejected', rejected) end
+if admitted > 0 then redis.call('ZINCRBY', KEYS[3], admitted, tenant) end
+
 -- The tenant's state lives while it has jobs; a refusal alone never makes
 -- it outlive its idle time. Its windows' bookkeeping, as long as it counts.
-settle(KEYS[1], now, idle_ms)
+-- A job admitted now is waiting (admit_decision wrote depth + 1), so the
+-- hash has jobs: settle's answer is PERSIST without reading it again.
+if admitted > 0 then
+  redis.call('PERSIST', KEYS[1])
+else
+  settle(KEYS[1], now, idle_ms)
+end
 if longest > 0 then
   for i = 1, nw do
     keep(KEYS[6 + i], math.floor((longest + tonumber(ARGV[12 + 2 * i])) / 1000) + idle_ms)
