@@ -1,0 +1,143 @@
+package bolt
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
+)
+
+func TestJobRecordRoundTrip(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
+	jobs := []queue.Job{
+		{ID: "a", Tenant: "acme", State: queue.StateQueued, EnqueuedAt: t0, DispatchAt: t0.Add(time.Second), Slot: t0.Add(time.Second)},
+		{ID: "b", Tenant: "t+é@x", State: queue.StateFailed, IdempotencyKey: "k 1", Attempts: 5, Failures: 4, Cost: 3,
+			EnqueuedAt: t0, DispatchAt: t0, Deadline: time.Unix(0, 0), SentAt: t0.Add(time.Millisecond),
+			FinishedAt: t0.Add(2 * time.Millisecond), LastError: "503 Service Unavailable", ResponseStatus: 503,
+			AdmitDelay: 1500 * time.Microsecond, AdmitDepth: 7, Prompt: true},
+		{ID: "c", State: queue.StateExpired, Deadline: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC), Slot: time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC)},
+		{ID: "d", State: queue.JobState("some-future-state")},
+	}
+	for _, st := range jobStates[1:] {
+		jobs = append(jobs, queue.Job{ID: "s", State: st})
+	}
+	for _, j := range jobs {
+		got, err := decodeJob(encodeJob(nil, j), j.ID)
+		if err != nil {
+			t.Fatalf("%s: %v", j.ID, err)
+		}
+		if !sameJob(got, j) {
+			t.Fatalf("round trip\n got %+v\nwant %+v", got, j)
+		}
+		// A record written as JSON by earlier versions reads the same.
+		raw, _ := json.Marshal(j)
+		old, err := decodeJob(raw, j.ID)
+		if err != nil || !sameJob(old, j) {
+			t.Fatalf("JSON record: %v\n got %+v\nwant %+v", err, old, j)
+		}
+	}
+	full := encodeJob(nil, jobs[1])
+	for n := range len(full) {
+		if _, err := decodeJob(full[:n], "b"); err == nil {
+			t.Fatalf("a record cut to %d of %d bytes was read", n, len(full))
+		}
+	}
+}
+
+// sameJob compares jobs with times by Equal (a location is not kept).
+func sameJob(a, b queue.Job) bool {
+	times := func(j *queue.Job) []*time.Time {
+		return []*time.Time{&j.EnqueuedAt, &j.DispatchAt, &j.Slot, &j.Deadline, &j.SentAt, &j.FinishedAt}
+	}
+	ta, tb := times(&a), times(&b)
+	for i := range ta {
+		if !ta[i].Equal(*tb[i]) || ta[i].IsZero() != tb[i].IsZero() {
+			return false
+		}
+		*ta[i], *tb[i] = time.Time{}, time.Time{}
+	}
+	a.Payload, b.Payload = nil, nil
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+// A file written before the index of waiting jobs was keyed by id (JSON
+// records, a due index by slot) opens with its jobs waiting in slot order.
+func TestOpensAFileWithTheOldDueIndex(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	path := filepath.Join(t.TempDir(), "old.db")
+	policy := queuetest.Leaky20(10)
+	db, err := bbolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	err = db.Update(func(tx *bbolt.Tx) error {
+		for _, b := range [][]byte{bucketJobs, bucketPayloads, bucketDue, bucketDone, bucketFailed, bucketIdem, bucketTenants, bucketMeta} {
+			if _, err := tx.CreateBucket(b); err != nil {
+				return err
+			}
+		}
+		if err := tx.Bucket(bucketMeta).Put(keyClean, []byte("1")); err != nil {
+			return err
+		}
+		// Two jobs, the later-made one due first.
+		for i, delay := range []time.Duration{200 * time.Millisecond, 100 * time.Millisecond} {
+			j := queue.Job{ID: queue.NewID(queuetest.T0.Add(time.Duration(i) * time.Millisecond)), Tenant: "acme", State: queue.StateQueued,
+				EnqueuedAt: queuetest.T0, DispatchAt: queuetest.T0.Add(delay), Slot: queuetest.T0.Add(delay)}
+			ids = append(ids, j.ID)
+			raw, _ := json.Marshal(j)
+			if err := tx.Bucket(bucketJobs).Put([]byte(j.ID), raw); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketPayloads).Put([]byte(j.ID), []byte(`{"n":1}`)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketDue).Put(dueKey(j.Slot, j.ID), []byte("acme")); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketTenants).Put([]byte("acme"), []byte(`{"tat":"`+queuetest.T0.Add(250*time.Millisecond).Format(time.RFC3339Nano)+`"}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(path, Options{Clock: clk, Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st, _ := s.Tenant(context.Background(), "acme"); st.QueueDepth != 2 {
+		t.Fatalf("depth %d after open, want 2", st.QueueDepth)
+	}
+	got := make(chan queuetest.Handed, 2)
+	stop := queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200}
+	})
+	defer stop()
+	first := queuetest.WaitHanded(t, clk, got, time.Millisecond)
+	second := queuetest.WaitHanded(t, clk, got, time.Millisecond)
+	if first.Job.ID != ids[1] || second.Job.ID != ids[0] || string(first.Job.Payload) != `{"n":1}` {
+		t.Fatalf("handed %s then %s, want %s then %s", first.Job.ID, second.Job.ID, ids[1], ids[0])
+	}
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketDue) != nil {
+			t.Error("the old due index is still there")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
