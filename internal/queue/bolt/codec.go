@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"throttler/internal/queue"
@@ -181,4 +183,72 @@ func (d *decoder) time() time.Time {
 		return time.Time{}
 	}
 	return time.Unix(sec, int64(nsec))
+}
+
+// A tenant's record in the tenants bucket is binary too (it is written with
+// every admission): a version byte, then TenantRecord's fields in order.
+// Records written by earlier versions are JSON objects and are still read.
+const tenantRecordV1 = 1
+
+func encodeTenant(b []byte, r queue.TenantRecord) []byte {
+	b = append(b, tenantRecordV1)
+	b = appendTime(b, r.TAT)
+	b = binary.AppendVarint(b, int64(r.Pause.Shift))
+	b = appendTime(b, r.Pause.Until)
+	b = appendTime(b, r.Pause.Held)
+	b = appendTime(b, r.LastAttemptAt)
+	for _, n := range []int64{r.Accepted, r.Rejected, r.Delivered, r.Failed, r.Cancelled, r.Expired} {
+		b = binary.AppendVarint(b, n)
+	}
+	b = binary.AppendUvarint(b, uint64(len(r.Windows)))
+	for _, name := range slices.Sorted(maps.Keys(r.Windows)) {
+		b = appendString(b, name)
+		b = binary.AppendUvarint(b, uint64(len(r.Windows[name])))
+		for _, ns := range r.Windows[name] {
+			b = binary.AppendVarint(b, ns)
+		}
+	}
+	return b
+}
+
+func decodeTenant(raw []byte) (queue.TenantRecord, error) {
+	var r queue.TenantRecord
+	if len(raw) > 0 && raw[0] == '{' {
+		err := json.Unmarshal(raw, &r)
+		return r, err
+	}
+	d := decoder{b: raw}
+	if d.byte() != tenantRecordV1 {
+		return r, errBadRecord
+	}
+	r.TAT = d.time()
+	r.Pause.Shift = time.Duration(d.varint())
+	r.Pause.Until = d.time()
+	r.Pause.Held = d.time()
+	r.LastAttemptAt = d.time()
+	for _, n := range []*int64{&r.Accepted, &r.Rejected, &r.Delivered, &r.Failed, &r.Cancelled, &r.Expired} {
+		*n = d.varint()
+	}
+	if n := d.uvarint(); n > 0 && !d.bad {
+		if n > uint64(len(d.b)) {
+			return queue.TenantRecord{}, errBadRecord
+		}
+		r.Windows = make(map[string][]int64, n)
+		for range n {
+			name := d.string()
+			k := d.uvarint()
+			if d.bad || k > uint64(len(d.b)) {
+				return queue.TenantRecord{}, errBadRecord
+			}
+			ns := make([]int64, k)
+			for i := range ns {
+				ns[i] = d.varint()
+			}
+			r.Windows[name] = ns
+		}
+	}
+	if d.bad || len(d.b) != 0 {
+		return queue.TenantRecord{}, errBadRecord
+	}
+	return r, nil
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
 	"throttler/internal/clock"
+	"throttler/internal/leaky"
 	"throttler/internal/queue"
 	"throttler/internal/queue/queuetest"
 )
@@ -139,5 +141,47 @@ func TestOpensAFileWithTheOldDueIndex(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestTenantRecordRoundTrip(t *testing.T) {
+	t.Parallel()
+	// The codec writes every field of TenantRecord: a new one must be
+	// added to it (and here).
+	if n := reflect.TypeFor[queue.TenantRecord]().NumField(); n != 10 {
+		t.Fatalf("queue.TenantRecord has %d fields; encodeTenant and decodeTenant know 10: add the new one to both", n)
+	}
+	if n := reflect.TypeFor[leaky.Pause]().NumField(); n != 3 {
+		t.Fatalf("leaky.Pause has %d fields; encodeTenant and decodeTenant know 3: add the new one to both", n)
+	}
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
+	recs := []queue.TenantRecord{
+		{},
+		{TAT: t0, LastAttemptAt: t0.Add(-time.Second), Accepted: 1 << 40, Rejected: 2, Delivered: 3, Failed: 4, Cancelled: 5, Expired: 6},
+		{TAT: t0, Pause: leaky.Pause{Shift: -3 * time.Second, Until: t0.Add(time.Minute), Held: t0}, Windows: map[string][]int64{"1000/d": {1, -2, t0.UnixNano()}, "5/s": {}}},
+	}
+	for i, r := range recs {
+		got, err := decodeTenant(encodeTenant(nil, r))
+		if err != nil {
+			t.Fatalf("%d: %v", i, err)
+		}
+		want, _ := json.Marshal(r)
+		have, _ := json.Marshal(got)
+		if string(want) != string(have) {
+			t.Fatalf("%d: round trip\n got %s\nwant %s", i, have, want)
+		}
+		old, err := decodeTenant(want)
+		if err != nil {
+			t.Fatalf("%d: JSON record: %v", i, err)
+		}
+		if again, _ := json.Marshal(old); string(again) != string(want) {
+			t.Fatalf("%d: JSON record\n got %s\nwant %s", i, again, want)
+		}
+		full := encodeTenant(nil, r)
+		for n := range len(full) {
+			if _, err := decodeTenant(full[:n]); err == nil {
+				t.Fatalf("%d: a record cut to %d of %d bytes was read", i, n, len(full))
+			}
+		}
 	}
 }

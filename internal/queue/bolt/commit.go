@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	bbolt "go.etcd.io/bbolt"
+
+	"throttler/internal/queue"
 )
 
 // Admissions are made durable by group commit without a window: one
@@ -16,18 +18,48 @@ import (
 // maxGroup bounds the writes one transaction carries.
 const maxGroup = 1000
 
+// putTenants writes the records of the group's tenants, each once, as they
+// are in memory now (after every decision the group carries).
+func (s *Store) putTenants(tx *bbolt.Tx, group []commitReq) error {
+	type rec struct {
+		name string
+		rec  queue.TenantRecord
+	}
+	recs := make([]rec, 0, len(group))
+	seen := make(map[string]bool, len(group))
+	s.mu.Lock()
+	for _, r := range group {
+		if r.tenant == "" || seen[r.tenant] {
+			continue
+		}
+		seen[r.tenant] = true
+		if tm, ok := s.tenants[r.tenant]; ok {
+			recs = append(recs, rec{r.tenant, tm.rec})
+		}
+	}
+	s.mu.Unlock()
+	for _, r := range recs {
+		if err := putTenantRecord(tx, r.name, r.rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 var errClosed = errors.New("embedded store is closed")
 
 type commitReq struct {
-	fn   func(*bbolt.Tx) error
-	done chan error
+	fn     func(*bbolt.Tx) error
+	tenant string // whose record to write after fn, once per group
+	done   chan error
 }
 
-// commit runs fn in the next group transaction and returns once it is
-// durable. fn may be run more than once (alone, if the group fails), and
-// must not itself return an error but for a failed write.
-func (s *Store) commit(fn func(*bbolt.Tx) error) error {
-	r := commitReq{fn: fn, done: make(chan error, 1)}
+// commit runs fn in the next group transaction, then writes tenant's
+// record (once for all the writes of the group that name it), and returns
+// once it is durable. fn may be run more than once (alone, if the group
+// fails), and must not itself return an error but for a failed write.
+func (s *Store) commit(tenant string, fn func(*bbolt.Tx) error) error {
+	r := commitReq{fn: fn, tenant: tenant, done: make(chan error, 1)}
 	select {
 	case s.commits <- r:
 	case <-s.stop:
@@ -72,11 +104,16 @@ func (s *Store) writeGroup(group []commitReq) {
 				return err
 			}
 		}
-		return nil
+		return s.putTenants(tx, group)
 	})
 	if err != nil && len(group) > 1 {
 		for _, r := range group {
-			r.done <- s.db.Update(r.fn)
+			r.done <- s.db.Update(func(tx *bbolt.Tx) error {
+				if err := r.fn(tx); err != nil {
+					return err
+				}
+				return s.putTenants(tx, []commitReq{r})
+			})
 		}
 		return
 	}

@@ -42,7 +42,7 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, newJobs []queue.NewJ
 	tm.pending++
 	s.mu.Unlock()
 
-	err = s.commit(func(tx *bbolt.Tx) error { return s.putAdmitted(tx, c) })
+	err = s.commit(tenant, func(tx *bbolt.Tx) error { return s.putAdmitted(tx, c) })
 	if err := s.settle(c, err); err != nil {
 		return nil, err
 	}
@@ -142,7 +142,8 @@ func (s *Store) undoAdmitted(c *call) {
 	s.releaseKeys(c.keys)
 }
 
-// putAdmitted writes the call's admitted jobs and the tenant's record.
+// putAdmitted writes the call's admitted jobs (the committer writes the
+// tenant's record after them).
 func (s *Store) putAdmitted(tx *bbolt.Tx, c *call) error {
 	payloads, idem := tx.Bucket(bucketPayloads), tx.Bucket(bucketIdem)
 	for _, j := range c.admitted {
@@ -161,7 +162,7 @@ func (s *Store) putAdmitted(tx *bbolt.Tx, c *call) error {
 			}
 		}
 	}
-	return s.putTenant(tx, c.tenant)
+	return nil
 }
 
 // settle ends a call once its commit is done: the admitted jobs join the

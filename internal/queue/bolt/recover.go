@@ -60,7 +60,7 @@ func (s *Store) respace(tx *bbolt.Tx, now time.Time, clean bool) error {
 		}
 	}
 	for name, tm := range s.tenants {
-		if err := putJSON(tx.Bucket(bucketTenants), []byte(name), tm.rec); err != nil {
+		if err := putTenantRecord(tx, name, tm.rec); err != nil {
 			return err
 		}
 	}

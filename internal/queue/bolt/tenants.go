@@ -3,6 +3,7 @@ package bolt
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -29,8 +30,12 @@ func (s *Store) loadTenantTx(tx *bbolt.Tx, name string) (*tenantMem, error) {
 		return tm, nil
 	}
 	tm := &tenantMem{}
-	if _, err := getJSON(tx.Bucket(bucketTenants), []byte(name), &tm.rec); err != nil {
-		return nil, err
+	if raw := tx.Bucket(bucketTenants).Get([]byte(name)); raw != nil {
+		rec, err := decodeTenant(raw)
+		if err != nil {
+			return nil, fmt.Errorf("tenant %q: %w", name, err)
+		}
+		tm.rec = rec
 	}
 	// The next send may not come sooner than one interval after the last
 	// recorded one, even if the schedule says so (a retry sent long after its
@@ -73,7 +78,12 @@ func (s *Store) putTenant(tx *bbolt.Tx, name string) error {
 	if !ok {
 		return nil
 	}
-	return putJSON(tx.Bucket(bucketTenants), []byte(name), rec)
+	return putTenantRecord(tx, name, rec)
+}
+
+// putTenantRecord writes a tenant's record (codec.go).
+func putTenantRecord(tx *bbolt.Tx, name string, rec queue.TenantRecord) error {
+	return tx.Bucket(bucketTenants).Put([]byte(name), encodeTenant(make([]byte, 0, 64), rec))
 }
 
 // Tenant implements queue.Store.
