@@ -35,11 +35,12 @@ func (s *Store) putTenants(tx *bbolt.Tx, group []commitReq) error {
 		seen[r.tenant] = true
 		if tm, ok := s.tenants[r.tenant]; ok {
 			recs = append(recs, rec{r.tenant, tm.rec})
+			tm.dirty = true // in the log: see logTenant
 		}
 	}
 	s.mu.Unlock()
 	for _, r := range recs {
-		if err := putTenantRecord(tx, r.name, r.rec); err != nil {
+		if err := logTenant(tx, r.name, r.rec); err != nil {
 			return err
 		}
 	}

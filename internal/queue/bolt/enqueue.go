@@ -146,6 +146,7 @@ func (s *Store) undoAdmitted(c *call) {
 // tenant's record after them).
 func (s *Store) putAdmitted(tx *bbolt.Tx, c *call) error {
 	payloads, idem := tx.Bucket(bucketPayloads), tx.Bucket(bucketIdem)
+	payloads.FillPercent = 1 // appended (ids sort by time), never changed
 	for _, j := range c.admitted {
 		if err := putJob(tx, j); err != nil {
 			return err

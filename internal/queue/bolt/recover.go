@@ -17,10 +17,13 @@ import (
 func (s *Store) recover() error {
 	now := s.clock.Now()
 	return s.db.Update(func(tx *bbolt.Tx) error {
-		for _, name := range [][]byte{bucketJobs, bucketPayloads, bucketWaiting, bucketDone, bucketFailed, bucketIdem, bucketTenants, bucketMeta} {
+		for _, name := range [][]byte{bucketJobs, bucketPayloads, bucketWaiting, bucketDone, bucketFailed, bucketIdem, bucketTenants, bucketTenantLog, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
+		}
+		if err := replayTenantLog(tx); err != nil {
+			return err
 		}
 		if err := moveDueIndex(tx); err != nil {
 			return err

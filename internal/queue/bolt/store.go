@@ -34,6 +34,11 @@ var (
 	bucketIdem     = []byte("idem")     // tenant + 0x00 + key -> id
 	bucketTenants  = []byte("tenants")  // tenant -> queue.TenantRecord (codec.go; JSON before)
 	bucketMeta     = []byte("meta")     // "clean" -> "1" after a clean stop
+	// bucketTenantLog: sequence (8 bytes big endian) -> tenant name and
+	// record, appended with each change of a tenant's record and moved into
+	// bucketTenants by the maintainer, at a clean stop and at open (see
+	// logTenant).
+	bucketTenantLog = []byte("tenant-log")
 )
 
 // bucketDue was the index of waiting jobs by slot (slot + id -> tenant)
