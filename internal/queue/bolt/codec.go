@@ -14,13 +14,19 @@ import (
 // A job's record in the jobs bucket is binary: a version byte, then its
 // fields in a fixed order (strings as uvarint length and bytes, integers as
 // varints, times as a presence byte then varint seconds and uvarint
-// nanoseconds, so that any time.Time, zero or not, comes back Equal). The
-// payload is not in it (see bucketPayloads). Records written by earlier
-// versions are JSON objects and are still read.
+// nanoseconds, so that any time.Time, zero or not, comes back Equal), and
+// last the payload if it is small (inlinePayload): a large one is written
+// once in bucketPayloads instead of with every change of the record.
+// Records written by earlier versions are JSON objects, their payloads in
+// bucketPayloads, and are still read.
 //
 // Binary because a record is written at every admission and every outcome:
 // JSON was a tenth of the CPU of an admission.
 const jobRecordV1 = 1
+
+// inlinePayload is the largest payload kept in the job's record: an
+// admission then writes one record instead of two, in one tree.
+const inlinePayload = 1024
 
 var errBadRecord = errors.New("job record: truncated or of an unknown version")
 
@@ -37,9 +43,9 @@ func stateCode(st queue.JobState) (byte, bool) {
 	return 0, false
 }
 
-// encodeJob appends j's record (without ID and Payload: the key holds the
-// one, bucketPayloads the other) to b.
-func encodeJob(b []byte, j queue.Job) []byte {
+// encodeJob appends j's record (without ID: the key holds it) to b, with
+// payload inline (nil: none there; it is in bucketPayloads).
+func encodeJob(b []byte, j queue.Job, payload []byte) []byte {
 	code, ok := stateCode(j.State)
 	b = append(b, jobRecordV1, code)
 	b = appendString(b, j.Tenant)
@@ -66,20 +72,26 @@ func encodeJob(b []byte, j queue.Job) []byte {
 	if j.Prompt {
 		prompt = 1
 	}
-	return append(b, prompt)
+	b = append(b, prompt)
+	if payload == nil {
+		return append(b, 0)
+	}
+	b = append(b, 1)
+	return appendString(b, string(payload))
 }
 
-// decodeJob reads a record written by encodeJob, or an older JSON one.
-func decodeJob(raw []byte, id string) (queue.Job, error) {
-	var j queue.Job
+// decodeJob reads a record written by encodeJob, or an older JSON one. The
+// job comes without its payload; inline is the payload in the record (a
+// part of raw), nil if it is in bucketPayloads.
+func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 	if len(raw) > 0 && raw[0] == '{' {
 		err := json.Unmarshal(raw, &j)
 		j.Payload = nil
-		return j, err
+		return j, nil, err
 	}
 	d := decoder{b: raw}
 	if d.byte() != jobRecordV1 {
-		return j, errBadRecord
+		return j, nil, errBadRecord
 	}
 	code := d.byte()
 	j.ID = id
@@ -104,10 +116,16 @@ func decodeJob(raw []byte, id string) (queue.Job, error) {
 	j.AdmitDelay = time.Duration(d.varint())
 	j.AdmitDepth = int(d.varint())
 	j.Prompt = d.byte() == 1
-	if d.bad {
-		return queue.Job{}, errBadRecord
+	if d.byte() == 1 {
+		inline = d.bytes()
+		if inline == nil {
+			inline = []byte{}
+		}
 	}
-	return j, nil
+	if d.bad || len(d.b) != 0 {
+		return queue.Job{}, nil, errBadRecord
+	}
+	return j, inline, nil
 }
 
 func appendString(b []byte, s string) []byte {
@@ -161,13 +179,16 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
-func (d *decoder) string() string {
+func (d *decoder) string() string { return string(d.bytes()) }
+
+// bytes reads a string's bytes (a part of the record, not a copy).
+func (d *decoder) bytes() []byte {
 	n := d.uvarint()
 	if d.bad || n > uint64(len(d.b)) {
 		d.bad = true
-		return ""
+		return nil
 	}
-	s := string(d.b[:n])
+	s := d.b[:n:n]
 	d.b = d.b[n:]
 	return s
 }

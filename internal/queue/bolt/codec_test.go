@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"reflect"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,24 +33,25 @@ func TestJobRecordRoundTrip(t *testing.T) {
 	for _, st := range jobStates[1:] {
 		jobs = append(jobs, queue.Job{ID: "s", State: st})
 	}
-	for _, j := range jobs {
-		got, err := decodeJob(encodeJob(nil, j), j.ID)
+	for i, j := range jobs {
+		payload := [][]byte{nil, []byte(`{"n":1}`), {}}[i%3]
+		got, inline, err := decodeJob(encodeJob(nil, j, payload), j.ID)
 		if err != nil {
 			t.Fatalf("%s: %v", j.ID, err)
 		}
-		if !sameJob(got, j) {
-			t.Fatalf("round trip\n got %+v\nwant %+v", got, j)
+		if !sameJob(got, j) || string(inline) != string(payload) || (inline == nil) != (payload == nil) {
+			t.Fatalf("round trip\n got %+v %q\nwant %+v %q", got, inline, j, payload)
 		}
 		// A record written as JSON by earlier versions reads the same.
 		raw, _ := json.Marshal(j)
-		old, err := decodeJob(raw, j.ID)
-		if err != nil || !sameJob(old, j) {
+		old, inline, err := decodeJob(raw, j.ID)
+		if err != nil || !sameJob(old, j) || inline != nil {
 			t.Fatalf("JSON record: %v\n got %+v\nwant %+v", err, old, j)
 		}
 	}
-	full := encodeJob(nil, jobs[1])
+	full := encodeJob(nil, jobs[1], []byte(`{"n":1}`))
 	for n := range len(full) {
-		if _, err := decodeJob(full[:n], "b"); err == nil {
+		if _, _, err := decodeJob(full[:n], "b"); err == nil {
 			t.Fatalf("a record cut to %d of %d bytes was read", n, len(full))
 		}
 	}
@@ -229,5 +232,55 @@ func TestTenantLogSurvivesACrash(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Small payloads live in the job's record, large ones apart; both come back
+// with the job handed over, after outcomes that rewrite the record, and
+// after a retry.
+func TestPayloadsInlineAndApart(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: queuetest.Leaky20(10)}).(*Store)
+	small := []byte(`{"n":1}`)
+	large := []byte(`"` + strings.Repeat("x", inlinePayload) + `"`)
+	a := queuetest.EnqueueOne(t, s, "acme", queue.NewJob{Payload: small})
+	b := queuetest.EnqueueOne(t, s, "acme", queue.NewJob{Payload: large})
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketPayloads).Get([]byte(a.Job.ID)) != nil || tx.Bucket(bucketPayloads).Get([]byte(b.Job.ID)) == nil {
+			t.Error("want the small payload in its record only, the large one apart")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan queuetest.Handed, 4)
+	var attempts atomic.Int32
+	stop := queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		if attempts.Add(1) <= 2 {
+			return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400"} // failed for good: retried below
+		}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200}
+	})
+	defer stop()
+	want := map[string]string{a.Job.ID: string(small), b.Job.ID: string(large)}
+	for range 2 {
+		h := queuetest.WaitHanded(t, clk, got, 10*time.Millisecond)
+		if string(h.Job.Payload) != want[h.Job.ID] {
+			t.Fatalf("job %s handed over with payload %.20q", h.Job.ID, h.Job.Payload)
+		}
+	}
+	for _, id := range []string{a.Job.ID, b.Job.ID} {
+		queuetest.WaitFor(t, func() bool { j, _ := s.Job(context.Background(), id); return j.State == queue.StateFailed })
+		if _, err := s.Retry(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		h := queuetest.WaitHanded(t, clk, got, 10*time.Millisecond)
+		if string(h.Job.Payload) != want[h.Job.ID] {
+			t.Fatalf("job %s handed over again with payload %.20q", h.Job.ID, h.Job.Payload)
+		}
 	}
 }

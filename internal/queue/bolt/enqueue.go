@@ -151,8 +151,10 @@ func (s *Store) putAdmitted(tx *bbolt.Tx, c *call) error {
 		if err := putJob(tx, j); err != nil {
 			return err
 		}
-		if err := payloads.Put([]byte(j.ID), j.Payload); err != nil {
-			return err
+		if len(j.Payload) > inlinePayload {
+			if err := payloads.Put([]byte(j.ID), j.Payload); err != nil {
+				return err
+			}
 		}
 		if err := putWaiting(tx, j); err != nil {
 			return err

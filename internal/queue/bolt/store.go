@@ -27,7 +27,7 @@ import (
 // Buckets of the embedded store's file.
 var (
 	bucketJobs     = []byte("jobs")     // id -> Job without its payload (codec.go; JSON before)
-	bucketPayloads = []byte("payloads") // id -> payload, written once
+	bucketPayloads = []byte("payloads") // id -> payload larger than inlinePayload, written once
 	bucketWaiting  = []byte("waiting")  // id -> tenant: the jobs that wait (their slots are in their records)
 	bucketDone     = []byte("done")     // finished_at + id -> nil: for the reaper
 	bucketFailed   = []byte("failed")   // tenant + 0x00 + newest-first time + id -> nil
@@ -213,9 +213,26 @@ func putJSON(b *bbolt.Bucket, key []byte, v any) error {
 	return b.Put(key, raw)
 }
 
-// putJob writes a job's record (its payload is stored apart, once).
+// putJob writes a job's record. A small payload is kept in it (codec.go):
+// j's, or if j comes without one, the one the record has; a large one is in
+// bucketPayloads (putAdmitted).
 func putJob(tx *bbolt.Tx, j queue.Job) error {
-	return tx.Bucket(bucketJobs).Put([]byte(j.ID), encodeJob(make([]byte, 0, 96), j))
+	b := tx.Bucket(bucketJobs)
+	key := []byte(j.ID)
+	inline := j.Payload
+	switch {
+	case len(inline) > inlinePayload:
+		inline = nil
+	case inline == nil:
+		if raw := b.Get(key); raw != nil {
+			_, old, err := decodeJob(raw, j.ID)
+			if err != nil {
+				return err
+			}
+			inline = slices.Clone(old) // raw is the page's, and Put may move it
+		}
+	}
+	return b.Put(key, encodeJob(make([]byte, 0, 128+len(inline)), j, inline))
 }
 
 // getJob reads a job's record, with its payload if withPayload.
@@ -224,12 +241,16 @@ func getJob(tx *bbolt.Tx, id string, withPayload bool) (queue.Job, bool, error) 
 	if raw == nil {
 		return queue.Job{}, false, nil
 	}
-	j, err := decodeJob(raw, id)
+	j, inline, err := decodeJob(raw, id)
 	if err != nil {
 		return j, false, err
 	}
 	if withPayload {
-		j.Payload = slices.Clone(tx.Bucket(bucketPayloads).Get([]byte(id)))
+		if inline != nil {
+			j.Payload = slices.Clone(inline)
+		} else {
+			j.Payload = slices.Clone(tx.Bucket(bucketPayloads).Get([]byte(id)))
+		}
 	}
 	return j, true, nil
 }
