@@ -1,7 +1,6 @@
 package bolt
 
 import (
-	"container/heap"
 	"encoding/base32"
 	"math"
 	"time"
@@ -131,26 +130,65 @@ func (sc *schedule) fat(e slimEntry) dueEntry {
 	return d
 }
 
+// slimHeap is a min-heap of entries by time, then id (the order ids sort
+// in). Its own, not container/heap's: that boxes every entry pushed or
+// popped in an interface, an allocation each.
 type slimHeap []slimEntry
 
-func (h slimHeap) Len() int { return len(h) }
-
-func (h slimHeap) Less(i, j int) bool {
+func (h slimHeap) less(i, j int) bool {
 	if h[i].at == h[j].at {
-		return string(h[i].id[:]) < string(h[j].id[:]) // ids sort as their keys do
+		return string(h[i].id[:]) < string(h[j].id[:])
 	}
 	return h[i].at < h[j].at
 }
 
-func (h slimHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *slimHeap) push(e slimEntry) {
+	*h = append(*h, e)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !q.less(i, parent) {
+			break
+		}
+		q[i], q[parent] = q[parent], q[i]
+		i = parent
+	}
+}
 
-func (h *slimHeap) Push(x any) { *h = append(*h, x.(slimEntry)) }
+// pop removes and returns the earliest entry (the heap must not be empty).
+func (h *slimHeap) pop() slimEntry {
+	q := *h
+	top := q[0]
+	n := len(q) - 1
+	q[0] = q[n]
+	q = q[:n]
+	q.down(0)
+	*h = q
+	return top
+}
 
-func (h *slimHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
+func (h slimHeap) down(i int) {
+	for {
+		least, l, r := i, 2*i+1, 2*i+2
+		if l < len(h) && h.less(l, least) {
+			least = l
+		}
+		if r < len(h) && h.less(r, least) {
+			least = r
+		}
+		if least == i {
+			return
+		}
+		h[i], h[least] = h[least], h[i]
+		i = least
+	}
+}
+
+// init orders h as a heap.
+func (h slimHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
 }
 
 func (sc *schedule) add(e dueEntry) {
@@ -172,9 +210,9 @@ func (sc *schedule) add(e dueEntry) {
 		sc.byTenant[se.tenant] = ids
 	}
 	ids[k] = struct{}{}
-	heap.Push(&sc.heap, se)
+	sc.heap.push(se)
 	if se.deadline != noDeadline {
-		heap.Push(&sc.expiry, slimEntry{at: se.deadline, id: k})
+		sc.expiry.push(slimEntry{at: se.deadline, id: k})
 	}
 	sc.maybeCompact()
 }
@@ -197,8 +235,8 @@ func (sc *schedule) compact() {
 			sc.expiry = append(sc.expiry, slimEntry{at: e.deadline, id: k})
 		}
 	}
-	heap.Init(&sc.heap)
-	heap.Init(&sc.expiry)
+	sc.heap.init()
+	sc.expiry.init()
 }
 
 // readd puts a job back in the schedule at its time under the tenant's
@@ -215,8 +253,8 @@ func (s *Store) readd(e dueEntry) {
 func (sc *schedule) expiring(now time.Time) []dueEntry {
 	var out []dueEntry
 	n := nanos(now)
-	for sc.expiry.Len() > 0 && sc.expiry[0].at <= n {
-		x := heap.Pop(&sc.expiry).(slimEntry)
+	for len(sc.expiry) > 0 && sc.expiry[0].at <= n {
+		x := sc.expiry.pop()
 		if e, ok := sc.waiting[x.id]; ok && e.at > e.deadline {
 			out = append(out, sc.fat(e))
 			sc.remove(out[len(out)-1].id)
@@ -227,11 +265,11 @@ func (sc *schedule) expiring(now time.Time) []dueEntry {
 
 // nextExpiry is the earliest deadline of a waiting job (zero if none).
 func (sc *schedule) nextExpiry() time.Time {
-	for sc.expiry.Len() > 0 {
+	for len(sc.expiry) > 0 {
 		if _, ok := sc.waiting[sc.expiry[0].id]; ok {
 			return fromNanos(sc.expiry[0].at)
 		}
-		heap.Pop(&sc.expiry)
+		sc.expiry.pop()
 	}
 	return time.Time{}
 }
@@ -305,7 +343,7 @@ func (sc *schedule) retime(tenant string, p leaky.Pause) {
 		if at := nanos(queue.RealAt(p, fromNanos(e.slot))); at != e.at {
 			e.at = at
 			sc.waiting[k] = e
-			heap.Push(&sc.heap, e)
+			sc.heap.push(e)
 		}
 	}
 	sc.maybeCompact()
@@ -313,18 +351,18 @@ func (sc *schedule) retime(tenant string, p leaky.Pause) {
 
 // peek drops stale entries and returns the earliest waiting one.
 func (sc *schedule) peek() (dueEntry, bool) {
-	for sc.heap.Len() > 0 {
+	for len(sc.heap) > 0 {
 		e := sc.heap[0]
 		if w, ok := sc.waiting[e.id]; ok && w.at == e.at {
 			return sc.fat(w), true
 		}
-		heap.Pop(&sc.heap)
+		sc.heap.pop()
 	}
 	return dueEntry{}, false
 }
 
 // pop drops the earliest entry (the one peek returned).
-func (sc *schedule) pop() { heap.Pop(&sc.heap) }
+func (sc *schedule) pop() { sc.heap.pop() }
 
 // len is how many jobs wait in the schedule.
 func (sc *schedule) len() int { return len(sc.waiting) }
