@@ -18,8 +18,9 @@ import (
 // maxGroup bounds the writes one transaction carries.
 const maxGroup = 1000
 
-// putTenants writes the records of the group's tenants, each once, as they
-// are in memory now (after every decision the group carries).
+// putTenants appends the records of the group's tenants to the tenant log
+// (logTenant), each once, as they are in memory now (after every decision
+// the group carries).
 func (s *Store) putTenants(tx *bbolt.Tx, group []commitReq) error {
 	type rec struct {
 		name string
