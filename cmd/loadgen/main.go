@@ -27,7 +27,7 @@ import (
 
 func main() {
 	root := &cobra.Command{Use: "loadgen", Short: "Measure a running throttler", SilenceUsage: true}
-	root.AddCommand(admitCommand(), deliverCommand())
+	root.AddCommand(admitCommand(), ceilingCommand(), fillCommand(), deliverCommand())
 	if err := root.Execute(); err != nil {
 		os.Exit(1)
 	}
@@ -50,67 +50,121 @@ func newClient(conns int) *http.Client {
 }
 
 func admitCommand() *cobra.Command {
-	var server string
-	var clients, tenants int
+	var server, ceiling string
+	var clients, tenants, rounds int
 	var duration time.Duration
 	c := &cobra.Command{
 		Use:   "admit",
 		Short: "POST single jobs from many keep-alive clients for a while; print admissions per second",
+		Long: `POSTs single jobs to --server from --clients keep-alive clients, spread over
+--tenants tenants, for --duration, and prints admissions per second and
+latency. With --ceiling (the address of a loadgen ceiling process), runs
+--rounds rounds alternating the server and the ceiling, and prints the
+server's rate as a ratio of the ceiling's in each round: figures on a shared
+machine move from run to run, ratios measured side by side move less.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := loopbackOnly(server); err != nil {
-				return err
+			for _, u := range []string{server, ceiling} {
+				if u == "" {
+					continue
+				}
+				if err := loopbackOnly(u); err != nil {
+					return err
+				}
 			}
-			if duration <= 0 || duration > 2*time.Minute || clients < 1 || clients > 4096 {
-				return fmt.Errorf("--duration must be up to 2m and --clients 1 to 4096: load runs are bounded")
+			if duration <= 0 || duration > 2*time.Minute || clients < 1 || clients > 4096 || tenants < 1 || rounds < 1 || rounds > 10 {
+				return fmt.Errorf("--duration must be up to 2m, --clients 1 to 4096, --tenants at least 1 and --rounds 1 to 10: load runs are bounded")
 			}
-			client := newClient(clients)
-			var counts [600]atomic.Int64
-			var mu sync.Mutex
-			var lat []time.Duration
-			deadline := time.Now().Add(duration)
-			var wg sync.WaitGroup
-			for w := 0; w < clients; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					var mine []time.Duration
-					for i := 0; time.Now().Before(deadline); i++ {
-						tenant := fmt.Sprintf("t%d", rand.IntN(tenants))
-						body := fmt.Sprintf(`{"payload":{"worker":%d,"n":%d,"text":"your code is 123456"}}`, w, i)
-						start := time.Now()
-						resp, err := client.Post(server+"/v1/tenants/"+tenant+"/jobs", "application/json", strings.NewReader(body))
-						if err != nil {
-							counts[599].Add(1)
-							continue
-						}
-						io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
-						mine = append(mine, time.Since(start))
-						counts[resp.StatusCode].Add(1)
-					}
-					mu.Lock()
-					lat = append(lat, mine...)
-					mu.Unlock()
-				}()
-			}
-			wg.Wait()
-			slices.Sort(lat)
-			total := len(lat)
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "clients %d, tenants %d, %v\n", clients, tenants, duration)
-			fmt.Fprintf(out, "requests %d: %.0f/s (202: %d, 429: %d, other: %d, errors: %d)\n", total, float64(total)/duration.Seconds(),
-				counts[202].Load(), counts[429].Load(), int64(total)-counts[202].Load()-counts[429].Load(), counts[599].Load())
-			if total > 0 {
-				fmt.Fprintf(out, "latency p50 %v p99 %v max %v\n", lat[total/2].Round(time.Microsecond), lat[total*99/100].Round(time.Microsecond), lat[total-1].Round(time.Microsecond))
+			fmt.Fprintf(out, "clients %d, tenants %d, %v per run\n", clients, tenants, duration)
+			client := newClient(clients)
+			if ceiling == "" {
+				r := admitRun(client, server, clients, tenants, duration)
+				r.print(out, "server")
+				return nil
 			}
+			ceilingClient := newClient(clients)
+			var ratios []string
+			for i := 1; i <= rounds; i++ {
+				s := admitRun(client, server, clients, tenants, duration)
+				s.print(out, fmt.Sprintf("round %d server ", i))
+				c := admitRun(ceilingClient, ceiling, clients, tenants, duration)
+				c.print(out, fmt.Sprintf("round %d ceiling", i))
+				if c.rate() > 0 {
+					ratios = append(ratios, fmt.Sprintf("%.2f", s.rate()/c.rate()))
+				}
+			}
+			fmt.Fprintf(out, "server / ceiling by round: %s\n", strings.Join(ratios, " / "))
 			return nil
 		},
 	}
 	c.Flags().StringVar(&server, "server", "http://127.0.0.1:8080", "throttler API")
+	c.Flags().StringVar(&ceiling, "ceiling", "", "a loadgen ceiling to alternate with (e.g. http://127.0.0.1:8090)")
+	c.Flags().IntVar(&rounds, "rounds", 3, "rounds of server then ceiling, with --ceiling")
 	c.Flags().IntVar(&clients, "clients", 64, "concurrent keep-alive clients")
 	c.Flags().IntVar(&tenants, "tenants", 1000, "tenants to spread jobs over")
 	c.Flags().DurationVar(&duration, "duration", 10*time.Second, "how long to run (at most 2m)")
 	return c
+}
+
+// admitResult is one admit run: answers by status and latencies.
+type admitResult struct {
+	duration time.Duration
+	counts   map[int]int64 // by status; 0: transport errors
+	lat      []time.Duration
+}
+
+func (r admitResult) rate() float64 { return float64(len(r.lat)) / r.duration.Seconds() }
+
+func (r admitResult) print(out io.Writer, label string) {
+	total := int64(len(r.lat))
+	fmt.Fprintf(out, "%s: requests %d: %.0f/s (202: %d, 429: %d, other: %d, errors: %d)", label, total, r.rate(),
+		r.counts[202], r.counts[429], total-r.counts[202]-r.counts[429], r.counts[0])
+	if n := len(r.lat); n > 0 {
+		fmt.Fprintf(out, "; latency p50 %v p99 %v max %v", r.lat[n/2].Round(time.Microsecond), r.lat[n*99/100].Round(time.Microsecond), r.lat[n-1].Round(time.Microsecond))
+	}
+	fmt.Fprintln(out)
+}
+
+// admitRun posts single jobs to server from clients goroutines for duration.
+func admitRun(client *http.Client, server string, clients, tenants int, duration time.Duration) admitResult {
+	var counts [600]atomic.Int64
+	var mu sync.Mutex
+	var lat []time.Duration
+	deadline := time.Now().Add(duration)
+	var wg sync.WaitGroup
+	for w := 0; w < clients; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for i := 0; time.Now().Before(deadline); i++ {
+				tenant := fmt.Sprintf("t%d", rand.IntN(tenants))
+				body := fmt.Sprintf(`{"payload":{"worker":%d,"n":%d,"text":"your code is 123456"}}`, w, i)
+				start := time.Now()
+				resp, err := client.Post(server+"/v1/tenants/"+tenant+"/jobs", "application/json", strings.NewReader(body))
+				if err != nil {
+					counts[0].Add(1)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				mine = append(mine, time.Since(start))
+				counts[min(resp.StatusCode, 599)].Add(1)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(lat)
+	r := admitResult{duration: duration, counts: map[int]int64{}, lat: lat}
+	for i := range counts {
+		if n := counts[i].Load(); n > 0 {
+			r.counts[i] = n
+		}
+	}
+	return r
 }
 
 func deliverCommand() *cobra.Command {

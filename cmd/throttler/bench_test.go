@@ -19,7 +19,7 @@ func BenchmarkEnqueueHTTP(b *testing.B) {
 	ds := downstreamtest.New(b)
 	// Slow tenants with deep queues: everything is admitted and waits, so
 	// the benchmark measures admission, not delivery.
-	base := startServer(b, writeConfig(b, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 1000000\n", ds))
+	base := startServer(b, writeConfig(b, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 50000\n", ds))
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	var n, accepted atomic.Int64
 	b.SetParallelism(32) // 32 x GOMAXPROCS (2) = 64 clients

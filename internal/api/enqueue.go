@@ -179,7 +179,7 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 	if a.Duplicate {
 		status = http.StatusOK
 	}
-	writeJSON(w, status, admissionJSON(a))
+	writeAdmission(w, status, a)
 }
 
 func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {

@@ -2,10 +2,9 @@ package api
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"slices"
-	"strings"
+	"strconv"
 	"sync"
 	"time"
 
@@ -41,20 +40,28 @@ type quota struct {
 
 // policyFields formats RateLimit-Policy.
 func policyFields(items []quota) string {
-	parts := make([]string, len(items))
-	for i, it := range items {
-		parts[i] = fmt.Sprintf("%q;q=%d;w=%d", it.name, it.q, it.w)
-	}
-	return strings.Join(parts, ", ")
+	return fields(items, ";q=", ";w=", func(it quota) (int64, int64) { return it.q, it.w })
 }
 
 // stateFields formats RateLimit.
 func stateFields(items []quota) string {
-	parts := make([]string, len(items))
+	return fields(items, ";r=", ";t=", func(it quota) (int64, int64) { return it.r, it.t })
+}
+
+// fields formats items as `"name";a=1;b=2, ...` (the name quoted as %q
+// quotes it).
+func fields(items []quota, a, b string, values func(quota) (int64, int64)) string {
+	buf := make([]byte, 0, 48*len(items))
 	for i, it := range items {
-		parts[i] = fmt.Sprintf("%q;r=%d;t=%d", it.name, it.r, it.t)
+		if i > 0 {
+			buf = append(buf, ", "...)
+		}
+		x, y := values(it)
+		buf = strconv.AppendQuote(buf, it.name)
+		buf = strconv.AppendInt(append(buf, a...), x, 10)
+		buf = strconv.AppendInt(append(buf, b...), y, 10)
 	}
-	return strings.Join(parts, ", ")
+	return string(buf)
 }
 
 // ceilSeconds is d in whole seconds, rounded up (the fields' unit; like

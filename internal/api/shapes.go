@@ -3,6 +3,8 @@ package api
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"sync"
 	"time"
 
 	"throttler/internal/config"
@@ -16,6 +18,66 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	_ = enc.Encode(v)
+}
+
+// writeAdmission answers an admission (as writeJSON(w, status,
+// admissionJSON(a)) would, byte for byte) without reflection or a map: it
+// is the answer to every enqueue.
+func writeAdmission(w http.ResponseWriter, status int, a queue.Admission) {
+	bp := answerBufs.Get().(*[]byte)
+	b, ok := appendAdmission((*bp)[:0], a)
+	if !ok {
+		writeJSON(w, status, admissionJSON(a))
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = w.Write(b)
+	}
+	*bp = b
+	answerBufs.Put(bp)
+}
+
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// appendAdmission appends what json.Encoder writes for admissionJSON(a):
+// its keys in order, a newline after. False if a field needs what only
+// encoding/json does (escapes, a year past 9999).
+func appendAdmission(b []byte, a queue.Admission) ([]byte, bool) {
+	j := a.Job
+	dispatchAt := j.DispatchAt
+	if a.Duplicate {
+		dispatchAt = j.EnqueuedAt.Add(j.AdmitDelay)
+	}
+	dispatchAt = dispatchAt.UTC()
+	if y := dispatchAt.Year(); y < 0 || y > 9999 || !plainJSON(j.ID) || !plainJSON(j.Tenant) || !plainJSON(string(j.State)) {
+		return b, false
+	}
+	b = append(b, `{"capacity":`...)
+	b = strconv.AppendInt(b, int64(a.Capacity), 10)
+	b = append(b, `,"dispatch_at":"`...)
+	b = dispatchAt.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","expected_delay_ms":`...)
+	b = strconv.AppendInt(b, ceilMillis(a.ExpectedDelay), 10)
+	b = append(b, `,"id":"`...)
+	b = append(b, j.ID...)
+	b = append(b, `","queue_depth":`...)
+	b = strconv.AppendInt(b, int64(a.QueueDepth), 10)
+	b = append(b, `,"state":"`...)
+	b = append(b, j.State...)
+	b = append(b, `","tenant":"`...)
+	b = append(b, j.Tenant...)
+	return append(b, "\"}\n"...), true
+}
+
+// plainJSON reports whether s is a JSON string's content as it is: printable
+// ASCII that encoding/json would not escape.
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }
 
 // ceilMillis is d in whole milliseconds, rounded up (DESIGN.md: durations in

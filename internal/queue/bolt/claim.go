@@ -2,7 +2,6 @@ package bolt
 
 import (
 	"cmp"
-	"container/heap"
 	"fmt"
 	"time"
 
@@ -97,7 +96,7 @@ func (s *Store) pickDue(p *pick) {
 			p.next = clock.Earliest(p.next, e.at)
 			break
 		}
-		heap.Pop(&s.sched.heap)
+		s.sched.pop()
 		if ds, ceiling := s.ceiling(e.tenant); ceiling != nil {
 			// Still waiting: it takes its turn for the ceiling below.
 			s.fairQueue(ds, *ceiling).push(e)
@@ -117,7 +116,7 @@ func (s *Store) pickDue(p *pick) {
 // pickFair takes jobs from a downstream's fair queue, one per ceiling slot,
 // tenants taking turns (s.mu held).
 func (s *Store) pickFair(p *pick, ds string, q *fairQueue) {
-	valid := func(e dueEntry) bool { w, ok := s.sched.waiting[e.id]; return ok && w.at.Equal(e.at) }
+	valid := s.sched.current
 	look := q.lookahead(p.horizon.Sub(p.now))
 	// Consume wakes a lead before next: make that look before the time
 	// that holds a job back.
@@ -227,7 +226,7 @@ func (s *Store) expire(entries []dueEntry) {
 			if !ok || !j.State.Waiting() {
 				continue
 			}
-			if err := tx.Bucket(bucketDue).Delete(dueKey(j.EffectiveSlot(), j.ID)); err != nil {
+			if err := delWaiting(tx, j.ID); err != nil {
 				return err
 			}
 			j.State, j.FinishedAt = queue.StateExpired, now

@@ -42,7 +42,7 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, newJobs []queue.NewJ
 	tm.pending++
 	s.mu.Unlock()
 
-	err = s.db.Batch(func(tx *bbolt.Tx) error { return s.putAdmitted(tx, c) })
+	err = s.commit(tenant, func(tx *bbolt.Tx) error { return s.putAdmitted(tx, c) })
 	if err := s.settle(c, err); err != nil {
 		return nil, err
 	}
@@ -142,17 +142,21 @@ func (s *Store) undoAdmitted(c *call) {
 	s.releaseKeys(c.keys)
 }
 
-// putAdmitted writes the call's admitted jobs and the tenant's record.
+// putAdmitted writes the call's admitted jobs (the committer writes the
+// tenant's record after them).
 func (s *Store) putAdmitted(tx *bbolt.Tx, c *call) error {
-	payloads, due, idem := tx.Bucket(bucketPayloads), tx.Bucket(bucketDue), tx.Bucket(bucketIdem)
+	payloads, idem := tx.Bucket(bucketPayloads), tx.Bucket(bucketIdem)
+	payloads.FillPercent = 1 // appended (ids sort by time), never changed
 	for _, j := range c.admitted {
 		if err := putJob(tx, j); err != nil {
 			return err
 		}
-		if err := payloads.Put([]byte(j.ID), j.Payload); err != nil {
-			return err
+		if len(j.Payload) > inlinePayload {
+			if err := payloads.Put([]byte(j.ID), j.Payload); err != nil {
+				return err
+			}
 		}
-		if err := due.Put(dueKey(j.Slot, j.ID), []byte(c.tenant)); err != nil {
+		if err := putWaiting(tx, j); err != nil {
 			return err
 		}
 		if j.IdempotencyKey != "" {
@@ -161,7 +165,7 @@ func (s *Store) putAdmitted(tx *bbolt.Tx, c *call) error {
 			}
 		}
 	}
-	return s.putTenant(tx, c.tenant)
+	return nil
 }
 
 // settle ends a call once its commit is done: the admitted jobs join the
@@ -248,9 +252,7 @@ func (s *Store) waiting(tenant string, tnow time.Time, dueWaits bool) (int, time
 			n++
 		}
 	}
-	for id := range s.sched.byTenant[tenant] {
-		count(s.sched.waiting[id].slot, dueWaits)
-	}
+	s.sched.tenantSlots(tenant, func(slot time.Time) { count(slot, dueWaits) })
 	for _, j := range s.claims {
 		if j.Tenant == tenant && !j.Slot.IsZero() {
 			count(j.Slot, false) // handed over: waiting in the dispatcher until its slot

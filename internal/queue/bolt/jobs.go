@@ -32,7 +32,7 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	s.mu.Lock()
 	if c, ok := s.claims[id]; ok {
 		j.State, j.Attempts, j.DispatchAt = queue.StateDispatching, c.Attempts, c.DispatchAt
-	} else if e, ok := s.sched.waiting[id]; ok {
+	} else if e, ok := s.sched.get(id); ok {
 		if tm, ok := s.tenants[e.tenant]; ok {
 			j.DispatchAt = queue.DispatchAt(tm.rec.Pause, e.slot, s.clock.Now()) // pauses move it
 		}
@@ -70,7 +70,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 		if !j.State.Waiting() {
 			return &queue.StateError{ID: id, State: j.State, Op: "cancel"}
 		}
-		if err := tx.Bucket(bucketDue).Delete(dueKey(j.EffectiveSlot(), j.ID)); err != nil {
+		if err := delWaiting(tx, j.ID); err != nil {
 			return err
 		}
 		j.State = queue.StateCancelled
@@ -208,7 +208,7 @@ func (s *Store) putRetried(tx *bbolt.Tx, failed, j queue.Job) error {
 	if err := tx.Bucket(bucketFailed).Delete(failedKey(failed)); err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketDue).Put(dueKey(j.Slot, j.ID), []byte(j.Tenant)); err != nil {
+	if err := putWaiting(tx, j); err != nil {
 		return err
 	}
 	return s.putTenant(tx, j.Tenant)

@@ -7,6 +7,7 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"throttler/internal/leaky"
+	"throttler/internal/queue"
 	"throttler/internal/startstop"
 )
 
@@ -25,28 +26,45 @@ func (s *Store) newMaintainer() *startstop.Periodic {
 	}}
 }
 
+// flushDirty writes the records of dirty tenants in place and empties the
+// tenant log (logTenant), in one transaction.
 func (s *Store) flushDirty() error {
-	// Clean before writing: a change made meanwhile marks the tenant dirty
-	// again and is written next time; a failed write marks them all again.
 	s.mu.Lock()
-	var names []string
-	for name, tm := range s.tenants {
-		if tm.dirty {
-			names = append(names, name)
-			tm.dirty = false
-		}
+	dirty := false
+	for _, tm := range s.tenants {
+		dirty = dirty || tm.dirty
 	}
 	s.mu.Unlock()
-	if len(names) == 0 {
+	if !dirty {
 		return nil
 	}
+	var names []string
 	err := s.db.Update(func(tx *bbolt.Tx) error {
-		for _, n := range names {
-			if err := s.putTenant(tx, n); err != nil {
+		// Clean before writing, inside the transaction (no other write
+		// runs meanwhile, so every tenant in the log is dirty now): a change
+		// made meanwhile marks the tenant dirty again and is written next
+		// time; a failed write marks them all again.
+		type rec struct {
+			name string
+			rec  queue.TenantRecord
+		}
+		var recs []rec
+		names = names[:0]
+		s.mu.Lock()
+		for name, tm := range s.tenants {
+			if tm.dirty {
+				names = append(names, name)
+				recs = append(recs, rec{name, tm.rec})
+				tm.dirty = false
+			}
+		}
+		s.mu.Unlock()
+		for _, r := range recs {
+			if err := putTenantRecord(tx, r.name, r.rec); err != nil {
 				return err
 			}
 		}
-		return nil
+		return resetTenantLog(tx)
 	})
 	if err != nil {
 		s.mu.Lock()

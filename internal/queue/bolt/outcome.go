@@ -134,7 +134,6 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Time, paused map[string]bool) (queue.Job, error) {
 	// The claimed job is the stored one: nothing else changes a job the
 	// dispatcher holds.
-	oldDue := dueKey(j.Slot, j.ID)
 	s.mu.Lock()
 	tm, err := s.loadTenantTx(tx, j.Tenant)
 	if err != nil {
@@ -155,20 +154,18 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 	if err := putJob(tx, cur); err != nil {
 		return queue.Job{}, err
 	}
-	due := tx.Bucket(bucketDue)
-	if err := due.Delete(oldDue); err != nil {
+	if !cur.State.Finished() {
+		return cur, nil // still waiting: its index entry stays, its record has the new slot
+	}
+	if err := delWaiting(tx, cur.ID); err != nil {
 		return queue.Job{}, err
 	}
-	switch {
-	case !cur.State.Finished():
-		err = due.Put(dueKey(cur.Slot, cur.ID), []byte(cur.Tenant))
-	case cur.State == queue.StateFailed:
-		err = tx.Bucket(bucketFailed).Put(failedKey(cur), nil)
+	if cur.State == queue.StateFailed {
+		if err := tx.Bucket(bucketFailed).Put(failedKey(cur), nil); err != nil {
+			return queue.Job{}, err
+		}
 	}
-	if err == nil && cur.State.Finished() {
-		err = tx.Bucket(bucketDone).Put(dueKey(cur.FinishedAt, cur.ID), nil)
-	}
-	return cur, err
+	return cur, tx.Bucket(bucketDone).Put(dueKey(cur.FinishedAt, cur.ID), nil)
 }
 
 // afterOutcome lets a job go from the dispatcher once its outcome is

@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"slices"
 	"time"
@@ -16,10 +17,16 @@ import (
 func (s *Store) recover() error {
 	now := s.clock.Now()
 	return s.db.Update(func(tx *bbolt.Tx) error {
-		for _, name := range [][]byte{bucketJobs, bucketPayloads, bucketDue, bucketDone, bucketFailed, bucketIdem, bucketTenants, bucketMeta} {
+		for _, name := range [][]byte{bucketJobs, bucketPayloads, bucketWaiting, bucketDone, bucketFailed, bucketIdem, bucketTenants, bucketTenantLog, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
+		}
+		if err := replayTenantLog(tx); err != nil {
+			return err
+		}
+		if err := moveDueIndex(tx); err != nil {
+			return err
 		}
 		meta := tx.Bucket(bucketMeta)
 		clean := bytes.Equal(meta.Get(keyClean), []byte("1"))
@@ -56,7 +63,7 @@ func (s *Store) respace(tx *bbolt.Tx, now time.Time, clean bool) error {
 		}
 	}
 	for name, tm := range s.tenants {
-		if err := putJSON(tx.Bucket(bucketTenants), []byte(name), tm.rec); err != nil {
+		if err := putTenantRecord(tx, name, tm.rec); err != nil {
 			return err
 		}
 	}
@@ -66,32 +73,56 @@ func (s *Store) respace(tx *bbolt.Tx, now time.Time, clean bool) error {
 	return nil
 }
 
-// waitingJob is a job of the due index, read at open.
+// moveDueIndex moves a file's index of waiting jobs by slot (bucketDue,
+// written by earlier versions) to bucketWaiting.
+func moveDueIndex(tx *bbolt.Tx) error {
+	due := tx.Bucket(bucketDue)
+	if due == nil {
+		return nil
+	}
+	waiting := tx.Bucket(bucketWaiting)
+	if err := due.ForEach(func(k, v []byte) error {
+		_, id := parseDueKey(k)
+		return waiting.Put([]byte(id), slices.Clone(v))
+	}); err != nil {
+		return err
+	}
+	return tx.DeleteBucket(bucketDue)
+}
+
+// waitingJob is a waiting job, read at open.
 type waitingJob struct {
-	key   []byte
 	slot  time.Time
 	moved bool
 	job   queue.Job
 }
 
-// readWaiting reads the due index: each tenant's waiting jobs in slot
-// order (as the index is), and the tenants in the order first seen.
+// readWaiting reads the waiting jobs: each tenant's in slot order (then
+// id), and the tenants in the order of their earliest slot.
 func readWaiting(tx *bbolt.Tx) (map[string][]*waitingJob, []string, error) {
 	byTenant := map[string][]*waitingJob{}
 	var tenants []string
-	c := tx.Bucket(bucketDue).Cursor()
+	c := tx.Bucket(bucketWaiting).Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
-		slot, id := parseDueKey(k)
-		name := string(v)
+		id, name := string(k), string(v)
+		if _, ok := keyOf(id); !ok {
+			return nil, nil, fmt.Errorf("job %q in the index of waiting jobs has an id this version cannot read", id)
+		}
 		if _, ok := byTenant[name]; !ok {
 			tenants = append(tenants, name)
 		}
 		j, ok, err := getJob(tx, id, false)
 		if err != nil || !ok {
-			return nil, nil, fmt.Errorf("job %s in the due index but not stored (%v)", id, err)
+			return nil, nil, fmt.Errorf("job %s in the index of waiting jobs but not stored (%v)", id, err)
 		}
-		byTenant[name] = append(byTenant[name], &waitingJob{key: slices.Clone(k), slot: slot, job: j})
+		byTenant[name] = append(byTenant[name], &waitingJob{slot: j.EffectiveSlot(), job: j})
 	}
+	for _, jobs := range byTenant {
+		slices.SortFunc(jobs, func(a, b *waitingJob) int {
+			return cmp.Or(a.slot.Compare(b.slot), cmp.Compare(a.job.ID, b.job.ID))
+		})
+	}
+	slices.SortStableFunc(tenants, func(a, b string) int { return byTenant[a][0].slot.Compare(byTenant[b][0].slot) })
 	return byTenant, tenants, nil
 }
 
@@ -144,19 +175,12 @@ func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.T
 // scheduleWaiting writes a tenant's moved jobs at their new slots and puts
 // all its waiting jobs in the in-memory schedule.
 func (s *Store) scheduleWaiting(tx *bbolt.Tx, name string, jobs []*waitingJob, now time.Time) error {
-	due := tx.Bucket(bucketDue)
 	pz := s.tenants[name].rec.Pause
 	for _, w := range jobs {
 		j := w.job
 		if w.moved {
 			j.Slot, j.DispatchAt = w.slot, queue.DispatchAt(pz, w.slot, now)
 			if err := putJob(tx, j); err != nil {
-				return err
-			}
-			if err := due.Delete(w.key); err != nil {
-				return err
-			}
-			if err := due.Put(dueKey(w.slot, j.ID), []byte(name)); err != nil {
 				return err
 			}
 		}

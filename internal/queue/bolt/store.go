@@ -26,15 +26,26 @@ import (
 
 // Buckets of the embedded store's file.
 var (
-	bucketJobs     = []byte("jobs")     // id -> Job without its payload (JSON)
-	bucketPayloads = []byte("payloads") // id -> payload, written once
-	bucketDue      = []byte("due")      // slot (tenant time, 8 bytes big endian ns) + id -> tenant: waiting jobs
+	bucketJobs     = []byte("jobs")     // id -> Job without its payload (codec.go; JSON before)
+	bucketPayloads = []byte("payloads") // id -> payload larger than inlinePayload, written once
+	bucketWaiting  = []byte("waiting")  // id -> tenant: the jobs that wait (their slots are in their records)
 	bucketDone     = []byte("done")     // finished_at + id -> nil: for the reaper
 	bucketFailed   = []byte("failed")   // tenant + 0x00 + newest-first time + id -> nil
 	bucketIdem     = []byte("idem")     // tenant + 0x00 + key -> id
-	bucketTenants  = []byte("tenants")  // tenant -> queue.TenantRecord (JSON)
+	bucketTenants  = []byte("tenants")  // tenant -> queue.TenantRecord (codec.go; JSON before)
 	bucketMeta     = []byte("meta")     // "clean" -> "1" after a clean stop
+	// bucketTenantLog: sequence (8 bytes big endian) -> tenant name and
+	// record, appended with each change of a tenant's record and moved into
+	// bucketTenants by the maintainer, at a clean stop and at open (see
+	// logTenant).
+	bucketTenantLog = []byte("tenant-log")
 )
+
+// bucketDue was the index of waiting jobs by slot (slot + id -> tenant)
+// before bucketWaiting: its keys put each admission at a random place in a
+// large tree, so a commit rewrote a page per job admitted. A file that has
+// it is moved to bucketWaiting at open.
+var bucketDue = []byte("due")
 
 var keyClean = []byte("clean")
 
@@ -48,8 +59,9 @@ type Options struct {
 	OnExpired func(queue.Job)
 	// Retention is how long finished jobs are kept. Default 72h.
 	Retention time.Duration
-	// MaxBatchDelay is how long a write waits for others to share its
-	// fsync. Default 1ms.
+	// MaxBatchDelay is how long a rare write (a cancel, a retry, a hold)
+	// waits for others to share its fsync. Default 1ms. Admissions do not
+	// wait: they share commits by arriving during one (commit.go).
 	MaxBatchDelay time.Duration
 	// InitialStartLag is the time a prompt send takes to start, until it has
 	// been measured (see startLag). Default 0.
@@ -59,7 +71,7 @@ type Options struct {
 
 // Store is the embedded backend: one process, one bbolt file. Decisions
 // are made in memory under one lock and made durable by group commit
-// (bbolt's Batch) before Enqueue returns.
+// (commit.go) before Enqueue returns.
 type Store struct {
 	db        *bbolt.DB
 	clock     clock.Clock
@@ -82,6 +94,9 @@ type Store struct {
 	fairStarted map[string]bool
 
 	finishQ   chan finishReq
+	commits   chan commitReq // admissions for the committer (commit.go)
+	groups    atomic.Int64   // group commits made (for benchmarks)
+	grouped   atomic.Int64   // writes they carried
 	wake      chan struct{}
 	nextWake  atomic.Int64 // unix ns the dispatcher plans to wake at
 	promptLag atomic.Int64 // ns: moving average of a prompt job's start
@@ -90,8 +105,10 @@ type Store struct {
 	// outcomes until stop is closed.
 	background   []*startstop.Periodic
 	finisherDone chan struct{}
-	closeErr     error
-	closed       sync.Once
+	// committerDone is closed when the committer has returned.
+	committerDone chan struct{}
+	closeErr      error
+	closed        sync.Once
 }
 
 var _ queue.Store = (*Store)(nil)
@@ -132,9 +149,10 @@ func Open(path string, opts Options) (*Store, error) {
 		idemWait:    map[string]chan struct{}{},
 		claims:      map[string]queue.Job{},
 		handedAt:    map[string]time.Time{},
-		sched:       schedule{waiting: map[string]dueEntry{}, byTenant: map[string]map[string]struct{}{}},
+		sched:       schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}},
 		wake:        make(chan struct{}, 1),
 		finishQ:     make(chan finishReq),
+		commits:     make(chan commitReq),
 		stop:        make(chan struct{}),
 	}
 	if s.ceiling == nil {
@@ -151,6 +169,8 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	s.finisherDone = make(chan struct{})
 	go s.finisher()
+	s.committerDone = make(chan struct{})
+	go s.committer()
 	return s, nil
 }
 
@@ -193,23 +213,57 @@ func putJSON(b *bbolt.Bucket, key []byte, v any) error {
 	return b.Put(key, raw)
 }
 
-// putJob writes a job's record (its payload is stored apart, once).
+// putJob writes a job's record. A small payload is kept in it (codec.go):
+// j's, or if j comes without one, the one the record has; a large one is in
+// bucketPayloads (putAdmitted).
 func putJob(tx *bbolt.Tx, j queue.Job) error {
-	j.Payload = nil
-	return putJSON(tx.Bucket(bucketJobs), []byte(j.ID), j)
+	b := tx.Bucket(bucketJobs)
+	key := []byte(j.ID)
+	inline := j.Payload
+	switch {
+	case len(inline) > inlinePayload:
+		inline = nil
+	case inline == nil:
+		if raw := b.Get(key); raw != nil {
+			_, old, err := decodeJob(raw, j.ID)
+			if err != nil {
+				return err
+			}
+			inline = slices.Clone(old) // raw is the page's, and Put may move it
+		}
+	}
+	return b.Put(key, encodeJob(make([]byte, 0, 128+len(inline)), j, inline))
 }
 
 // getJob reads a job's record, with its payload if withPayload.
 func getJob(tx *bbolt.Tx, id string, withPayload bool) (queue.Job, bool, error) {
-	var j queue.Job
-	found, err := getJSON(tx.Bucket(bucketJobs), []byte(id), &j)
-	if err != nil || !found {
-		return j, found, err
+	raw := tx.Bucket(bucketJobs).Get([]byte(id))
+	if raw == nil {
+		return queue.Job{}, false, nil
+	}
+	j, inline, err := decodeJob(raw, id)
+	if err != nil {
+		return j, false, err
 	}
 	if withPayload {
-		j.Payload = slices.Clone(tx.Bucket(bucketPayloads).Get([]byte(id)))
+		if inline != nil {
+			j.Payload = slices.Clone(inline)
+		} else {
+			j.Payload = slices.Clone(tx.Bucket(bucketPayloads).Get([]byte(id)))
+		}
 	}
 	return j, true, nil
+}
+
+// putWaiting adds a job to the index of waiting jobs. Its key is the id,
+// which sorts by creation time: admissions append to the index.
+func putWaiting(tx *bbolt.Tx, j queue.Job) error {
+	return tx.Bucket(bucketWaiting).Put([]byte(j.ID), []byte(j.Tenant))
+}
+
+// delWaiting takes a job out of the index of waiting jobs.
+func delWaiting(tx *bbolt.Tx, id string) error {
+	return tx.Bucket(bucketWaiting).Delete([]byte(id))
 }
 
 // Ping implements queue.Store.
@@ -230,6 +284,7 @@ func (s *Store) Close() error {
 		}
 		close(s.stop)
 		<-s.finisherDone
+		<-s.committerDone
 		s.closeErr = s.flushDirty()
 		if s.closeErr == nil {
 			s.closeErr = s.markClean()

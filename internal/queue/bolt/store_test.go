@@ -417,7 +417,7 @@ func TestHeapsStayBounded(t *testing.T) {
 		}
 	}
 	s.mu.Lock()
-	n, waiting := len(s.sched.heap)+len(s.sched.expiry), len(s.sched.waiting)
+	n, waiting := len(s.sched.heap)+len(s.sched.expiry), s.sched.len()
 	s.mu.Unlock()
 	if waiting != 200 || n > 4*waiting+1024 {
 		t.Fatalf("%d heap entries for %d waiting jobs", n, waiting)
@@ -636,8 +636,12 @@ func TestCrashLeavesNoBurstCredit(t *testing.T) {
 // not in use).
 func (sc *schedule) waitingIDs(tenant string) []string {
 	var ids []string
-	for id := range sc.byTenant[tenant] {
-		ids = append(ids, id)
+	n, ok := sc.names.byName[tenant]
+	if !ok {
+		return nil
+	}
+	for k := range sc.byTenant[n] {
+		ids = append(ids, k.String())
 	}
 	return ids
 }

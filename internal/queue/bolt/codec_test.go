@@ -1,0 +1,286 @@
+package bolt
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
+	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
+)
+
+func TestJobRecordRoundTrip(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
+	jobs := []queue.Job{
+		{ID: "a", Tenant: "acme", State: queue.StateQueued, EnqueuedAt: t0, DispatchAt: t0.Add(time.Second), Slot: t0.Add(time.Second)},
+		{ID: "b", Tenant: "t+é@x", State: queue.StateFailed, IdempotencyKey: "k 1", Attempts: 5, Failures: 4, Cost: 3,
+			EnqueuedAt: t0, DispatchAt: t0, Deadline: time.Unix(0, 0), SentAt: t0.Add(time.Millisecond),
+			FinishedAt: t0.Add(2 * time.Millisecond), LastError: "503 Service Unavailable", ResponseStatus: 503,
+			AdmitDelay: 1500 * time.Microsecond, AdmitDepth: 7, Prompt: true},
+		{ID: "c", State: queue.StateExpired, Deadline: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC), Slot: time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC)},
+		{ID: "d", State: queue.JobState("some-future-state")},
+	}
+	for _, st := range jobStates[1:] {
+		jobs = append(jobs, queue.Job{ID: "s", State: st})
+	}
+	for i, j := range jobs {
+		payload := [][]byte{nil, []byte(`{"n":1}`), {}}[i%3]
+		got, inline, err := decodeJob(encodeJob(nil, j, payload), j.ID)
+		if err != nil {
+			t.Fatalf("%s: %v", j.ID, err)
+		}
+		if !sameJob(got, j) || string(inline) != string(payload) || (inline == nil) != (payload == nil) {
+			t.Fatalf("round trip\n got %+v %q\nwant %+v %q", got, inline, j, payload)
+		}
+		// A record written as JSON by earlier versions reads the same.
+		raw, _ := json.Marshal(j)
+		old, inline, err := decodeJob(raw, j.ID)
+		if err != nil || !sameJob(old, j) || inline != nil {
+			t.Fatalf("JSON record: %v\n got %+v\nwant %+v", err, old, j)
+		}
+	}
+	full := encodeJob(nil, jobs[1], []byte(`{"n":1}`))
+	for n := range len(full) {
+		if _, _, err := decodeJob(full[:n], "b"); err == nil {
+			t.Fatalf("a record cut to %d of %d bytes was read", n, len(full))
+		}
+	}
+}
+
+// sameJob compares jobs with times by Equal (a location is not kept).
+func sameJob(a, b queue.Job) bool {
+	times := func(j *queue.Job) []*time.Time {
+		return []*time.Time{&j.EnqueuedAt, &j.DispatchAt, &j.Slot, &j.Deadline, &j.SentAt, &j.FinishedAt}
+	}
+	ta, tb := times(&a), times(&b)
+	for i := range ta {
+		if !ta[i].Equal(*tb[i]) || ta[i].IsZero() != tb[i].IsZero() {
+			return false
+		}
+		*ta[i], *tb[i] = time.Time{}, time.Time{}
+	}
+	a.Payload, b.Payload = nil, nil
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+// A file written before the index of waiting jobs was keyed by id (JSON
+// records, a due index by slot) opens with its jobs waiting in slot order.
+func TestOpensAFileWithTheOldDueIndex(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	path := filepath.Join(t.TempDir(), "old.db")
+	policy := queuetest.Leaky20(10)
+	db, err := bbolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	err = db.Update(func(tx *bbolt.Tx) error {
+		for _, b := range [][]byte{bucketJobs, bucketPayloads, bucketDue, bucketDone, bucketFailed, bucketIdem, bucketTenants, bucketMeta} {
+			if _, err := tx.CreateBucket(b); err != nil {
+				return err
+			}
+		}
+		if err := tx.Bucket(bucketMeta).Put(keyClean, []byte("1")); err != nil {
+			return err
+		}
+		// Two jobs, the later-made one due first.
+		for i, delay := range []time.Duration{200 * time.Millisecond, 100 * time.Millisecond} {
+			j := queue.Job{ID: queue.NewID(queuetest.T0.Add(time.Duration(i) * time.Millisecond)), Tenant: "acme", State: queue.StateQueued,
+				EnqueuedAt: queuetest.T0, DispatchAt: queuetest.T0.Add(delay), Slot: queuetest.T0.Add(delay)}
+			ids = append(ids, j.ID)
+			raw, _ := json.Marshal(j)
+			if err := tx.Bucket(bucketJobs).Put([]byte(j.ID), raw); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketPayloads).Put([]byte(j.ID), []byte(`{"n":1}`)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketDue).Put(dueKey(j.Slot, j.ID), []byte("acme")); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketTenants).Put([]byte("acme"), []byte(`{"tat":"`+queuetest.T0.Add(250*time.Millisecond).Format(time.RFC3339Nano)+`"}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(path, Options{Clock: clk, Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st, _ := s.Tenant(context.Background(), "acme"); st.QueueDepth != 2 {
+		t.Fatalf("depth %d after open, want 2", st.QueueDepth)
+	}
+	got := make(chan queuetest.Handed, 2)
+	stop := queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200}
+	})
+	defer stop()
+	first := queuetest.WaitHanded(t, clk, got, time.Millisecond)
+	second := queuetest.WaitHanded(t, clk, got, time.Millisecond)
+	if first.Job.ID != ids[1] || second.Job.ID != ids[0] || string(first.Job.Payload) != `{"n":1}` {
+		t.Fatalf("handed %s then %s, want %s then %s", first.Job.ID, second.Job.ID, ids[1], ids[0])
+	}
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketDue) != nil {
+			t.Error("the old due index is still there")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTenantRecordRoundTrip(t *testing.T) {
+	t.Parallel()
+	// The codec writes every field of TenantRecord: a new one must be
+	// added to it (and here).
+	if n := reflect.TypeFor[queue.TenantRecord]().NumField(); n != 10 {
+		t.Fatalf("queue.TenantRecord has %d fields; encodeTenant and decodeTenant know 10: add the new one to both", n)
+	}
+	if n := reflect.TypeFor[leaky.Pause]().NumField(); n != 3 {
+		t.Fatalf("leaky.Pause has %d fields; encodeTenant and decodeTenant know 3: add the new one to both", n)
+	}
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
+	recs := []queue.TenantRecord{
+		{},
+		{TAT: t0, LastAttemptAt: t0.Add(-time.Second), Accepted: 1 << 40, Rejected: 2, Delivered: 3, Failed: 4, Cancelled: 5, Expired: 6},
+		{TAT: t0, Pause: leaky.Pause{Shift: -3 * time.Second, Until: t0.Add(time.Minute), Held: t0}, Windows: map[string][]int64{"1000/d": {1, -2, t0.UnixNano()}, "5/s": {}}},
+	}
+	for i, r := range recs {
+		got, err := decodeTenant(encodeTenant(nil, r))
+		if err != nil {
+			t.Fatalf("%d: %v", i, err)
+		}
+		want, _ := json.Marshal(r)
+		have, _ := json.Marshal(got)
+		if string(want) != string(have) {
+			t.Fatalf("%d: round trip\n got %s\nwant %s", i, have, want)
+		}
+		old, err := decodeTenant(want)
+		if err != nil {
+			t.Fatalf("%d: JSON record: %v", i, err)
+		}
+		if again, _ := json.Marshal(old); string(again) != string(want) {
+			t.Fatalf("%d: JSON record\n got %s\nwant %s", i, again, want)
+		}
+		full := encodeTenant(nil, r)
+		for n := range len(full) {
+			if _, err := decodeTenant(full[:n]); err == nil {
+				t.Fatalf("%d: a record cut to %d of %d bytes was read", i, n, len(full))
+			}
+		}
+	}
+}
+
+// A tenant's record is appended to the tenant log with each admission: a
+// crash before the maintainer writes it in place loses nothing of it.
+func TestTenantLogSurvivesACrash(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	dir := t.TempDir()
+	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Second, Burst: 1, Capacity: 10} }
+	s, err := Open(filepath.Join(dir, "live.db"), Options{Clock: clk, Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 3 {
+		queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(i))
+	}
+	crashed := filepath.Join(dir, "crashed.db")
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketTenantLog).Stats().KeyN == 0 {
+			t.Error("nothing in the tenant log after admissions")
+		}
+		return tx.CopyFile(crashed, 0o600)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(crashed, Options{Clock: clk, Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if st, _ := r.Tenant(context.Background(), "acme"); st.Accepted != 3 || st.QueueDepth != 3 {
+		t.Fatalf("after the crash: accepted %d, depth %d; want 3 and 3", st.Accepted, st.QueueDepth)
+	}
+	next := queuetest.EnqueueOne(t, r, "acme", queuetest.Payload(3))
+	if next.Job.DispatchAt.Before(queuetest.T0.Add(3 * time.Second)) {
+		t.Fatalf("a job admitted after the crash is due at %v: the schedule of the three before was lost", next.Job.DispatchAt.Sub(queuetest.T0))
+	}
+	if err := r.db.View(func(tx *bbolt.Tx) error {
+		if n := tx.Bucket(bucketTenantLog).Stats().KeyN; n > 1 {
+			t.Errorf("%d entries in the tenant log after open and one admission, want the log replayed", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Small payloads live in the job's record, large ones apart; both come back
+// with the job handed over, after outcomes that rewrite the record, and
+// after a retry.
+func TestPayloadsInlineAndApart(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: queuetest.Leaky20(10)}).(*Store)
+	small := []byte(`{"n":1}`)
+	large := []byte(`"` + strings.Repeat("x", inlinePayload) + `"`)
+	a := queuetest.EnqueueOne(t, s, "acme", queue.NewJob{Payload: small})
+	b := queuetest.EnqueueOne(t, s, "acme", queue.NewJob{Payload: large})
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketPayloads).Get([]byte(a.Job.ID)) != nil || tx.Bucket(bucketPayloads).Get([]byte(b.Job.ID)) == nil {
+			t.Error("want the small payload in its record only, the large one apart")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan queuetest.Handed, 4)
+	var attempts atomic.Int32
+	stop := queuetest.Consume(t, s, 10*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- queuetest.Handed{Job: j, At: clk.Now()}
+		if attempts.Add(1) <= 2 {
+			return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400"} // failed for good: retried below
+		}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200}
+	})
+	defer stop()
+	want := map[string]string{a.Job.ID: string(small), b.Job.ID: string(large)}
+	for range 2 {
+		h := queuetest.WaitHanded(t, clk, got, 10*time.Millisecond)
+		if string(h.Job.Payload) != want[h.Job.ID] {
+			t.Fatalf("job %s handed over with payload %.20q", h.Job.ID, h.Job.Payload)
+		}
+	}
+	for _, id := range []string{a.Job.ID, b.Job.ID} {
+		queuetest.WaitFor(t, func() bool { j, _ := s.Job(context.Background(), id); return j.State == queue.StateFailed })
+		if _, err := s.Retry(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		h := queuetest.WaitHanded(t, clk, got, 10*time.Millisecond)
+		if string(h.Job.Payload) != want[h.Job.ID] {
+			t.Fatalf("job %s handed over again with payload %.20q", h.Job.ID, h.Job.Payload)
+		}
+	}
+}
