@@ -16,7 +16,14 @@
 -- ARGV[4]  idle ttl (ms)
 -- ARGV[5]  the partition's key prefix (partKeys.tag)
 -- ARGV[6..] per job: id, tenant, state ('succeeded' | 'failed'), sent at
---          (0: not sent), status, error, idempotency key ('' none)
+--          (0: not sent), status, error, idempotency key ('' none), and
+--          the earliest the tenant's next send may go after it (its real
+--          write plus its cost in intervals; 0: not sent)
+--
+-- The tenant's next (claim.lua's: the last claim's dispatch time plus its
+-- cost in intervals) moves on to the last of those: a write comes when it
+-- comes, later than its dispatch time under load, and the next owner
+-- after a clean handover (takeover.lua) starts the tenant from next.
 --
 -- Returns {recorded, ...} per job: 1, or 0 if the job was not being sent.
 
@@ -28,20 +35,21 @@ local function tenant_of(name)
   local t = tenants[name]
   if t then return t end
   local tk = prefix .. 'tenant:' .. name
-  local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'depth', 'inflight', 'tat', 'delivered', 'failed')
+  local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'depth', 'inflight', 'tat', 'delivered', 'failed', 'next')
   t = {key = tk, name = name, shift = tonumber(h[1]) or 0, untl = tonumber(h[2]) or 0, held = tonumber(h[3]) or 0,
     depth = tonumber(h[4]) or 0, inflight = tonumber(h[5]) or 0, tat = tonumber(h[6]) or 0,
     delivered_before = tonumber(h[7]) or 0, failed_before = tonumber(h[8]) or 0,
-    delivered = 0, failed = 0, last_slot = 0}
+    next = tonumber(h[9]) or 0, after = 0, delivered = 0, failed = 0, last_slot = 0}
   tenants[name] = t
   tenants[#tenants + 1] = t
   return t
 end
 
 local out = {}
-for i = 6, #ARGV, 7 do
+for i = 6, #ARGV, 8 do
   local id, tname, state = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local sent, status, err, key = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
+  local after = tonumber(ARGV[i + 7]) or 0
   local jk = prefix .. 'job:' .. id
   local j = redis.call('HMGET', jk, 'state', 'slot', 'sent', 'status')
   if j[1] ~= 'dispatching' then
@@ -55,6 +63,7 @@ for i = 6, #ARGV, 7 do
     if key ~= '' then redis.call('PEXPIRE', idem_key(prefix, tname, key), retention) end
     local t = tenant_of(tname)
     t.last_slot = at_least(t.last_slot, tonumber(j[2]) or 0)
+    t.after = at_least(t.after, after)
     if state == 'succeeded' then
       t.delivered = t.delivered + 1
     else
@@ -76,6 +85,7 @@ for _, t in ipairs(tenants) do
   local fields = {'inflight', inflight}
   if t.delivered > 0 then fields[#fields + 1] = 'delivered'; fields[#fields + 1] = t.delivered_before + t.delivered end
   if t.failed > 0 then fields[#fields + 1] = 'failed'; fields[#fields + 1] = t.failed_before + t.failed end
+  if t.after > t.next then fields[#fields + 1] = 'next'; fields[#fields + 1] = t.after end
   redis.call('HSET', t.key, unpack(fields))
   -- Tenant time (leaky.Pause.TenantTime).
   local tnow = now

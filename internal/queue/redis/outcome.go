@@ -40,7 +40,8 @@ func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs
 		if o.Result == queue.Failed {
 			state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
 		}
-		args = append(args, j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey)
+		args = append(args, j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey,
+			sentNext(j, o, s.policy(j.Tenant)))
 	}
 	var r finishReplies
 	if err := finishScript.Run(ctx, s.rdb, []string{f.Key(), k.active(), k.sending()}, args, &r); err != nil {
@@ -82,6 +83,9 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 		next, pausedNow := queue.ApplyOutcome(&rec, j, o, st.now, p)
 		_, err = tx.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
 			s.writeOutcome(ctx, pipe, k, next, st, rec, p)
+			if after := sentNext(j, o, p); after > st.next {
+				pipe.HSet(ctx, k.tenant(j.Tenant), "next", after)
+			}
 			return nil
 		})
 		if err == nil {
@@ -114,7 +118,21 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 // with its windows) at now.
 type outcomeState struct {
 	tenantState
-	now time.Time
+	now  time.Time
+	next int64 // the tenant hash's next (claim.lua's), micros
+}
+
+// sentNext is the earliest the next send of j's tenant may go after
+// attempt o of j, in micros (0: nothing was written): its real write plus
+// its cost in intervals. It moves the tenant's next on (finish.lua): a
+// write comes when it comes, later than the claim's dispatch time under
+// load, and the next owner after a clean handover starts the tenant from
+// next (takeover.lua).
+func sentNext(j queue.Job, o queue.Outcome, p leaky.Policy) int64 {
+	if o.SentAt.IsZero() {
+		return 0
+	}
+	return micros(o.SentAt.Add(time.Duration(j.EffectiveCost()) * p.Interval))
 }
 
 // readForOutcome reads, watched, job j's tenant and windows, and the
@@ -124,6 +142,7 @@ func (s *Store) readForOutcome(ctx context.Context, tx *goredis.Tx, f owner.Fenc
 	pipe := tx.Pipeline()
 	lease := pipe.Get(ctx, f.Key())
 	tcmd := pipe.HMGet(ctx, k.tenant(j.Tenant), tenantFields...)
+	ncmd := pipe.HGet(ctx, k.tenant(j.Tenant), "next")
 	jcmd := pipe.HMGet(ctx, k.job(j.ID), "state")
 	var timeCmd *goredis.TimeCmd
 	if s.clock == nil {
@@ -149,6 +168,7 @@ func (s *Store) readForOutcome(ctx context.Context, tx *goredis.Tx, f owner.Fenc
 		st.now = timeCmd.Val()
 	}
 	st.tenantState = parseTenant(tcmd.Val())
+	st.next, _ = strconv.ParseInt(ncmd.Val(), 10, 64)
 	if len(p.Windows) > 0 {
 		recent := make([]leaky.Recent, len(p.Windows))
 		for i, c := range wcmds {

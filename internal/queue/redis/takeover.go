@@ -70,7 +70,8 @@ func (t *takeoverReply) Decode(r *luascript.Reply) {
 
 // takeOver is a new owner's first look at partition k under fence f: the
 // jobs the last owner was sending taken back, and every tenant with jobs,
-// with what waits.
+// with what waits; a tenant whose jobs' time passed unsent has its tat
+// moved past them (takeover.lua).
 func (s *Store) takeOver(ctx context.Context, f owner.Fence, k partKeys) (now time.Time, taken int, tenants []takenTenant, err error) {
 	names, err := s.rdb.ZRange(ctx, k.active(), 0, -1).Result()
 	if err != nil {
@@ -84,7 +85,8 @@ func (s *Store) takeOver(ctx context.Context, f owner.Fence, k partKeys) (now ti
 		}
 		args := []any{f.Token(), s.now(), k.tag, takeBack}
 		for _, name := range names[:n] {
-			args = append(args, name)
+			p := s.policy(name)
+			args = append(args, name, usCeil(p.Interval), usCeil(p.Tolerance()))
 		}
 		var r takeoverReply
 		if err := takeoverScript.Run(ctx, s.rdb, []string{f.Key(), k.sending()}, args, &r); err != nil {

@@ -10,12 +10,21 @@
 -- ARGV[2]  now (0: the server's TIME)
 -- ARGV[3]  the partition's key prefix (partKeys.tag)
 -- ARGV[4]  '1': take back the jobs being sent (the first run of a tenure)
--- ARGV[5..] tenant names
+-- ARGV[5..] per tenant: its name, its interval and its tolerance
+--          ((burst - 1) intervals)
 --
 -- Returns {now, taken back, {tenant, shift, until, held, next, id, slot,
 -- id, slot, ...}, ...}: how many jobs it took back, and per tenant its
 -- pause, the earliest its next send may go (the last owner's last claim's
 -- dispatch time plus its cost in intervals), and its waiting jobs by slot.
+--
+-- A tenant whose waiting jobs' slots passed while nobody sent them (the
+-- partition had no owner: a worker cut off from Redis, or killed) has its
+-- tat moved to where the new owner will really be done with them: from
+-- now (or its next, if later), one interval a cost apart, with no burst
+-- credit (the sends before may have used it), as the embedded store does
+-- at a restart (bolt's respaceTenant). So a job admitted after the
+-- takeover is promised what it will see, not a slot the backlog has taken.
 
 local now = server_now(ARGV[2])
 local prefix = ARGV[3]
@@ -38,12 +47,30 @@ if ARGV[4] == '1' then
   redis.call('DEL', KEYS[2])
 end
 
+-- Moves tk's tat past its overdue waiting jobs (see above): waiting is
+-- ZRANGE WITHSCORES, in slot order.
+local function respace(tk, waiting, T, tau, shift, untl, held, nxt, tat)
+  if held > 0 or untl > now or #waiting == 0 then return end -- paused: its end moves everything
+  local t = at_least(now, nxt) - shift -- tenant time
+  local moved = false
+  for i = 1, #waiting, 2 do
+    if tonumber(waiting[i + 1]) >= t then break end -- on schedule: so are the later ones
+    local cost = at_least(tonumber(redis.call('HGET', prefix .. 'job:' .. waiting[i], 'cost')) or 1, 1)
+    t, moved = t + cost * T, true
+  end
+  if moved and t + tau > tat then redis.call('HSET', tk, 'tat', t + tau) end
+end
+
 local out = {now, taken}
-for i = 5, #ARGV do
-  local name = ARGV[i]
-  local h = redis.call('HMGET', prefix .. 'tenant:' .. name, 'shift', 'until', 'held', 'next')
-  local r = {name, tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0}
-  for _, v in ipairs(redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')) do r[#r + 1] = v end
+for i = 5, #ARGV, 3 do
+  local name, T, tau = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local tk = prefix .. 'tenant:' .. name
+  local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'next', 'tat')
+  local shift, untl, held, nxt = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
+  local r = {name, shift, untl, held, nxt}
+  local waiting = redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')
+  for _, v in ipairs(waiting) do r[#r + 1] = v end
+  respace(tk, waiting, T, tau, shift, untl, held, nxt, tonumber(h[5]) or 0)
   out[#out + 1] = r
 end
 return out
