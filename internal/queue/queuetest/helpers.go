@@ -62,7 +62,7 @@ func Consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) f
 		// A store that takes a while to start handing over (Redis's
 		// partition owners take their partitions) says when it is ready:
 		// the fake clock must not run ahead meanwhile.
-		testutil.WaitFor(t, 10*time.Second, "the store ready to hand over", func() bool { return r.Ready(ctx) })
+		testutil.WaitFor(t, 30*time.Second, "the store ready to hand over", func() bool { return r.Ready(ctx) })
 	}
 	var once sync.Once
 	stop := func() {

@@ -22,6 +22,7 @@ type consumer struct {
 	// sending bounds the jobs handed to h and not yet finished, across
 	// the partitions (ConsumeOptions.Concurrency).
 	sending chan struct{}
+	loading chan struct{}   // bounds the partitions loading at once (owned.load)
 	stop    context.Context // Consume's
 	mgr     *owner.Manager
 
@@ -41,7 +42,7 @@ type consumer struct {
 // only then are the leases released.
 func (s *Store) Consume(ctx context.Context, h queue.Handler, opts queue.ConsumeOptions) error {
 	c := &consumer{s: s, h: h, lead: cmp.Or(opts.Lead, queue.DefaultLead), stop: ctx,
-		sending: make(chan struct{}, cmp.Or(opts.Concurrency, 1024)), parts: map[int]*owned{}}
+		sending: make(chan struct{}, cmp.Or(opts.Concurrency, 1024)), loading: make(chan struct{}, 4), parts: map[int]*owned{}}
 	mgr, err := owner.New(owner.Options{
 		Client: s.rdb, Partitions: s.partitions, WorkerID: s.workerID,
 		Lease: s.timing.Lease, Balance: s.timing.Balance, Logger: s.log,

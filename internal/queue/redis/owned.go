@@ -189,8 +189,17 @@ const claimBatchMax = 200
 func (o *owned) load() bool {
 	backoff := 50 * time.Millisecond
 	for {
+		// A few loads at a time per worker: 32 partitions taken at once,
+		// each a stream of takeover scripts, kept Redis from the lease
+		// renewals long enough to lose them all (100,000 tenants waiting).
+		select {
+		case o.c.loading <- struct{}{}:
+		case <-o.ctx.Done():
+			return false
+		}
 		began := time.Now()
 		now, taken, tenants, err := o.s.takeOver(o.ctx, o.fence, o.k)
+		<-o.c.loading
 		if err == nil {
 			waiting := 0
 			o.mu.Lock()

@@ -146,7 +146,13 @@ func TestRedisIdleTenantsExpire(t *testing.T) {
 	deadline = time.Now().Add(30 * time.Second)
 	for left > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d bucket keys still there 30 s after delivery (idle time 1 s)", left)
+			counts := map[string]int{}
+			for _, pattern := range []string{"throttler:*:tenant:*", "throttler:*:gate:tenant:*", "throttler:*:window:*", "throttler:*:waiting:*", "throttler:*:claimed:*"} {
+				for iter := rdb.Scan(ctx, 0, pattern, 10000).Iterator(); iter.Next(ctx); {
+					counts[pattern]++
+				}
+			}
+			t.Fatalf("%d bucket keys still there 30 s after delivery (idle time 1 s): %v", left, counts)
 		}
 		time.Sleep(500 * time.Millisecond)
 		left = bucketKeys()

@@ -20,7 +20,7 @@ var (
 )
 
 // takeoverTenants is how many tenants one run of takeover.lua looks at.
-const takeoverTenants = 500
+const takeoverTenants = 200
 
 // takenTenant is what takeover.lua found of one tenant.
 type takenTenant struct {
