@@ -23,6 +23,11 @@ func (s Store) RedisClient() (redis.UniversalClient, error) {
 // CPU) would make their claims wait for a connection.
 const redisPoolSize = 128
 
+// ContextTimeoutEnabled is set in every mode: a partition's lease renewal
+// must give up at its own deadline, not wait out go-redis's read timeout
+// on a Redis that stopped answering (packets dropped, the connection left
+// open).
+//
 // noRetries turns off go-redis's own retries, whatever the URL says: it
 // replays a command whose answer was lost (a timeout, a dropped
 // connection) even if Redis ran it, and a script replayed would decide
@@ -37,7 +42,7 @@ func (s Store) redisClient() (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, err
 		}
-		o.PoolSize, o.MaxRetries = cmp.Or(o.PoolSize, redisPoolSize), noRetries
+		o.PoolSize, o.MaxRetries, o.ContextTimeoutEnabled = cmp.Or(o.PoolSize, redisPoolSize), noRetries, true
 		return redis.NewClient(o), nil
 	case "sentinel":
 		o, err := redis.ParseFailoverURL(s.RedisURL)
@@ -47,14 +52,14 @@ func (s Store) redisClient() (redis.UniversalClient, error) {
 		if o.MasterName == "" {
 			return nil, errors.New("a Sentinel URL needs ?master_name=NAME")
 		}
-		o.PoolSize, o.MaxRetries = cmp.Or(o.PoolSize, redisPoolSize), noRetries
+		o.PoolSize, o.MaxRetries, o.ContextTimeoutEnabled = cmp.Or(o.PoolSize, redisPoolSize), noRetries, true
 		return redis.NewFailoverClient(o), nil
 	case "cluster":
 		o, err := redis.ParseClusterURL(s.RedisURL)
 		if err != nil {
 			return nil, err
 		}
-		o.PoolSize, o.MaxRetries = cmp.Or(o.PoolSize, redisPoolSize), noRetries
+		o.PoolSize, o.MaxRetries, o.ContextTimeoutEnabled = cmp.Or(o.PoolSize, redisPoolSize), noRetries, true
 		return redis.NewClusterClient(o), nil
 	}
 	return nil, fmt.Errorf("store.redis_mode %q is not a mode: use \"standalone\", \"sentinel\" or \"cluster\"", s.RedisMode)
