@@ -833,16 +833,44 @@ func absDur(d time.Duration) time.Duration {
 	return d
 }
 
+// tickLoop calls step at once and then every tick, in a goroutine, until
+// stop is called or step returns false.
+type tickLoop struct {
+	quit chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func startTickLoop(every time.Duration, step func() bool) *tickLoop {
+	l := &tickLoop{quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for step() {
+			select {
+			case <-l.quit:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return l
+}
+
+func (l *tickLoop) stop() {
+	l.once.Do(func() { close(l.quit) })
+	<-l.done
+}
+
 // leaseWatch reads every partition's lease over and over while a test
 // runs.
 type leaseWatch struct {
+	*tickLoop
 	every time.Duration
 	mu    sync.Mutex
 	reads []leaseSample
 	err   error
-	quit  chan struct{}
-	done  chan struct{}
-	once  sync.Once
 }
 
 // leaseSample is one read of the leases, at the middle of its round trip.
@@ -852,37 +880,23 @@ type leaseSample struct {
 }
 
 func watchLeases(t *testing.T, rdb *goredis.Client) *leaseWatch {
-	w := &leaseWatch{every: 5 * time.Millisecond, quit: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		tick := time.NewTicker(w.every)
-		defer tick.Stop()
-		for {
-			sent := time.Now()
-			leases, err := owner.ReadLeases(context.Background(), rdb, ownerP)
-			got := time.Now()
-			w.mu.Lock()
-			if err != nil && w.err == nil {
-				w.err = err
-			}
-			if err == nil {
-				w.reads = append(w.reads, leaseSample{at: sent.Add(got.Sub(sent) / 2), leases: leases})
-			}
-			w.mu.Unlock()
-			select {
-			case <-w.quit:
-				return
-			case <-tick.C:
-			}
+	w := &leaseWatch{every: 5 * time.Millisecond}
+	w.tickLoop = startTickLoop(w.every, func() bool {
+		sent := time.Now()
+		leases, err := owner.ReadLeases(context.Background(), rdb, ownerP)
+		got := time.Now()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if err != nil && w.err == nil {
+			w.err = err
 		}
-	}()
+		if err == nil {
+			w.reads = append(w.reads, leaseSample{at: sent.Add(got.Sub(sent) / 2), leases: leases})
+		}
+		return true
+	})
 	t.Cleanup(w.stop)
 	return w
-}
-
-func (w *leaseWatch) stop() {
-	w.once.Do(func() { close(w.quit) })
-	<-w.done
 }
 
 func (w *leaseWatch) all() []leaseSample {
@@ -894,57 +908,41 @@ func (w *leaseWatch) all() []leaseSample {
 // jobFeeder enqueues jobs for each tenant through the API: first jobs at
 // once, then perSecond a second each, in batches, until stopped.
 type jobFeeder struct {
+	*tickLoop
 	mu       sync.Mutex
 	accepted map[string][]time.Time // per tenant, when each job's 202 came back
 	all      []string
 	err      error
-	quit     chan struct{}
-	done     chan struct{}
-	once     sync.Once
 }
 
 func startJobFeeder(base string, tenants []string, first, perSecond int) *jobFeeder {
-	f := &jobFeeder{accepted: map[string][]time.Time{}, quit: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(f.done)
-		began := time.Now()
-		sent := map[string]int{}
-		tick := time.NewTicker(200 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			want := first + int(time.Since(began).Seconds()*float64(perSecond))
-			for _, tenant := range tenants {
-				if n := want - sent[tenant]; n > 0 {
-					ids, err := enqueueBatch(base, tenant, n)
-					now := time.Now()
-					f.mu.Lock()
-					if err != nil && f.err == nil {
-						f.err = err
-					}
-					for range ids {
-						f.accepted[tenant] = append(f.accepted[tenant], now)
-					}
-					f.all = append(f.all, ids...)
-					f.mu.Unlock()
-					if err != nil {
-						return
-					}
-					sent[tenant] += n
+	f := &jobFeeder{accepted: map[string][]time.Time{}}
+	began := time.Now()
+	sent := map[string]int{}
+	f.tickLoop = startTickLoop(200*time.Millisecond, func() bool {
+		want := first + int(time.Since(began).Seconds()*float64(perSecond))
+		for _, tenant := range tenants {
+			if n := want - sent[tenant]; n > 0 {
+				ids, err := enqueueBatch(base, tenant, n)
+				now := time.Now()
+				f.mu.Lock()
+				if err != nil && f.err == nil {
+					f.err = err
 				}
-			}
-			select {
-			case <-f.quit:
-				return
-			case <-tick.C:
+				for range ids {
+					f.accepted[tenant] = append(f.accepted[tenant], now)
+				}
+				f.all = append(f.all, ids...)
+				f.mu.Unlock()
+				if err != nil {
+					return false
+				}
+				sent[tenant] += n
 			}
 		}
-	}()
+		return true
+	})
 	return f
-}
-
-func (f *jobFeeder) stop() {
-	f.once.Do(func() { close(f.quit) })
-	<-f.done
 }
 
 func (f *jobFeeder) ids() []string {
