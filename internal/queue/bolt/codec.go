@@ -159,18 +159,13 @@ func (d *decoder) byte() byte {
 	return c
 }
 
-func (d *decoder) varint() int64 {
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.bad = true
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
+func (d *decoder) varint() int64 { return readVarint(d, binary.Varint) }
 
-func (d *decoder) uvarint() uint64 {
-	v, n := binary.Uvarint(d.b)
+func (d *decoder) uvarint() uint64 { return readVarint(d, binary.Uvarint) }
+
+// readVarint reads a number with read (binary.Varint or binary.Uvarint).
+func readVarint[T int64 | uint64](d *decoder, read func([]byte) (T, int)) T {
+	v, n := read(d.b)
 	if n <= 0 {
 		d.bad = true
 		return 0
