@@ -274,13 +274,19 @@ func (sc *schedule) nextExpiry() time.Time {
 	return time.Time{}
 }
 
-// get returns a waiting job's entry.
-func (sc *schedule) get(id string) (dueEntry, bool) {
+// lookup returns a waiting job's key and entry.
+func (sc *schedule) lookup(id string) (jobKey, slimEntry, bool) {
 	k, ok := keyOf(id)
 	if !ok {
-		return dueEntry{}, false
+		return k, slimEntry{}, false
 	}
 	e, ok := sc.waiting[k]
+	return k, e, ok
+}
+
+// get returns a waiting job's entry.
+func (sc *schedule) get(id string) (dueEntry, bool) {
+	_, e, ok := sc.lookup(id)
 	if !ok {
 		return dueEntry{}, false
 	}
@@ -290,21 +296,13 @@ func (sc *schedule) get(id string) (dueEntry, bool) {
 // current reports whether e is a waiting job's entry as it is now (not
 // stale: still waiting, at the same time).
 func (sc *schedule) current(e dueEntry) bool {
-	k, ok := keyOf(e.id)
-	if !ok {
-		return false
-	}
-	w, ok := sc.waiting[k]
+	_, w, ok := sc.lookup(e.id)
 	return ok && w.at == nanos(e.at)
 }
 
 // remove takes a job out of the schedule (its heap entry goes stale).
 func (sc *schedule) remove(id string) (dueEntry, bool) {
-	k, ok := keyOf(id)
-	if !ok {
-		return dueEntry{}, false
-	}
-	e, ok := sc.waiting[k]
+	k, e, ok := sc.lookup(id)
 	if !ok {
 		return dueEntry{}, false
 	}
