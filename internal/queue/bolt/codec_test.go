@@ -193,18 +193,12 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 // crash before the maintainer writes it in place loses nothing of it.
 func TestTenantLogSurvivesACrash(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(queuetest.T0)
-	dir := t.TempDir()
-	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Second, Burst: 1, Capacity: 10} }
-	s, err := Open(filepath.Join(dir, "live.db"), Options{Clock: clk, Policy: policy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	c := openCrashStore(t)
+	s := c.s
 	for i := range 3 {
 		queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(i))
 	}
-	crashed := filepath.Join(dir, "crashed.db")
+	crashed := filepath.Join(c.dir, "crashed.db")
 	if err := s.db.View(func(tx *bbolt.Tx) error {
 		if tx.Bucket(bucketTenantLog).Stats().KeyN == 0 {
 			t.Error("nothing in the tenant log after admissions")
@@ -213,11 +207,7 @@ func TestTenantLogSurvivesACrash(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	r, err := Open(crashed, Options{Clock: clk, Policy: policy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := c.open(t, crashed)
 	if st, _ := r.Tenant(context.Background(), "acme"); st.Accepted != 3 || st.QueueDepth != 3 {
 		t.Fatalf("after the crash: accepted %d, depth %d; want 3 and 3", st.Accepted, st.QueueDepth)
 	}

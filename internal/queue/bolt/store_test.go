@@ -49,6 +49,34 @@ func openCeiling(t *testing.T, path string, clk clock.Clock, policy queue.Policy
 	return s
 }
 
+// crashStore is a store in dir on a fake clock, every tenant one job a
+// second with room for 10, whose file a test copies to stand for a crash.
+type crashStore struct {
+	s   *Store
+	clk *clock.Fake
+	dir string
+}
+
+func openCrashStore(t *testing.T) *crashStore {
+	t.Helper()
+	c := &crashStore{clk: clock.NewFake(queuetest.T0), dir: t.TempDir()}
+	c.s = c.open(t, filepath.Join(c.dir, "live.db"))
+	return c
+}
+
+// open opens the file at path (the live one, or a copy) with the same clock
+// and policy; it is closed when the test ends.
+func (c *crashStore) open(t *testing.T, path string) *Store {
+	t.Helper()
+	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Second, Burst: 1, Capacity: 10} }
+	s, err := Open(path, Options{Clock: c.clk, Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 func TestConformance(t *testing.T) {
 	queuetest.Run(t, queuetest.Driver{New: newBackend, RestartRespaces: true})
 }
@@ -169,30 +197,20 @@ func TestForgetsIdleTenants(t *testing.T) {
 // interval (and a margin) after the last such slot, never sooner.
 func TestCrashRespacesFromPossiblySentSlots(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(queuetest.T0)
-	dir := t.TempDir()
-	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Second, Burst: 1, Capacity: 10} }
-	s, err := Open(filepath.Join(dir, "live.db"), Options{Clock: clk, Policy: policy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	c := openCrashStore(t)
+	s, clk := c.s, c.clk
 	var ids []string
 	for i := 0; i < 4; i++ { // slots queuetest.T0, queuetest.T0+1s, queuetest.T0+2s, queuetest.T0+3s
 		ids = append(ids, queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(i)).Job.ID)
 	}
 	// The process dies at queuetest.T0+1.5s: the file as it is then is all that is left.
 	clk.Set(queuetest.T0.Add(1500 * time.Millisecond))
-	crashed := filepath.Join(dir, "crashed.db")
+	crashed := filepath.Join(c.dir, "crashed.db")
 	if err := s.db.View(func(tx *bbolt.Tx) error { return tx.CopyFile(crashed, 0o600) }); err != nil {
 		t.Fatal(err)
 	}
 	clk.Set(queuetest.T0.Add(1600 * time.Millisecond)) // restarted 100 ms later
-	r, err := Open(crashed, Options{Clock: clk, Policy: policy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := c.open(t, crashed)
 	// Jobs 0 and 1 may have been sent at any moment before the crash (only
 	// "before the restart" is sure): the next send is one interval after
 	// the restart.
