@@ -1,0 +1,132 @@
+package redis
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"throttler/internal/clock"
+	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
+	"throttler/internal/queue/redis/owner"
+)
+
+// openOwnerStore opens a store on a fake clock, every tenant under
+// queuetest.Leaky20(50), for a test that plays the partition's owner.
+func openOwnerStore(t *testing.T) (*Store, *goredis.Client, *clock.Fake) {
+	t.Helper()
+	rdb := redisClient(t, 8)
+	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
+	return openFake(t, rdb, clk, queuetest.Leaky20(50), nil), rdb, clk
+}
+
+// admitAcme enqueues job n for "acme", which must be admitted.
+func admitAcme(t *testing.T, s *Store, n int) queue.Admission {
+	t.Helper()
+	out, err := s.Enqueue(context.Background(), "acme", []queue.NewJob{queuetest.Payload(n)})
+	if err != nil || !out[0].Admitted() {
+		t.Fatalf("job %d: %+v %v", n, out, err)
+	}
+	return out[0]
+}
+
+// holdLease makes f its partition's lease in Redis.
+func holdLease(t *testing.T, rdb *goredis.Client, f owner.Fence) {
+	t.Helper()
+	if err := rdb.Set(context.Background(), f.Key(), f.Token(), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A partition taken over after its jobs' time passed unsent (its owner cut
+// off from Redis, or killed) has each such tenant's schedule moved past
+// them: a job admitted after the takeover is promised when the new owner
+// will send it, behind the backlog, and not the slot the backlog already
+// holds (issue 14's faults between worker and Redis: before, a job
+// admitted a second after a 3 s cut was promised 40 ms and waited 1.1 s).
+func TestTakeoverMovesTheScheduleOfJobsOverdue(t *testing.T) {
+	s, rdb, clk := openOwnerStore(t)
+	ctx := context.Background()
+	for i := range 5 {
+		admitAcme(t, s, i) // due at 0, T, ... 4T
+	}
+	clk.Advance(3 * time.Second) // and nobody sent them
+
+	p := s.partOf("acme")
+	f := owner.Fence{Partition: p, Worker: "next-owner", Epoch: 1}
+	holdLease(t, rdb, f)
+	if _, _, tenants, err := s.takeOver(ctx, f, keysOf(p)); err != nil || len(tenants) != 1 || len(tenants[0].Waiting) != 5 {
+		t.Fatalf("takeover: %+v %v", tenants, err)
+	}
+	// The five go from now, one interval apart; the next after them.
+	if got, want := admitAcme(t, s, 5).ExpectedDelay, 5*queuetest.T; got != want {
+		t.Fatalf("a job admitted after the takeover is promised %v, want %v (behind the five overdue)", got, want)
+	}
+	// A second takeover moves nothing more: the schedule is already past
+	// the jobs.
+	f.Epoch++
+	holdLease(t, rdb, f)
+	if _, _, _, err := s.takeOver(ctx, f, keysOf(p)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := admitAcme(t, s, 6).ExpectedDelay, 6*queuetest.T; got != want {
+		t.Fatalf("after a second takeover: promised %v, want %v", got, want)
+	}
+}
+
+// An attempt written later than its claim's dispatch time (a loaded
+// machine, a slow gate) moves its tenant's next to its real write plus an
+// interval, and the next owner after a clean handover starts the tenant no
+// earlier (issue 14's faults between worker and Redis: a partition handed
+// over right after a cut had two sends 87 ms apart at T = 100 ms). Both
+// ways of recording: the batch (finish.lua) and the rule (a retry).
+func TestOutcomeMovesNextToTheRealWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		out  queue.Outcome
+	}{
+		{"succeeded", queue.Outcome{Result: queue.Succeeded, Status: 200}},
+		{"retry", queue.Outcome{Result: queue.Retry, Status: 503, Error: "503"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, rdb, clk := openOwnerStore(t)
+			ctx := context.Background()
+			var ids []string
+			for i := range 2 {
+				ids = append(ids, admitAcme(t, s, i).Job.ID)
+			}
+			p := s.partOf("acme")
+			k := keysOf(p)
+			f := owner.Fence{Partition: p, Worker: "owner", Epoch: 1}
+			holdLease(t, rdb, f)
+			r, err := s.claimBatch(ctx, f, k, []*entry{{at: clk.Now(), id: ids[0], tenant: "acme"}}, queue.DefaultLead)
+			if err != nil || r.Jobs[0].Code != claimed {
+				t.Fatalf("claim: %+v %v", r, err)
+			}
+			j := claimedJob(r.Jobs[0])
+			o := tc.out
+			o.SentAt = j.DispatchAt.Add(30 * time.Millisecond) // written late
+			if tc.out.Result == queue.Succeeded {
+				_, err = s.finishBatch(ctx, f, k, []queue.Job{j}, []queue.Outcome{o})
+			} else {
+				_, _, _, err = s.finishByRule(ctx, f, k, j, o)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			f.Worker, f.Epoch = "next-owner", 2 // a clean handover
+			holdLease(t, rdb, f)
+			_, _, tenants, err := s.takeOver(ctx, f, k)
+			if err != nil || len(tenants) != 1 {
+				t.Fatalf("takeover: %+v %v", tenants, err)
+			}
+			if got, want := tenants[0].Next, o.SentAt.Add(queuetest.T); !got.Equal(want) {
+				t.Fatalf("the next owner may send from %v, want %v (the real write plus an interval; the claim's dispatch time was %v)",
+					got.Sub(clk.Now()), want.Sub(clk.Now()), j.DispatchAt.Sub(clk.Now()))
+			}
+		})
+	}
+}
