@@ -69,7 +69,7 @@ and prints both per job admitted.`,
 			return nil
 		},
 	}
-	c.Flags().StringVar(&server, "server", "http://127.0.0.1:8080", "throttler API")
+	serverFlag(c, &server)
 	c.Flags().StringVar(&pprofURL, "pprof", "", "the server's profile address (throttler serve --pprof-listen), e.g. http://127.0.0.1:6060")
 	c.Flags().IntVar(&jobs, "jobs", 100_000, "jobs to queue")
 	c.Flags().IntVar(&tenants, "tenants", 1000, "tenants to spread them over")

@@ -45,6 +45,11 @@ func loopbackOnly(raw string) error {
 	return nil
 }
 
+// serverFlag is the --server flag of the commands that load a throttler.
+func serverFlag(c *cobra.Command, server *string) {
+	c.Flags().StringVar(server, "server", "http://127.0.0.1:8080", "throttler API")
+}
+
 func newClient(conns int) *http.Client {
 	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns}}
 }
@@ -97,7 +102,7 @@ machine move from run to run, ratios measured side by side move less.`,
 			return nil
 		},
 	}
-	c.Flags().StringVar(&server, "server", "http://127.0.0.1:8080", "throttler API")
+	serverFlag(c, &server)
 	c.Flags().StringVar(&ceiling, "ceiling", "", "a loadgen ceiling to alternate with (e.g. http://127.0.0.1:8090)")
 	c.Flags().IntVar(&rounds, "rounds", 3, "rounds of server then ceiling, with --ceiling")
 	c.Flags().IntVar(&clients, "clients", 64, "concurrent keep-alive clients")
@@ -182,7 +187,7 @@ any window-rule violation per tenant.`,
 			return d.run()
 		},
 	}
-	c.Flags().StringVar(&d.server, "server", "http://127.0.0.1:8080", "throttler API")
+	serverFlag(c, &d.server)
 	c.Flags().StringVar(&d.sink, "sink", "127.0.0.1:9100", "address of the recording downstream this starts")
 	c.Flags().IntVar(&d.tenants, "tenants", 1000, "tenants")
 	c.Flags().IntVar(&d.perTenant, "per-tenant", 25, "jobs per tenant")
