@@ -24,12 +24,11 @@ import (
 // transaction is one).
 type roundTrips struct{ n atomic.Int64 }
 
-func (r *roundTrips) DialHook(next goredis.DialHook) goredis.DialHook { return next }
-func (r *roundTrips) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error { r.n.Add(1); return next(ctx, cmd) }
-}
-func (r *roundTrips) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []goredis.Cmder) error { r.n.Add(1); return next(ctx, cmds) }
+func (r *roundTrips) hook() goredis.Hook {
+	return hook{
+		cmd:      func(goredis.Cmder) error { r.n.Add(1); return nil },
+		pipeline: func([]goredis.Cmder) { r.n.Add(1) },
+	}
 }
 
 // commands is the server's count of commands run so far (INFO
@@ -134,7 +133,7 @@ func runThroughStore(b *testing.B, addr string) (took time.Duration, cmds, admit
 	apiConn := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 100})
 	defer apiConn.Close()
 	rt := &roundTrips{}
-	apiConn.AddHook(rt)
+	apiConn.AddHook(rt.hook())
 	fast := func(string) leaky.Policy { return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 1000} }
 	s, err := Open(context.Background(), Options{Client: rdb, StartLag: -1, Policy: fast})
 	if err != nil {

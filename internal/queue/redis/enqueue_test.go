@@ -17,23 +17,45 @@ import (
 	"throttler/internal/testutil"
 )
 
-// failReads fails the client's reads of hashes (HGETALL, HMGET) while it
-// is armed; scripts and asynq's own commands pass.
-type failReads struct{ armed atomic.Bool }
+// hook is a client hook that calls cmd before each command the client
+// sends on its own and pipeline before each pipeline or transaction (nil:
+// nothing); an error from cmd fails the command without sending it.
+type hook struct {
+	cmd      func(goredis.Cmder) error
+	pipeline func([]goredis.Cmder)
+}
 
-func (f *failReads) DialHook(next goredis.DialHook) goredis.DialHook { return next }
-func (f *failReads) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+func (h hook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h hook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	if h.cmd == nil {
+		return next
+	}
 	return func(ctx context.Context, cmd goredis.Cmder) error {
-		if name := cmd.Name(); f.armed.Load() && (name == "hgetall" || name == "hmget") {
-			err := fmt.Errorf("%s refused by the test", name)
+		if err := h.cmd(cmd); err != nil {
 			cmd.SetErr(err)
 			return err
 		}
 		return next(ctx, cmd)
 	}
 }
-func (f *failReads) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return next
+func (h hook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	if h.pipeline == nil {
+		return next
+	}
+	return func(ctx context.Context, cmds []goredis.Cmder) error { h.pipeline(cmds); return next(ctx, cmds) }
+}
+
+// failReads fails the client's reads of hashes (HGETALL, HMGET) while it
+// is armed; scripts and asynq's own commands pass.
+type failReads struct{ armed atomic.Bool }
+
+func (f *failReads) hook() goredis.Hook {
+	return hook{cmd: func(cmd goredis.Cmder) error {
+		if name := cmd.Name(); f.armed.Load() && (name == "hgetall" || name == "hmget") {
+			return fmt.Errorf("%s refused by the test", name)
+		}
+		return nil
+	}}
 }
 
 // openFake opens a store on a redis-server of the test's own, deciding on
@@ -75,7 +97,7 @@ func arrivalListed(t *testing.T, s *Store, rdb *goredis.Client, id string) bool 
 func TestRepeatIsAnsweredWithoutASecondRead(t *testing.T) {
 	rdb := redisClient(t, 0)
 	reads := &failReads{}
-	rdb.AddHook(reads)
+	rdb.AddHook(reads.hook())
 	ctx := context.Background()
 	s := openFake(t, rdb, clock.NewFake(queuetest.T0), queuetest.Leaky20(10), nil)
 	keyed := queue.NewJob{Payload: []byte(`"k"`), IdempotencyKey: "k"}
@@ -164,24 +186,14 @@ func TestRetryRefusedInTheScriptNamesTheJob(t *testing.T) {
 }
 
 // beforeScript runs f once, before the next script the client runs.
-type beforeScriptHook struct {
-	once atomic.Bool
-	f    func()
-}
-
-func beforeScript(f func()) *beforeScriptHook { return &beforeScriptHook{f: f} }
-
-func (h *beforeScriptHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
-func (h *beforeScriptHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error {
-		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.once.CompareAndSwap(false, true) {
-			h.f()
+func beforeScript(f func()) goredis.Hook {
+	var once atomic.Bool
+	return hook{cmd: func(cmd goredis.Cmder) error {
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && once.CompareAndSwap(false, true) {
+			f()
 		}
-		return next(ctx, cmd)
-	}
-}
-func (h *beforeScriptHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return next
+		return nil
+	}}
 }
 
 // waitJob waits until job id is in state.

@@ -176,7 +176,7 @@ func TestSharedGate(t *testing.T) {
 	}
 	const T = 100 * time.Millisecond
 	trips := &roundTrips{}
-	rdb.AddHook(trips)
+	rdb.AddHook(trips.hook())
 	before := trips.n.Load()
 	if a, err := s.PassGate(ctx, queue.GateRequest{Downstream: "sms", Tenant: "acme", Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 10}}); err != nil || a.Wait != 0 || !a.HeldUntil.IsZero() || trips.n.Load() != before {
 		t.Fatalf("no ceiling: %+v %v after %d round trips, want a go without any", a, err, trips.n.Load()-before)
