@@ -118,15 +118,7 @@ func TestRedisOwnershipBalancesAndHandsOver(t *testing.T) {
 	}
 
 	// The jobs: each arrived once, but those the killed worker was sending.
-	repeats := 0
-	first := map[string]sentBy{}
-	for _, a := range all {
-		f, seen := first[a.Key]
-		if !seen {
-			first[a.Key] = a
-			continue
-		}
-		repeats++
+	jobs, repeats := eachRepeat(all, func(f, a sentBy) {
 		switch {
 		case !f.At.Before(killed) || f.worker != w3 || a.At.Before(killed):
 			t.Fatalf("job %s of %s arrived at %v from %s and again at %v from %s: only a job the killed worker was sending (at %v) may repeat",
@@ -134,9 +126,9 @@ func TestRedisOwnershipBalancesAndHandsOver(t *testing.T) {
 		case killed.Sub(f.At) > time.Second:
 			t.Fatalf("job %s repeated after the kill, first sent %v before it: not a send under way at the kill", a.Key, killed.Sub(f.At))
 		}
-	}
+	})
 	t.Logf("%d arrivals of %d jobs; %d repeats, all of jobs the killed worker was sending, with the same Idempotency-Key; none after SIGTERM or the join",
-		len(all), len(first), repeats)
+		len(all), jobs, repeats)
 
 	r.checkTiming(all, nil)
 }
@@ -278,25 +270,33 @@ func TestRedisStaleOwnerIsFenced(t *testing.T) {
 	}
 
 	// Repeats: only of jobs the frozen worker was sending.
-	first := map[string]sentBy{}
-	repeats := 0
-	for _, a := range all {
-		f, seen := first[a.Key]
-		if !seen {
-			first[a.Key] = a
-			continue
-		}
-		repeats++
+	jobs, repeats := eachRepeat(all, func(f, a sentBy) {
 		if f.worker != w1 || f.At.After(continued) || stopped.Sub(f.At) > time.Second {
 			t.Fatalf("job %s arrived at %v from %s and again at %v from %s: only a job the frozen worker was sending may repeat",
 				a.Key, r.rel(f.At), f.worker.name, r.rel(a.At), a.worker.name)
 		}
-	}
-	t.Logf("%d arrivals of %d jobs; %d repeats, all of jobs w1 was sending when it froze, with the same Idempotency-Key", len(all), len(first), repeats)
+	})
+	t.Logf("%d arrivals of %d jobs; %d repeats, all of jobs w1 was sending when it froze, with the same Idempotency-Key", len(all), jobs, repeats)
 
 	r.checkLeases()
 	r.checkSenders(all, stale)
 	r.checkTiming(all, stale)
+}
+
+// eachRepeat calls f with each arrival of a job that arrived before, and
+// the job's first arrival; it returns how many jobs arrived and how many
+// arrivals were repeats.
+func eachRepeat(all []sentBy, f func(first, again sentBy)) (jobs, repeats int) {
+	first := map[string]sentBy{}
+	for _, a := range all {
+		if f0, seen := first[a.Key]; seen {
+			repeats++
+			f(f0, a)
+		} else {
+			first[a.Key] = a
+		}
+	}
+	return len(first), repeats
 }
 
 // ownerRig is one test's Redis, API, workers, downstream, feeder and
