@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,6 +47,10 @@ type Handed struct {
 	At  time.Time
 }
 
+// realTimeBackend: this test binary's store says when it is ready to
+// hand over (readier): WaitHanded steps its fake clock at about real time.
+var realTimeBackend atomic.Bool
+
 // readier is a store that says when a Consume of it is ready to hand over.
 type readier interface {
 	Ready(ctx context.Context) bool
@@ -59,6 +64,7 @@ func Consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) f
 	done := make(chan error, 1)
 	go func() { done <- s.Consume(ctx, h, queue.ConsumeOptions{Lead: lead, Concurrency: 16}) }()
 	if r, ok := s.(readier); ok {
+		realTimeBackend.Store(true)
 		// A store that takes a while to start handing over (Redis's
 		// partition owners take their partitions) says when it is ready:
 		// the fake clock must not run ahead meanwhile.
@@ -81,14 +87,21 @@ func Consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) f
 func WaitHanded(t *testing.T, clk *clock.Fake, got <-chan Handed, step time.Duration) Handed {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	// A backend that works in real time too (asynq's polls, a round trip
-	// per claim) must not see the clock run ahead of it: first a moment
-	// for what is due already, then steps far enough apart in real time
-	// (more so under the race detector, which slows it down) that jobs
-	// due one step apart are Handed over in order.
+	// A backend that works in real time too (a poll of its arrivals, a
+	// round trip per claim) must not see the clock run ahead of it: first
+	// a moment for what is due already, then steps far enough apart in
+	// real time (more so under the race detector, which slows it down)
+	// that jobs due one step apart are Handed over in order. A backend
+	// whose Consume says when it is ready (a shared one, over the network)
+	// gets fine steps (10 ms or less, where a test looks at hand-over
+	// times) at real time: its hand-over takes a few real milliseconds,
+	// which at 2.5x speed came out of the lead.
 	step1, stepN := 25*time.Millisecond, 2*time.Millisecond
+	if realTimeBackend.Load() && step <= 10*time.Millisecond {
+		step1, stepN = 50*time.Millisecond, step
+	}
 	if testutil.Race {
-		step1, stepN = 100*time.Millisecond, 8*time.Millisecond
+		step1, stepN = 4*step1, 4*stepN
 	}
 	pause := step1
 	for time.Now().Before(deadline) {
