@@ -3,6 +3,7 @@ package redis
 import (
 	"cmp"
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,8 +27,9 @@ type consumer struct {
 	stop    context.Context // Consume's
 	mgr     *owner.Manager
 
-	mu    sync.Mutex
-	parts map[int]*owned // the partitions owned now
+	mu     sync.Mutex
+	parts  map[int]*owned // the partitions owned now
+	warned time.Time      // when the poller last said it cannot read (its goroutine's)
 	// running counts the owned partitions' goroutines, which may outlive
 	// their tenure a little (a send being written when it was lost).
 	running sync.WaitGroup
@@ -174,8 +176,11 @@ func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (found, full bo
 	for i, o := range parts {
 		cmds[i] = pipe.LPopCount(ctx, o.k.arrivals(), arrivalsBatch)
 	}
-	if _, err := pipe.Exec(ctx); err != nil && err != goredis.Nil && ctx.Err() == nil {
-		c.s.log.Warn("cannot read the partitions' arrivals; trying again", "err", err)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) && ctx.Err() == nil {
+		if time.Since(c.warned) >= time.Second { // not 50 lines a second while Redis is away
+			c.warned = time.Now()
+			c.s.log.Warn("cannot read the partitions' arrivals; trying again", "err", err)
+		}
 		return false, false
 	}
 	for i, o := range parts {
