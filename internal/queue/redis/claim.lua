@@ -31,19 +31,9 @@ local horizon, retention, recheck = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumb
 local prefix, idle_ms = ARGV[6], tonumber(ARGV[7])
 
 -- Each tenant's hash, read once: its pause, and what the batch changes.
-local tenants = {}
-local function tenant_of(name)
-  local t = tenants[name]
-  if t then return t end
-  local tk = prefix .. 'tenant:' .. name
-  local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'depth', 'inflight', 'next')
-  t = {key = tk, name = name, shift = tonumber(h[1]) or 0, untl = tonumber(h[2]) or 0, held = tonumber(h[3]) or 0,
-    depth = tonumber(h[4]) or 0, inflight = tonumber(h[5]) or 0, next = tonumber(h[6]) or 0,
-    claimed = 0, expired = 0}
-  tenants[name] = t
-  tenants[#tenants + 1] = t
-  return t
-end
+local tenant_of, tenants = tenant_batch(prefix,
+  {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'}, {'next', 'next'}},
+  function(t) t.claimed, t.expired = 0, 0 end)
 
 local function expire(jk, id, t, key)
   redis.call('HSET', jk, 'state', 'expired', 'fin', now, 'err', 'expired: its deadline passed before it could be sent')

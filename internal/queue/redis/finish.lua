@@ -30,20 +30,10 @@
 local now = server_now(ARGV[2])
 local retention, idle_ms, prefix = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 
-local tenants = {}
-local function tenant_of(name)
-  local t = tenants[name]
-  if t then return t end
-  local tk = prefix .. 'tenant:' .. name
-  local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'depth', 'inflight', 'tat', 'delivered', 'failed', 'next')
-  t = {key = tk, name = name, shift = tonumber(h[1]) or 0, untl = tonumber(h[2]) or 0, held = tonumber(h[3]) or 0,
-    depth = tonumber(h[4]) or 0, inflight = tonumber(h[5]) or 0, tat = tonumber(h[6]) or 0,
-    delivered_before = tonumber(h[7]) or 0, failed_before = tonumber(h[8]) or 0,
-    next = tonumber(h[9]) or 0, after = 0, delivered = 0, failed = 0, last_slot = 0}
-  tenants[name] = t
-  tenants[#tenants + 1] = t
-  return t
-end
+local tenant_of, tenants = tenant_batch(prefix,
+  {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'},
+   {'tat', 'tat'}, {'delivered', 'delivered_before'}, {'failed', 'failed_before'}, {'next', 'next'}},
+  function(t) t.after, t.delivered, t.failed, t.last_slot = 0, 0, 0, 0 end)
 
 local out = {}
 for i = 6, #ARGV, 8 do

@@ -69,3 +69,27 @@ end
 local function inactive(active, tenant)
   if tonumber(redis.call('ZINCRBY', active, -1, tenant)) <= 0 then redis.call('ZREM', active, tenant) end
 end
+
+-- The tenants of a batch script, each one's hash read once, on first
+-- sight: tenant_of(name) is its table (key, name, and each of fields, a
+-- list of {hash field, table key} pairs, as a number, 0 if unset; then
+-- fresh(t) sets up the batch's own counts); list holds them in the order
+-- first seen.
+local function tenant_batch(prefix, fields, fresh)
+  local by, list = {}, {}
+  local hash_fields = {}
+  for i, f in ipairs(fields) do hash_fields[i] = f[1] end
+  local function tenant_of(name)
+    local t = by[name]
+    if t then return t end
+    local tk = prefix .. 'tenant:' .. name
+    local h = redis.call('HMGET', tk, unpack(hash_fields))
+    t = {key = tk, name = name}
+    for i, f in ipairs(fields) do t[f[2]] = tonumber(h[i]) or 0 end
+    fresh(t)
+    by[name] = t
+    list[#list + 1] = t
+    return t
+  end
+  return tenant_of, list
+end
