@@ -215,6 +215,13 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 		depth = waiting
 	}
 	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), c.arrival, p, cost, depth)
+	if !d.Admitted {
+		// Decide's Retry-After counts from the arrival, the start lag ahead
+		// of now; the lag is a moving estimate and may fall before the job
+		// comes back. Counted from now, as if the lag were nil, it holds
+		// whatever the estimate does.
+		d.RetryAfter += c.arrival.Sub(tnow)
+	}
 	room := p.Capacity + p.Burst // waiting, and going at once
 	if c.paused {
 		room = p.Capacity // nothing goes at once: all of them wait

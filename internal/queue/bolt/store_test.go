@@ -663,3 +663,34 @@ func (sc *schedule) waitingIDs(tenant string) []string {
 	}
 	return ids
 }
+
+// A refusal's Retry-After holds whatever the start-lag estimate does
+// meanwhile: a job sent again exactly then is admitted. (CI found it: a
+// token bucket's second job, refused while the first was being sent, was
+// refused again on its retry because the first send lowered the estimate
+// the Retry-After had been taken off.)
+func TestRetryAfterHoldsWhenTheStartLagFalls(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Second, Burst: 1} } // a token bucket, 1/s
+	s, err := Open(filepath.Join(t.TempDir(), "throttler.db"), Options{Clock: clk, Policy: policy, InitialStartLag: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	queuetest.EnqueueOne(t, s, "otp", queuetest.Payload(1))
+	refused := queuetest.EnqueueOne(t, s, "otp", queuetest.Payload(2))
+	if refused.Rejected == nil {
+		t.Fatalf("second job within the interval: %+v, want refused", refused)
+	}
+	queuetest.Consume(t, s, queue.DefaultLead, func(ctx context.Context, j queue.Job) queue.Outcome {
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
+	})
+	clk.Advance(50 * time.Millisecond) // the first job's time
+	queuetest.WaitFor(t, func() bool { st, _ := s.Tenant(context.Background(), "otp"); return st.Delivered == 1 })
+	s.promptLag.Store(int64(time.Millisecond)) // the first send measured quicker than the estimate
+	clk.Advance(refused.Rejected.RetryAfter - 50*time.Millisecond)
+	if again := queuetest.EnqueueOne(t, s, "otp", queuetest.Payload(2)); again.Rejected != nil {
+		t.Fatalf("sent again after its Retry-After %v: refused again, retry after %v", refused.Rejected.RetryAfter, again.Rejected.RetryAfter)
+	}
+}
