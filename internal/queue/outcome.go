@@ -20,7 +20,7 @@ func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Po
 		cur.SentAt = o.SentAt
 	}
 	if o.SentAt.After(rec.LastAttemptAt) {
-		rec.LastAttemptAt = o.SentAt
+		rec.LastAttemptAt, rec.LastAttemptCost = o.SentAt, j.EffectiveCost()
 	}
 	switch o.Result {
 	case Succeeded:

@@ -14,12 +14,15 @@ type TenantRecord struct {
 	TAT           time.Time   `json:"tat"`
 	Pause         leaky.Pause `json:"pause,omitzero"`
 	LastAttemptAt time.Time   `json:"last_attempt_at"`
-	Accepted      int64       `json:"accepted"`
-	Rejected      int64       `json:"rejected"`
-	Delivered     int64       `json:"delivered"`
-	Failed        int64       `json:"failed"`
-	Cancelled     int64       `json:"cancelled"`
-	Expired       int64       `json:"expired,omitempty"`
+	// LastAttemptCost is the cost of that attempt's job (0 read as 1): the
+	// next send comes that many intervals after it.
+	LastAttemptCost int   `json:"last_attempt_cost,omitempty"`
+	Accepted        int64 `json:"accepted"`
+	Rejected        int64 `json:"rejected"`
+	Delivered       int64 `json:"delivered"`
+	Failed          int64 `json:"failed"`
+	Cancelled       int64 `json:"cancelled"`
+	Expired         int64 `json:"expired,omitempty"`
 	// Windows is each window's bookkeeping (by the window as written): the
 	// slots, in tenant time (unix ns), of its last N sends.
 	Windows map[string][]int64 `json:"recent,omitempty"`
@@ -81,17 +84,27 @@ func (r *TenantRecord) Reserve(p leaky.Policy, from, notBefore time.Time, cost i
 	return at
 }
 
+// NextAfterLastAttempt is the soonest real time the next send may come
+// after the last attempt recorded: its cost in intervals after it (zero if
+// there was none).
+func (r *TenantRecord) NextAfterLastAttempt(p leaky.Policy) time.Time {
+	if r.LastAttemptAt.IsZero() {
+		return time.Time{}
+	}
+	return r.LastAttemptAt.Add(time.Duration(max(r.LastAttemptCost, 1)) * p.Interval)
+}
+
 // FloorAfterLastAttempt raises the schedule so that the next send comes no
-// sooner than one interval after the last one recorded, even if the schedule
-// says so (a retry sent long after its reserved slot, a late write). A
-// running process's gate knows that; after a restart or an eviction only
-// this does.
+// sooner than NextAfterLastAttempt, even if the schedule says so (a retry
+// sent long after its reserved slot, a late write). A running process's
+// gate knows that; after a restart or an eviction only this does.
 func (r *TenantRecord) FloorAfterLastAttempt(p leaky.Policy) {
 	if r.LastAttemptAt.IsZero() {
 		return
 	}
-	// In tenant time: its real time is LastAttemptAt + Interval.
-	if floor := r.LastAttemptAt.Add(p.Interval + p.Tolerance() - r.Pause.Shift); r.TAT.Before(floor) {
+	// In tenant time, with the burst's tolerance: the next conforming job
+	// then goes at NextAfterLastAttempt.
+	if floor := r.NextAfterLastAttempt(p).Add(p.Tolerance() - r.Pause.Shift); r.TAT.Before(floor) {
 		r.TAT = floor
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -203,11 +204,15 @@ func (d *decoder) time() time.Time {
 
 // A tenant's record in the tenants bucket is binary too (it is written with
 // every admission): a version byte, then TenantRecord's fields in order.
-// Records written by earlier versions are JSON objects and are still read.
-const tenantRecordV1 = 1
+// Version 2 adds LastAttemptCost at the end. Records written by earlier
+// versions (version 1, or JSON objects) are still read.
+const (
+	tenantRecordV1 = 1
+	tenantRecordV2 = 2
+)
 
 func encodeTenant(b []byte, r queue.TenantRecord) []byte {
-	b = append(b, tenantRecordV1)
+	b = append(b, tenantRecordV2)
 	b = appendTime(b, r.TAT)
 	b = binary.AppendVarint(b, int64(r.Pause.Shift))
 	b = appendTime(b, r.Pause.Until)
@@ -224,7 +229,7 @@ func encodeTenant(b []byte, r queue.TenantRecord) []byte {
 			b = binary.AppendVarint(b, ns)
 		}
 	}
-	return b
+	return binary.AppendUvarint(b, uint64(max(r.LastAttemptCost, 0)))
 }
 
 func decodeTenant(raw []byte) (queue.TenantRecord, error) {
@@ -234,7 +239,8 @@ func decodeTenant(raw []byte) (queue.TenantRecord, error) {
 		return r, err
 	}
 	d := decoder{b: raw}
-	if d.byte() != tenantRecordV1 {
+	version := d.byte()
+	if version != tenantRecordV1 && version != tenantRecordV2 {
 		return r, errBadRecord
 	}
 	r.TAT = d.time()
@@ -262,6 +268,9 @@ func decodeTenant(raw []byte) (queue.TenantRecord, error) {
 			}
 			r.Windows[name] = ns
 		}
+	}
+	if version >= tenantRecordV2 {
+		r.LastAttemptCost = int(min(d.uvarint(), math.MaxInt32))
 	}
 	if d.bad || len(d.b) != 0 {
 		return queue.TenantRecord{}, errBadRecord

@@ -151,8 +151,8 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 	t.Parallel()
 	// The codec writes every field of TenantRecord: a new one must be
 	// added to it (and here).
-	if n := reflect.TypeFor[queue.TenantRecord]().NumField(); n != 10 {
-		t.Fatalf("queue.TenantRecord has %d fields; encodeTenant and decodeTenant know 10: add the new one to both", n)
+	if n := reflect.TypeFor[queue.TenantRecord]().NumField(); n != 11 {
+		t.Fatalf("queue.TenantRecord has %d fields; encodeTenant and decodeTenant know 11: add the new one to both", n)
 	}
 	if n := reflect.TypeFor[leaky.Pause]().NumField(); n != 3 {
 		t.Fatalf("leaky.Pause has %d fields; encodeTenant and decodeTenant know 3: add the new one to both", n)
@@ -160,7 +160,7 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
 	recs := []queue.TenantRecord{
 		{},
-		{TAT: t0, LastAttemptAt: t0.Add(-time.Second), Accepted: 1 << 40, Rejected: 2, Delivered: 3, Failed: 4, Cancelled: 5, Expired: 6},
+		{TAT: t0, LastAttemptAt: t0.Add(-time.Second), LastAttemptCost: 4, Accepted: 1 << 40, Rejected: 2, Delivered: 3, Failed: 4, Cancelled: 5, Expired: 6},
 		{TAT: t0, Pause: leaky.Pause{Shift: -3 * time.Second, Until: t0.Add(time.Minute), Held: t0}, Windows: map[string][]int64{"1000/d": {1, -2, t0.UnixNano()}, "5/s": {}}},
 	}
 	for i, r := range recs {
@@ -181,6 +181,14 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 			t.Fatalf("%d: JSON record\n got %s\nwant %s", i, again, want)
 		}
 		full := encodeTenant(nil, r)
+		if r.LastAttemptCost == 0 {
+			// Version 1, before LastAttemptCost: the same bytes without
+			// the last one.
+			v1 := append([]byte{tenantRecordV1}, full[1:len(full)-1]...)
+			if old, err := decodeTenant(v1); err != nil || !reflect.DeepEqual(old, got) {
+				t.Fatalf("%d: version 1 record: %+v, %v; want %+v", i, old, err, got)
+			}
+		}
 		for n := range len(full) {
 			if _, err := decodeTenant(full[:n]); err == nil {
 				t.Fatalf("%d: a record cut to %d of %d bytes was read", i, n, len(full))

@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -123,6 +124,7 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 		j.Cost = cost
 	}
 	c.admitted = append(c.admitted, j)
+	tm.unsettled = append(tm.unsettled, j.Slot)
 	c.out[i] = queue.Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: tm.depth, Capacity: p.Capacity}
 	if nj.IdempotencyKey != "" {
 		k := string(idemKey(c.tenant, nj.IdempotencyKey))
@@ -136,10 +138,21 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 // (s.mu held): they were not made durable. The slots stay taken: a gap in
 // the schedule is safe, a second job in one slot is not.
 func (s *Store) undoAdmitted(c *call) {
+	c.settled()
 	c.tm.depth -= len(c.admitted)
 	c.tm.rec.Accepted -= int64(len(c.admitted))
 	c.tm.dirty = true
 	s.releaseKeys(c.keys)
+}
+
+// settled takes the call's admitted jobs out of the tenant's unsettled
+// slots (s.mu held): they join the schedule, or are taken back.
+func (c *call) settled() {
+	for _, j := range c.admitted {
+		if i := slices.IndexFunc(c.tm.unsettled, j.Slot.Equal); i >= 0 {
+			c.tm.unsettled = slices.Delete(c.tm.unsettled, i, i+1)
+		}
+	}
 }
 
 // putAdmitted writes the call's admitted jobs (the committer writes the
@@ -178,6 +191,7 @@ func (s *Store) settle(c *call, commitErr error) error {
 		s.mu.Unlock()
 		return queue.Unavailable(commitErr)
 	}
+	c.settled()
 	var soonest time.Time
 	for _, j := range c.admitted {
 		// The tenant's pause may have changed since the decision: schedule
@@ -260,6 +274,11 @@ func (s *Store) waiting(tenant string, tnow time.Time, dueWaits bool) (int, time
 		}
 	}
 	s.sched.tenantSlots(tenant, func(slot time.Time) { count(slot, dueWaits) })
+	if tm, ok := s.tenants[tenant]; ok {
+		for _, slot := range tm.unsettled {
+			count(slot, dueWaits) // admitted by a call not yet committed
+		}
+	}
 	for _, j := range s.claims {
 		if j.Tenant == tenant && !j.Slot.IsZero() {
 			count(j.Slot, false) // handed over: waiting in the dispatcher until its slot

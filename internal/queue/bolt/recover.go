@@ -137,15 +137,14 @@ func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.T
 		return 0 // held: nothing goes until an operator resumes it
 	}
 	floor := now
-	if !tm.rec.LastAttemptAt.IsZero() {
-		floor = clock.Later(floor, tm.rec.LastAttemptAt.Add(p.Interval))
-	}
+	floor = clock.Later(floor, tm.rec.NextAfterLastAttempt(p))
 	crashed := false
 	if at, _ := pz.Real(jobs[0].slot); !at.After(now) && !clean {
 		// One of them may have been written at any moment before the
 		// crash (its time, or later: a slow connection, a held gate):
-		// only "before now" is sure.
-		floor = clock.Later(floor, now.Add(p.Interval))
+		// only "before now" is sure. Whichever it was, the next send
+		// comes its cost in intervals later.
+		floor = clock.Later(floor, now.Add(time.Duration(overdueCost(jobs, pz, now))*p.Interval))
 		crashed = true
 	}
 	recent := tm.rec.Recent(p)
@@ -170,6 +169,19 @@ func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.T
 	}
 	tm.rec.SetRecent(p, recent)
 	return moved
+}
+
+// overdueCost is the largest cost among a tenant's jobs (in slot order)
+// whose time has passed at now: any of them may be the last one written.
+func overdueCost(jobs []*waitingJob, pz leaky.Pause, now time.Time) int {
+	most := 1
+	for _, w := range jobs {
+		if at, _ := pz.Real(w.slot); at.After(now) {
+			break
+		}
+		most = max(most, w.job.EffectiveCost())
+	}
+	return most
 }
 
 // scheduleWaiting writes a tenant's moved jobs at their new slots and puts

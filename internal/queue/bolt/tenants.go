@@ -21,7 +21,10 @@ type tenantMem struct {
 	// pending counts Enqueue calls holding this tenant between decision and
 	// commit: the tenant must not be evicted meanwhile.
 	pending int
-	dirty   bool
+	// unsettled are the slots of jobs admitted by those calls, not yet in
+	// the schedule: with windows they wait like the scheduled ones.
+	unsettled []time.Time
+	dirty     bool
 }
 
 // loadTenantTx returns the in-memory tenant, reading it from tx if needed.
@@ -38,17 +41,7 @@ func (s *Store) loadTenantTx(tx *bbolt.Tx, name string) (*tenantMem, error) {
 		}
 		tm.rec = rec
 	}
-	// The next send may not come sooner than one interval after the last
-	// recorded one, even if the schedule says so (a retry sent long after its
-	// reserved slot, a late write): in a running process the gate knows,
-	// after a restart or an eviction only this does.
-	if !tm.rec.LastAttemptAt.IsZero() {
-		p := s.policy(name)
-		// In tenant time: its real time is LastAttemptAt + Interval.
-		if floor := tm.rec.LastAttemptAt.Add(p.Interval + p.Tolerance() - tm.rec.Pause.Shift); tm.rec.TAT.Before(floor) {
-			tm.rec.TAT = floor
-		}
-	}
+	tm.rec.FloorAfterLastAttempt(s.policy(name))
 	s.tenants[name] = tm
 	return tm, nil
 }
