@@ -109,7 +109,8 @@ const (
 	// DefectRestartCost (found by the model): a restart spaces the next
 	// send one interval after the last possible one, whatever that job's
 	// cost (the schedule gives a cost-c job c intervals). Tolerated: after
-	// a restart the weighted spacing starts from one interval.
+	// a restart the weighted spacing starts from one interval. (Fixed in
+	// the embedded store.)
 	DefectRestartCost
 	// DefectRepeatCost (found by the model): a repeat of an admitted
 	// idempotency key whose cost the policy no longer allows (a reload
@@ -121,7 +122,7 @@ const (
 	// windows, the count of jobs that wait leaves out the jobs admitted
 	// earlier in the same Enqueue call (they join the schedule only after
 	// the commit), so one batch admits any number. Tolerated: the model
-	// counts as the store does.
+	// counts as the store does. (Fixed in the embedded store.)
 	DefectBatchWindow
 	// DefectWindowRetryAfter (issue 12 #4, the part left): in token mode
 	// with windows, a job the rate refuses is told the rate's Retry-After
