@@ -181,9 +181,7 @@ func TestRateLimitBatchAndRepeat(t *testing.T) {
 // of the test; the function it returns waits until tenant's queue is empty.
 func dispatcher(t *testing.T, store queue.Store) func(tenant string) {
 	t.Helper()
-	queuetest.Consume(t, store, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
-		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
-	})
+	queuetest.Consume(t, store, queue.DefaultLead, queuetest.SucceedOnTime)
 	return func(tenant string) {
 		t.Helper()
 		testutil.WaitFor(t, 10*time.Second, tenant+"'s queue drained", func() bool {

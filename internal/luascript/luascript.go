@@ -96,6 +96,21 @@ func (sc *Script) RunEach(ctx context.Context, rdb goredis.UniversalClient, call
 	return errs
 }
 
+// RunEachInto is RunEach with a reply of type R for every call (a struct
+// whose pointer is a Decoder), so that no caller builds the decoders
+// itself: reps[i] is call i's reply, errs[i] its error.
+func RunEachInto[R any, PR interface {
+	*R
+	Decoder
+}](ctx context.Context, sc *Script, rdb goredis.UniversalClient, calls []Call) (reps []R, errs []error) {
+	reps = make([]R, len(calls))
+	dsts := make([]Decoder, len(calls))
+	for i := range reps {
+		dsts[i] = PR(&reps[i])
+	}
+	return reps, sc.RunEach(ctx, rdb, calls, dsts)
+}
+
 // runError is why a script did not run: queue.ErrUnavailable, except a
 // fenced write's refusal ("FENCED ..."), which is Redis's error as it came
 // for the writer to read (owner.Fence.Err): Redis answered, and retrying

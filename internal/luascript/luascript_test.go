@@ -100,8 +100,9 @@ type code struct{ N int64 }
 func (c *code) Decode(r *Reply) { c.N = r.Int() }
 
 // Against a real Redis: Run and RunInt name the script in a reply's
-// error; a script that cannot run is queue.ErrUnavailable; RunEach runs a
-// batch in one pipeline, loading the script again where Redis lost it.
+// error; a script that cannot run is queue.ErrUnavailable; RunEach (and
+// RunEachInto) runs a batch in one pipeline, loading the script again
+// where Redis lost it.
 func TestRunAgainstRedis(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, false)
@@ -143,6 +144,9 @@ func TestRunAgainstRedis(t *testing.T) {
 		if !errors.Is(errs[2], queue.ErrUnavailable) {
 			t.Errorf("round %d: a call that fails: %v, want ErrUnavailable", round, errs[2])
 		}
+	}
+	if got, errs := RunEachInto[code](ctx, sc, rdb, []Call{{Args: []any{3}}, {Args: []any{"x"}}}); errs[0] != nil || got[0].N != 6 || !errors.Is(errs[1], queue.ErrUnavailable) {
+		t.Errorf("RunEachInto: %+v %v", got, errs)
 	}
 
 	srv.Kill()

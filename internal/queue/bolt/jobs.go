@@ -16,13 +16,7 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	if !queue.ValidID(id) {
 		return queue.Job{}, queue.ErrNotFound
 	}
-	var j queue.Job
-	var found bool
-	err := s.db.View(func(tx *bbolt.Tx) error {
-		var err error
-		j, found, err = getJob(tx, id, true)
-		return err
-	})
+	j, found, err := s.viewJob(id, true)
 	if err != nil {
 		return queue.Job{}, queue.Unavailable(err)
 	}
@@ -39,6 +33,15 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	}
 	s.mu.Unlock()
 	return j, nil
+}
+
+// viewJob is getJob in a read transaction of its own.
+func (s *Store) viewJob(id string, withPayload bool) (j queue.Job, found bool, err error) {
+	err = s.db.View(func(tx *bbolt.Tx) error {
+		j, found, err = getJob(tx, id, withPayload)
+		return err
+	})
+	return j, found, err
 }
 
 // Cancel implements queue.Store.
@@ -172,13 +175,7 @@ func (s *Store) failedJob(id string) (queue.Job, *tenantMem, error) {
 	if _, held := s.claims[id]; held {
 		return queue.Job{}, nil, &queue.StateError{ID: id, State: queue.StateDispatching, Op: "retry"}
 	}
-	var j queue.Job
-	var found bool
-	err := s.db.View(func(tx *bbolt.Tx) error {
-		var err error
-		j, found, err = getJob(tx, id, false)
-		return err
-	})
+	j, found, err := s.viewJob(id, false)
 	switch {
 	case err != nil:
 		return j, nil, queue.Unavailable(err)

@@ -334,11 +334,7 @@ func TestCeilingTakesTurns(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		queuetest.EnqueueOne(t, s, "deep", queuetest.Payload(i))
 	}
-	got := make(chan queuetest.Handed, 100)
-	stop := queuetest.Consume(t, s, 20*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- queuetest.Handed{Job: j, At: clk.Now()}
-		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
-	})
+	got, stop := queuetest.HandOver(t, s, clk, 20*time.Millisecond, 100, queuetest.SucceedOnTime)
 	defer stop()
 	var prev time.Time
 	var small time.Time
@@ -492,11 +488,7 @@ func TestCeilingSkipsATenantNotDueYet(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		queuetest.EnqueueOne(t, s, "a", queuetest.Payload(i))
 	}
-	got := make(chan queuetest.Handed, 20)
-	stop := queuetest.Consume(t, s, 100*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
-		got <- queuetest.Handed{Job: j, At: clk.Now()}
-		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
-	})
+	got, stop := queuetest.HandOver(t, s, clk, 100*time.Millisecond, 20, queuetest.SucceedOnTime)
 	defer stop()
 	for seen := 0; seen < 10; {
 		h := queuetest.WaitHanded(t, clk, got, time.Millisecond)

@@ -21,9 +21,7 @@ func testConsumeDeliversAtSlotsInOrder(t *testing.T, d Driver) {
 		t.Fatal(err)
 	}
 	lead := 20 * time.Millisecond
-	got, stop := HandOver(t, s, clk, lead, 10, func(ctx context.Context, j queue.Job) queue.Outcome {
-		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
-	})
+	got, stop := HandOver(t, s, clk, lead, 10, SucceedOnTime)
 	for i, id := range ids {
 		h := WaitHanded(t, clk, got, 5*time.Millisecond)
 		if h.Job.ID != id || h.Job.Attempts != 1 || h.Job.State != queue.StateDispatching {

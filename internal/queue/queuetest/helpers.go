@@ -158,6 +158,13 @@ func Succeed(clk clock.Clock) queue.Handler {
 	}
 }
 
+// SucceedOnTime is an outcome: the job was sent at its dispatch time, to
+// the microsecond, and succeeded (a test of the spacing between sends
+// takes them as they were due, not as the fake clock stood).
+func SucceedOnTime(_ context.Context, j queue.Job) queue.Outcome {
+	return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
+}
+
 // PushBackOnce is an outcome: the first job handed over is pushed back by
 // a 429 that pauses the tenant until until(now); every other one
 // succeeds.

@@ -33,9 +33,7 @@ func testWindowBesideTheRate(t *testing.T, d Driver) {
 	if st, _ := s.Tenant(context.Background(), "acme"); st.ExpectedDelay != 3*time.Minute {
 		t.Fatalf("expected delay for a 61st job %v, want 3m (the window)", st.ExpectedDelay)
 	}
-	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 100, func(ctx context.Context, j queue.Job) queue.Outcome {
-		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
-	})
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 100, SucceedOnTime)
 	defer stop()
 	var sent []time.Time
 	for len(sent) < 60 {

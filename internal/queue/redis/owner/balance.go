@@ -13,9 +13,6 @@ import (
 // this worker's share, then take free partitions up to it or give the
 // surplus back.
 func (m *Manager) balance(ctx context.Context) {
-	if m.hooks.frozen.Load() {
-		return
-	}
 	P := m.o.Partitions
 	rep, err := members(ctx, m.rdb, P, m.o.WorkerID, m.o.HeartbeatTTL)
 	if ctx.Err() != nil {
@@ -146,14 +143,11 @@ func (m *Manager) take(ctx context.Context, n, from int) {
 		return
 	}
 	calls := make([]luascript.Call, len(free))
-	reps := make([]acquireReply, len(free))
-	dsts := make([]luascript.Decoder, len(free))
 	for i, p := range free {
 		calls[i] = luascript.Call{Keys: []string{leaseKey(p), epochKey(p)}, Args: []any{m.o.WorkerID, ms(m.o.Lease)}}
-		dsts[i] = &reps[i]
 	}
 	sent := time.Now()
-	errs := acquireScript.RunEach(ctx, m.rdb, calls, dsts)
+	reps, errs := luascript.RunEachInto[acquireReply](ctx, acquireScript, m.rdb, calls)
 	for i, p := range free {
 		switch {
 		case errs[i] != nil:

@@ -275,9 +275,19 @@ func New(opts Options) (*Manager, error) {
 	}
 	m := &Manager{o: o, rdb: o.Client, log: o.Logger.With("worker", o.WorkerID),
 		held: map[int]*tenure{}, poke: make(chan struct{}, 1), watchDone: make(chan struct{})}
-	m.renewer = startstop.Periodic{Name: "partition lease renewer", Every: o.Renew, Run: m.renew}
-	m.balancer = startstop.Periodic{Name: "partition balancer", Every: o.Balance, Run: m.balance}
+	m.renewer = startstop.Periodic{Name: "partition lease renewer", Every: o.Renew, Run: m.unlessFrozen(m.renew)}
+	m.balancer = startstop.Periodic{Name: "partition balancer", Every: o.Balance, Run: m.unlessFrozen(m.balance)}
 	return m, nil
+}
+
+// unlessFrozen is pass, skipped while a test has frozen the worker (one
+// check for both periodic passes, so that a new one cannot miss it).
+func (m *Manager) unlessFrozen(pass func(context.Context)) func(context.Context) {
+	return func(ctx context.Context) {
+		if !m.hooks.frozen.Load() {
+			pass(ctx)
+		}
+	}
 }
 
 // ID is this worker's id.

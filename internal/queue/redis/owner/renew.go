@@ -14,9 +14,6 @@ import (
 // held, pipelined, each by compare. A renewal that succeeds moves the
 // tenure's deadline to Lease-Margin after it was sent.
 func (m *Manager) renew(stop context.Context) {
-	if m.hooks.frozen.Load() {
-		return
-	}
 	type item struct {
 		p     int
 		epoch int64
@@ -31,18 +28,15 @@ func (m *Manager) renew(stop context.Context) {
 		return
 	}
 	calls := make([]luascript.Call, len(items))
-	reps := make([]renewReply, len(items))
-	dsts := make([]luascript.Decoder, len(items))
 	for i, it := range items {
 		calls[i] = luascript.Call{Keys: []string{leaseKey(it.p)}, Args: []any{token(m.o.WorkerID, it.epoch), ms(m.o.Lease)}}
-		dsts[i] = &reps[i]
 	}
 	// No renewal may outlast the next: a hung one must not hold the
 	// others back (the deadlines do not wait for it either).
 	ctx, cancel := context.WithTimeout(stop, m.o.Renew)
 	defer cancel()
 	sent := time.Now()
-	errs := renewScript.RunEach(ctx, m.rdb, calls, dsts)
+	reps, errs := luascript.RunEachInto[renewReply](ctx, renewScript, m.rdb, calls)
 
 	m.cbMu.Lock()
 	defer m.cbMu.Unlock()
