@@ -32,7 +32,7 @@ import (
 const modelKnown = queuetest.DefectCountRetryAfter | queuetest.DefectRepeatCost |
 	queuetest.DefectWindowRetryAfter | queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
 	queuetest.DefectRetryCost | queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture |
-	queuetest.DefectHeldRestart | queuetest.DefectLateExpiry
+	queuetest.DefectLateExpiry
 
 // modelDriver runs the model on the embedded store; known are the defects
 // it tolerates.
@@ -153,8 +153,9 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// Found by the model: a held tenant's write lost in a crash was sent
+			// again the instant it was resumed.
 			name: "HeldRestart", defect: queuetest.DefectHeldRestart,
-			skip: "defect: a held tenant's write lost in a crash is sent again at the instant of the resume, 0ms after the lost write at T=100ms, see report",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 150 * ms, Timeout: 150 * ms}},
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},

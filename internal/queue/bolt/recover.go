@@ -134,10 +134,12 @@ func readWaiting(tx *bbolt.Tx) (map[string][]*waitingJob, []string, error) {
 func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.Time, clean bool) int {
 	pz := tm.rec.Pause
 	if !pz.Held.IsZero() {
-		return 0 // held: nothing goes until an operator resumes it
+		if clean {
+			return 0 // held: nothing goes until an operator resumes it
+		}
+		return respaceHeld(tm, jobs, p, now)
 	}
-	floor := now
-	floor = clock.Later(floor, tm.rec.NextAfterLastAttempt(p))
+	floor := clock.Later(now, tm.rec.NextAfterLastAttempt(p))
 	crashed := false
 	if at, _ := pz.Real(jobs[0].slot); !at.After(now) && !clean {
 		// One of them may have been written at any moment before the
@@ -165,6 +167,42 @@ func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.T
 			next = next.Add(p.Tolerance()) // no burst credit: see above
 		}
 		tm.rec.TAT = clock.Later(tm.rec.TAT, next)
+		moved++
+	}
+	tm.rec.SetRecent(p, recent)
+	return moved
+}
+
+// respaceHeld is respaceTenant after an unclean stop for a tenant an
+// operator holds. Its clock stands still until the resume, and the jobs
+// that were due when it was held may have been written at any moment
+// before the crash: they move, in the tenant's time, past the frozen now
+// by the largest of their costs (and the last recorded attempt's), so that
+// after the resume they go that many intervals after it, not at once.
+func respaceHeld(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.Time) int {
+	tnow := tm.rec.Pause.TenantTime(now)
+	if jobs[0].slot.After(tnow) {
+		return 0 // none was due: none was written
+	}
+	cost := max(tm.rec.LastAttemptCost, 1)
+	for _, w := range jobs {
+		if w.slot.After(tnow) {
+			break
+		}
+		cost = max(cost, w.job.EffectiveCost())
+	}
+	floor := tnow.Add(time.Duration(cost) * p.Interval)
+	recent := tm.rec.Recent(p)
+	moved := 0
+	for _, w := range jobs {
+		if !w.slot.Before(floor) {
+			break
+		}
+		cost := w.job.EffectiveCost()
+		w.slot, w.moved = leaky.WindowSlot(recent, p, floor, cost), true
+		recent = leaky.Record(recent, p, w.slot, cost)
+		floor = w.slot.Add(time.Duration(cost) * p.Interval)
+		tm.rec.TAT = clock.Later(tm.rec.TAT, floor.Add(p.Tolerance())) // no burst credit
 		moved++
 	}
 	tm.rec.SetRecent(p, recent)

@@ -73,7 +73,7 @@ func (r *runner) recover(at time.Time) {
 			return bound
 		}
 		held := !tn.pz.held.IsZero()
-		respaced := len(tn.waiting()) > 0 && !held // a held tenant is left as it is
+		respaced := len(tn.waiting()) > 0 && !held // a held tenant is left as it is, unless its jobs move
 		for _, j := range tn.waiting() {
 			sj, err := r.store.Job(r.ctx, j.id)
 			if err != nil {
@@ -92,8 +92,17 @@ func (r *runner) recover(at time.Time) {
 				if j.possiblySent && r.m.known&DefectHeldRestart != 0 {
 					j.heldResend = true
 				}
-				if !sj.Slot.Equal(j.slot) {
-					r.failf("restart", "%s of a held tenant moved by a restart: slot %v, was %v", r.m.describe(j), sj.Slot.Sub(T0), j.slot.Sub(T0))
+				// Its clock stands still: a job may move only later in the
+				// tenant's time (one that may have been written before the
+				// crash must, so that it does not go again the moment the
+				// operator resumes: checked when it is written).
+				if sj.Slot.Before(j.slot) {
+					r.failf("restart", "%s of a held tenant moved earlier by a restart: slot %v, was %v", r.m.describe(j), sj.Slot.Sub(T0), j.slot.Sub(T0))
+					return
+				}
+				if sj.Slot.After(j.slot) {
+					r.takeRestartSlot(tn, j, sj.Slot)
+					respaced = true
 				}
 				continue
 			}
@@ -111,11 +120,7 @@ func (r *runner) recover(at time.Time) {
 				return
 			}
 			if !sj.Slot.Equal(j.slot) {
-				tag := tn.tagNow()
-				tag.T, tag.tau = min(tag.T, j.tag.T), max(tag.tau, j.tag.tau)
-				j.slot, j.tag, j.lateRetry = sj.Slot, tag, false
-				tn.recordWindows(sj.Slot, j.cost)
-				tn.tat = laterOf(tn.tat, sj.Slot.Add(time.Duration(j.cost)*T))
+				r.takeRestartSlot(tn, j, sj.Slot)
 			}
 		}
 		// The next send no sooner than one interval after the last one
@@ -139,6 +144,15 @@ func (r *runner) recover(at time.Time) {
 			clear(tn.dormant)
 		}
 	}
+}
+
+// takeRestartSlot takes the slot a restart gave j.
+func (r *runner) takeRestartSlot(tn *mtenant, j *mjob, slot time.Time) {
+	tag := tn.tagNow()
+	tag.T, tag.tau = min(tag.T, j.tag.T), max(tag.tau, j.tag.tau)
+	j.slot, j.tag, j.lateRetry = slot, tag, false
+	tn.recordWindows(slot, j.cost)
+	tn.tat = laterOf(tn.tat, slot.Add(time.Duration(j.cost)*tn.pol.Interval))
 }
 
 // storeTAT is the store's schedule of tn, if it can be known.

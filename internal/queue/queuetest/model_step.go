@@ -332,8 +332,8 @@ func (r *runner) retry(op Op, now time.Time) {
 		// decides the job as any.
 		dec = r.m.decideCost(tn, now, j.cost, j.deadline, nil, false)
 	}
-	if !r.checkAdmission(tn, dec, a, "retry of "+r.m.describe(j), now, j.deadline) || dec.kind != mAdmitted || a.Impossible != nil {
-		return
+	if !r.checkAdmission(tn, dec, a, "retry of "+r.m.describe(j), now, j.deadline) || dec.kind != mAdmitted || !a.Admitted() {
+		return // refused (or a refusal a known defect makes): the job stays failed
 	}
 	if a.Job.ID != j.id {
 		r.failf("retry", "retry of %s answered job %s", r.m.describe(j), a.Job.ID)
