@@ -198,7 +198,7 @@ func (s *Store) settle(c *call, commitErr error) error {
 		// by the current one.
 		e := entryOf(j, queue.RealAt(c.tm.rec.Pause, j.Slot))
 		s.sched.add(e)
-		soonest = clock.Earliest(soonest, e.at)
+		soonest = clock.Earliest(soonest, e.wakeBy())
 	}
 	s.releaseKeys(c.keys)
 	s.mu.Unlock()

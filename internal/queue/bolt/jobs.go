@@ -151,11 +151,11 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	s.mu.Lock()
 	tm.pending--
 	delete(s.claims, id)
-	due := queue.RealAt(tm.rec.Pause, j.Slot)
+	e := entryOf(j, queue.RealAt(tm.rec.Pause, j.Slot))
 	if err != nil {
 		tm.depth--
 	} else {
-		s.sched.add(entryOf(j, due))
+		s.sched.add(e)
 	}
 	depth := tm.depth
 	s.mu.Unlock()
@@ -165,7 +165,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	if err != nil {
 		return queue.Admission{}, queue.Unavailable(err)
 	}
-	s.pokeIfSooner(due)
+	s.pokeIfSooner(e.wakeBy())
 	return queue.Admission{Job: j, ExpectedDelay: delay, QueueDepth: depth, Capacity: c.policy.Capacity}, nil
 }
 

@@ -31,8 +31,7 @@ import (
 // cases below pin each one (skipped until it is fixed; then drop its flag).
 const modelKnown = queuetest.DefectCountRetryAfter | queuetest.DefectRepeatCost |
 	queuetest.DefectWindowRetryAfter | queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
-	queuetest.DefectRetryCost | queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture |
-	queuetest.DefectLateExpiry
+	queuetest.DefectRetryCost | queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture
 
 // modelDriver runs the model on the embedded store; known are the defects
 // it tolerates.
@@ -219,8 +218,9 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// Found by the model: a job admitted to a held tenant with a deadline
+			// was expired only at the dispatcher's next poll.
 			name: "HeldDeadline", defect: queuetest.DefectLateExpiry,
-			skip: "defect: a job admitted to a held tenant with a deadline is expired only at the dispatcher's next poll (up to 1s late) and counts in the depth meanwhile, see report",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpHold, Tenant: "b"},
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 320 * ms}}},

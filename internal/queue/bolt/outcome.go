@@ -36,9 +36,10 @@ func (s *Store) finish(j queue.Job, o queue.Outcome) error {
 			tm.depth++
 			at = queue.RealAt(tm.rec.Pause, j.Slot) // the tenant may have paused meanwhile
 		}
-		s.sched.add(entryOf(j, at))
+		e := entryOf(j, at)
+		s.sched.add(e)
 		s.mu.Unlock()
-		s.pokeIfSooner(at)
+		s.pokeIfSooner(e.wakeBy())
 		return nil
 	}
 	r := finishReq{job: j, o: o, done: make(chan error, 1)}
@@ -117,8 +118,8 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 	}
 	var soonest time.Time
 	for _, result := range results {
-		if at, waits := s.afterOutcome(result); waits {
-			soonest = clock.Earliest(soonest, at)
+		if wake, waits := s.afterOutcome(result); waits {
+			soonest = clock.Earliest(soonest, wake)
 		}
 	}
 	s.mu.Unlock()
@@ -169,8 +170,9 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 }
 
 // afterOutcome lets a job go from the dispatcher once its outcome is
-// durable (s.mu held): back into the schedule if it waits again (at the
-// time it returns), counted in its tenant otherwise.
+// durable (s.mu held): back into the schedule if it waits again (with when
+// the dispatcher must look at it, see wakeBy), counted in its tenant
+// otherwise.
 func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
 	s.observeStart(result, s.handedAt[result.ID])
 	delete(s.claims, result.ID)
@@ -183,7 +185,9 @@ func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
 		if ok {
 			at = queue.RealAt(tm.rec.Pause, result.Slot)
 		}
-		s.sched.add(entryOf(result, at))
+		e := entryOf(result, at)
+		s.sched.add(e)
+		at = e.wakeBy()
 	}
 	if !ok {
 		return at, waits

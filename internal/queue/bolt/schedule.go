@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
 )
@@ -35,6 +36,16 @@ type dueEntry struct {
 	deadline time.Time // zero: none
 	cost     int
 	held     bool // handed over later than its time, for a downstream's ceiling
+}
+
+// wakeBy is when the dispatcher must look at e, as a slot (it wakes a lead
+// before one): e's time, or its deadline if that comes first (so that it
+// is expired then, even while its tenant is held).
+func (e dueEntry) wakeBy() time.Time {
+	if e.deadline.IsZero() {
+		return e.at
+	}
+	return clock.Earliest(e.at, e.deadline.Add(queue.DefaultLead))
 }
 
 // entryOf is a waiting job's schedule entry at real time at.

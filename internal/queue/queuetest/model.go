@@ -170,14 +170,15 @@ const (
 	// a restart leaves a held tenant's jobs as they were, so one whose
 	// write was lost in the crash is sent again the moment the operator
 	// resumes, however soon after that write. Tolerated: that resend is
-	// not checked against the rate and windows.
+	// not checked against the rate and windows. (Fixed in the embedded
+	// store.)
 	DefectHeldRestart
 	// DefectLateExpiry (found by the model): a job that enters a held
 	// tenant's schedule (admitted, or back from a failed attempt) does not
 	// wake the dispatcher for its deadline, so it is expired only at the
 	// next poll, up to a second late, and counts in the depth (and against
 	// the room) meanwhile. Tolerated: the model expires such a job when
-	// the store does.
+	// the store does. (Fixed in the embedded store.)
 	DefectLateExpiry
 )
 
