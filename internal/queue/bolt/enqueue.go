@@ -224,8 +224,10 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 	var next time.Time
 	if windowed {
 		// Depth is not the count of jobs that wait: jobs leave it when
-		// handed to the dispatcher, a lead before their slot.
-		waiting, next = s.waiting(c.tenant, tnow, c.ceiling != nil || c.paused)
+		// handed to the dispatcher, a lead before their slot. Counted as
+		// this job is decided, from its arrival (now plus the start lag):
+		// a job due by then goes at once, it does not wait.
+		waiting, next = s.waiting(c.tenant, c.arrival, c.ceiling != nil || c.paused)
 		depth = waiting
 	}
 	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), c.arrival, p, cost, depth)
