@@ -705,18 +705,31 @@ func (r *ownerRig) finish() {
 		r.t.Fatal(err)
 	}
 	ids := r.fd.ids()
-	testutil.WaitFor(r.t, 30*time.Second, "every accepted job delivered", func() bool {
+	missing := func() []string {
 		seen := map[string]bool{}
 		for _, a := range r.arrivals() {
 			seen[a.Key] = true
 		}
+		var out []string
 		for _, id := range ids {
 			if !seen[id] {
-				return false
+				out = append(out, id)
 			}
 		}
-		return true
-	})
+		return out
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(missing()) > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			// Say where the jobs are, for whoever looks into it.
+			left := missing()
+			var b strings.Builder
+			for _, id := range left[:min(len(left), 10)] {
+				_, _, job := call(r.t, "GET", r.api.base+"/v1/jobs/"+id, "")
+				fmt.Fprintf(&b, "\n  %s: %v", id, job)
+			}
+			r.t.Fatalf("every accepted job delivered: not within 30s; %d of %d not, the first:%s", len(left), len(ids), b.String())
+		}
+	}
 	nothingMoreWithin(500 * time.Millisecond)
 	accepted := map[string]bool{}
 	for _, id := range ids {

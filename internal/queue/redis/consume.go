@@ -3,14 +3,14 @@ package redis
 import (
 	"cmp"
 	"context"
+	_ "embed"
 	"errors"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
+	"throttler/internal/luascript"
 	"throttler/internal/queue"
 	"throttler/internal/queue/redis/owner"
 )
@@ -133,6 +133,12 @@ func (c *consumer) resumed(tenant string) {
 // arrivalsBatch is the most lines one poll takes from one partition.
 const arrivalsBatch = 1000
 
+var (
+	//go:embed arrivals.lua
+	arrivalsLua    string
+	arrivalsScript = newScript("arrivals.lua", owner.FenceLua+arrivalsLua, false)
+)
+
 // pollArrivals reads the arrivals of every partition owned, in one
 // pipelined round trip: every Timing.Poll while there are none; after a
 // poll that found some, again after pollGather (at once after a full
@@ -168,28 +174,38 @@ func (c *consumer) pollArrivals(ctx context.Context) {
 // several times larger under load.
 const pollGather = 5 * time.Millisecond
 
-// pollOnce reads each partition's arrivals once; found reports any, full
-// a partition that gave arrivalsBatch lines (it may have more).
+// arrivalsReply is arrivals.lua's answer: the lines it took.
+type arrivalsReply struct{ Lines []string }
+
+func (a *arrivalsReply) Decode(r *luascript.Reply) { a.Lines = r.Rest() }
+
+// pollOnce reads each partition's arrivals once, fenced (arrivals.lua): a
+// tenure lost while this worker was frozen or cut off takes nothing, so
+// the new owner sees every line. found reports any, full a partition that
+// gave arrivalsBatch lines (it may have more).
 func (c *consumer) pollOnce(ctx context.Context, parts []*owned) (found, full bool) {
-	pipe := c.s.rdb.Pipeline()
-	cmds := make([]*goredis.StringSliceCmd, len(parts))
+	calls := make([]luascript.Call, len(parts))
 	for i, o := range parts {
-		cmds[i] = pipe.LPopCount(ctx, o.k.arrivals(), arrivalsBatch)
+		calls[i] = luascript.Call{Keys: o.fence.Keys(o.k.arrivals()), Args: o.fence.Args(arrivalsBatch)}
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) && ctx.Err() == nil {
-		if time.Since(c.warned) >= time.Second { // not 50 lines a second while Redis is away
-			c.warned = time.Now()
-			c.s.log.Warn("cannot read the partitions' arrivals; trying again", "err", err)
+	reps, errs := luascript.RunEachInto[arrivalsReply](ctx, arrivalsScript, c.s.rdb, calls)
+	for i, o := range parts {
+		switch err := errs[i]; {
+		case err == nil:
+		case errors.Is(o.fence.Err(err), owner.ErrFenced):
+			continue // lost: the owner's callback ends the tenure
+		default:
+			if ctx.Err() == nil && time.Since(c.warned) >= time.Second { // not 50 lines a second while Redis is away
+				c.warned = time.Now()
+				c.s.log.Warn("cannot read the partitions' arrivals; trying again", "err", err)
+			}
+			continue
 		}
-		return false, false
-	}
-	for i, o := range parts {
-		lines := cmds[i].Val()
-		if len(lines) > 0 {
+		if lines := reps[i].Lines; len(lines) > 0 {
 			found = true
 			o.arrive(lines)
+			full = full || len(lines) >= arrivalsBatch
 		}
-		full = full || len(lines) >= arrivalsBatch
 	}
 	return found, full
 }

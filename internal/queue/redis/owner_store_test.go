@@ -130,3 +130,37 @@ func TestOutcomeMovesNextToTheRealWrite(t *testing.T) {
 		})
 	}
 }
+
+// A worker that lost a partition (frozen past its lease, then thawed)
+// takes none of its arrivals: they stay for the new owner, whose poll
+// takes them. Before, the poll was a plain LPOP: a thawed worker's poller
+// took two jobs' lines in the instant before it learned of the loss, and
+// the new owner, who had loaded the partition already, never saw them
+// (TestRedisStaleOwnerIsFenced, 1 run in about 10 under load: two jobs
+// left queued for good).
+func TestPollOfALostPartitionTakesNoArrivals(t *testing.T) {
+	s, rdb, _ := openOwnerStore(t)
+	ctx := context.Background()
+	admitAcme(t, s, 0)
+	admitAcme(t, s, 1)
+	p := s.partOf("acme")
+	k := keysOf(p)
+	stale := owner.Fence{Partition: p, Worker: "frozen", Epoch: 1}
+	fresh := owner.Fence{Partition: p, Worker: "new-owner", Epoch: 2}
+	holdLease(t, rdb, fresh)
+	c := &consumer{s: s}
+	tenure := func(f owner.Fence) *owned {
+		return &owned{c: c, s: s, fence: f, k: k, known: map[string]bool{}, wake: make(chan struct{}, 1)}
+	}
+	lost := tenure(stale)
+	if found, _ := c.pollOnce(ctx, []*owned{lost}); found || lost.sched.Len() != 0 {
+		t.Fatalf("the lost tenure's poll found arrivals (%d scheduled)", lost.sched.Len())
+	}
+	if n, err := rdb.LLen(ctx, k.arrivals()).Result(); err != nil || n != 2 {
+		t.Fatalf("arrivals left for the new owner: %d %v, want 2", n, err)
+	}
+	held := tenure(fresh)
+	if found, _ := c.pollOnce(ctx, []*owned{held}); !found || held.sched.Len() != 2 {
+		t.Fatalf("the owner's poll: found %v, %d scheduled, want both", found, held.sched.Len())
+	}
+}
