@@ -26,6 +26,16 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, newJobs []queue.NewJ
 	}
 	c := s.newCall(tenant, tm, len(newJobs))
 	plan := queue.Precheck(tenant, newJobs, queue.MaxCost(c.policy, c.ceiling), c.policy.Capacity, c.out)
+	for _, i := range plan.Lookup {
+		prev, found, err := s.jobByKey(tenant, newJobs[i].IdempotencyKey)
+		if err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+		if found {
+			c.out[i] = queue.Repeat(prev, c.policy.Capacity)
+		}
+	}
 	for _, i := range plan.Decide {
 		if err := s.decide(c, i, newJobs[i]); err != nil {
 			// Nothing of this call is admitted (the slots taken so far
@@ -91,7 +101,7 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 			return err
 		}
 		if found {
-			c.out[i] = queue.Admission{Job: prev, Duplicate: true, ExpectedDelay: prev.AdmitDelay, QueueDepth: prev.AdmitDepth, Capacity: p.Capacity}
+			c.out[i] = queue.Repeat(prev, p.Capacity)
 			return nil
 		}
 	}

@@ -123,6 +123,12 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 		return queue.Admission{}, err
 	}
 	c := s.newCall(failed.Tenant, tm, 1)
+	if cost, most := failed.EffectiveCost(), queue.MaxCost(c.policy, c.ceiling); cost > most {
+		// A reload made the bucket too small for it: it would be refused
+		// for ever, so say so, as Enqueue does.
+		s.mu.Unlock()
+		return queue.CostTooLarge(c.tenant, cost, most, c.policy.Capacity), nil
+	}
 	d, st, recent := s.admit(c, failed.EffectiveCost())
 	at := queue.DispatchAt(tm.rec.Pause, d.Slot, c.now)
 	delay := max(at.Sub(c.now), queue.CeilingDelay(c.ceiling, tm.depth))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,5 +223,50 @@ func testTenantsDeepestFirst(t *testing.T, d Driver) {
 	}
 	if st, err := s.Tenant(ctx, "never-seen"); err != nil || st.QueueDepth != 0 || st.ExpectedDelay != 0 {
 		t.Fatalf("unseen tenant %+v %v", st, err)
+	}
+}
+
+// After a reload shrank the bucket below a job's cost: a repeat of the
+// key that admitted it is answered as its first use (the job is still
+// sent: a 422 would tell the caller to give up on a job that goes), a new
+// job of that cost is refused for good, and so is a Retry of such a job
+// that failed (a 429 would invite it back for ever). Found by the model
+// test (RepeatCost, RetryCost).
+func testCostAfterAReload(t *testing.T, d Driver) {
+	var capacity atomic.Int64
+	capacity.Store(5)
+	clk, s := d.start(t, func(string) leaky.Policy {
+		return leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1, Capacity: int(capacity.Load())}
+	})
+	ctx := context.Background()
+	big := queue.NewJob{Payload: json.RawMessage(`1`), Cost: 3, IdempotencyKey: "k-big"}
+	first := EnqueueOne(t, s, "acme", big)
+	failing := EnqueueOne(t, s, "acme", queue.NewJob{Payload: json.RawMessage(`2`), Cost: 2})
+	if !first.Admitted() || !failing.Admitted() {
+		t.Fatalf("under capacity 5: %+v / %+v", first, failing)
+	}
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 10, func(ctx context.Context, j queue.Job) queue.Outcome {
+		if j.ID == failing.Job.ID {
+			return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 Bad Request: no"}
+		}
+		return queue.Outcome{Result: queue.Succeeded, Status: 200}
+	})
+	WaitHanded(t, clk, got, 5*time.Millisecond)
+	WaitHanded(t, clk, got, 5*time.Millisecond)
+	WaitState(t, s, failing.Job.ID, queue.StateFailed)
+	stop()
+
+	capacity.Store(0) // the largest cost is now 1
+	again := EnqueueOne(t, s, "acme", big)
+	if !again.Duplicate || again.Job.ID != first.Job.ID || again.ExpectedDelay != first.ExpectedDelay {
+		t.Fatalf("repeat of an admitted key after the reload: %+v, want the first answer %+v", again, first)
+	}
+	other := EnqueueOne(t, s, "acme", queue.NewJob{Payload: json.RawMessage(`3`), Cost: 3, IdempotencyKey: "k-new"})
+	if other.Impossible == nil || other.Impossible.Reason != queue.ReasonCostTooLarge || other.Impossible.MaxCost != 1 {
+		t.Fatalf("a new key of cost 3 after the reload: %+v, want 422 cost_too_large (at most 1)", other)
+	}
+	retried, err := s.Retry(ctx, failing.Job.ID)
+	if err != nil || retried.Impossible == nil || retried.Impossible.Reason != queue.ReasonCostTooLarge || retried.Impossible.MaxCost != 1 {
+		t.Fatalf("retry of a failed cost-2 job after the reload: %+v %v, want 422 cost_too_large (at most 1)", retried, err)
 	}
 }

@@ -116,7 +116,7 @@ const (
 	// idempotency key whose cost the policy no longer allows (a reload
 	// lowered it) is answered 422 cost_too_large instead of the first
 	// answer, although the job was admitted and will be sent. Tolerated:
-	// that answer is accepted.
+	// that answer is accepted. (Fixed in both stores.)
 	DefectRepeatCost
 	// DefectBatchWindow (found by the model, in the fix of #4): with
 	// windows, the count of jobs that wait leaves out the jobs admitted
@@ -152,7 +152,7 @@ const (
 	// whose cost the policy no longer allows (a reload lowered capacity,
 	// burst or a window) answers 429 with a Retry-After after which it is
 	// refused again, for ever, instead of 422 cost_too_large. Tolerated:
-	// the 429 is accepted.
+	// the 429 is accepted. (Fixed in both stores.)
 	DefectRetryCost
 	// DefectPushbackBurst (found by the model): jobs sent together in a
 	// burst and answered 429 keep their (same) slot, so they are all sent

@@ -52,6 +52,7 @@ func Run(t *testing.T, d Driver) {
 		{"BatchDecidesInOrder", testBatchDecidesInOrder},
 		{"Idempotency", testIdempotency},
 		{"CostTakesSlots", testCostTakesSlots},
+		{"CostAfterAReload", testCostAfterAReload},
 		{"JobLookupAndCancel", testJobLookupAndCancel},
 		{"CancellingTheLastJobGivesItsPlaceBack", testCancellingTheLastJobGivesItsPlaceBack},
 		{"TenantsDeepestFirst", testTenantsDeepestFirst},

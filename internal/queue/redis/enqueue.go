@@ -3,8 +3,11 @@ package redis
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/leaky"
 	"throttler/internal/luascript"
@@ -135,6 +138,15 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, jobs []queue.NewJob)
 	_, ceiling := s.ceiling(tenant)
 	out := make([]queue.Admission, len(jobs))
 	plan := queue.Precheck(tenant, jobs, queue.MaxCost(p, ceiling), p.Capacity, out)
+	for _, i := range plan.Lookup {
+		prev, found, err := s.jobOfKey(ctx, tenant, jobs[i].IdempotencyKey)
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			out[i] = queue.Repeat(prev, p.Capacity)
+		}
+	}
 	if len(plan.Decide) > 0 {
 		part := s.partOf(tenant)
 		k := keysOf(part)
@@ -160,6 +172,22 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, jobs []queue.NewJob)
 	return out, nil
 }
 
+// jobOfKey is the job an idempotency key of tenant admitted, if any.
+func (s *Store) jobOfKey(ctx context.Context, tenant, key string) (queue.Job, bool, error) {
+	id, err := s.rdb.Get(ctx, keysOf(s.partOf(tenant)).idem(tenant, key)).Result()
+	switch {
+	case errors.Is(err, goredis.Nil):
+		return queue.Job{}, false, nil
+	case err != nil:
+		return queue.Job{}, false, queue.Unavailable(err)
+	}
+	j, err := s.Job(ctx, id)
+	if errors.Is(err, queue.ErrNotFound) {
+		return queue.Job{}, false, nil // expired with its job
+	}
+	return j, err == nil, err
+}
+
 // admission is the answer to job nj, given id, from enqueue.lua's reply r.
 func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id string, r admitReply) queue.Admission {
 	switch r.Code {
@@ -169,8 +197,7 @@ func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id str
 		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: r.Delay, Deadline: nj.Deadline},
 			QueueDepth: r.Depth, Capacity: p.Capacity}
 	case admitRepeat: // the first job, as Job reads it
-		prev := underPause(jobFromHash(r.Job), r.Pause, r.Now)
-		return queue.Admission{Job: prev, Duplicate: true, ExpectedDelay: prev.AdmitDelay, QueueDepth: prev.AdmitDepth, Capacity: p.Capacity}
+		return queue.Repeat(underPause(jobFromHash(r.Job), r.Pause, r.Now), p.Capacity)
 	}
 	j := queue.Job{
 		ID: id, Tenant: tenant, State: queue.StateQueued, Payload: nj.Payload,
@@ -200,6 +227,11 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	k := keysOf(part)
 	p := s.policy(j.Tenant)
 	_, ceiling := s.ceiling(j.Tenant)
+	if cost, most := j.EffectiveCost(), queue.MaxCost(p, ceiling); cost > most {
+		// A reload made the bucket too small for it: it would be refused
+		// for ever, so say so, as Enqueue does.
+		return queue.CostTooLarge(j.Tenant, cost, most, p.Capacity), nil
+	}
 	call := s.newAdmitCall(k, j.Tenant, p, ceiling, "retry")
 	// Its payload and key stay in its hash.
 	call.add(k.job(id), k.idemOf(j), id, queue.NewJob{Cost: j.Cost, Deadline: j.Deadline})
