@@ -86,6 +86,12 @@ type ModelDriver struct {
 	// Without it the model infers the schedule from Tenant's expected delay
 	// where it can.
 	TAT func(s queue.Store, tenant string) (time.Time, error)
+	// Durable: every change of a tenant's schedule is written as it is
+	// made (Redis, where the schedule lives in the server), so a crash
+	// takes none of it back; without it the model goes back to the
+	// schedule as last written with the tenant's record (the embedded
+	// store gives back a cancelled job's place in memory only).
+	Durable bool
 	// Known are the defects the store is known to have: the checks they
 	// break are relaxed as Defect says, so that the rest still runs.
 	Known Defect
@@ -180,6 +186,19 @@ const (
 	// the room) meanwhile. Tolerated: the model expires such a job when
 	// the store does. (Fixed in the embedded store.)
 	DefectLateExpiry
+	// DefectRestartOverdue (found by the model on Redis): a new owner's
+	// takeover leaves the waiting jobs whose slots passed while nobody sent
+	// them (a crash and its downtime), or that a write lost in the crash
+	// makes too soon, at those slots: Store.Job says a dispatch_at before
+	// the restart or sooner than the tenant's last writes allow, and the
+	// owner hands them over with those dispatch times (its floor and pace
+	// are in memory only), so that nothing but the dispatcher's gate
+	// spaces them (two overdue jobs of a burst-1 tenant handed over and
+	// written at one instant). Tolerated: until it is written such a job's
+	// dispatch_at, write time, rate and windows are not checked (the model
+	// places it as the embedded store would, from the restart, a cost
+	// apart, for what comes after it).
+	DefectRestartOverdue
 )
 
 // ModelFailure is what a model run found.

@@ -28,7 +28,7 @@ func (r *runner) crash(down time.Duration) {
 	r.crashing, r.crashReq, r.inHandler = false, false, 0
 	r.pending, r.parked, r.events, r.answering = map[string]bool{}, nil, nil, map[string]bool{}
 	r.mu.Unlock()
-	r.m.crash()
+	r.m.crash(r.d.Durable)
 	if down > 0 {
 		r.clk.Set(x.Add(down))
 	}
@@ -74,6 +74,7 @@ func (r *runner) recover(at time.Time) {
 		}
 		held := !tn.pz.held.IsZero()
 		respaced := len(tn.waiting()) > 0 && !held // a held tenant is left as it is, unless its jobs move
+		var overdue []*mjob                        // left at their passed slots (DefectRestartOverdue)
 		for _, j := range tn.waiting() {
 			sj, err := r.store.Job(r.ctx, j.id)
 			if err != nil {
@@ -108,6 +109,10 @@ func (r *runner) recover(at time.Time) {
 			}
 			old, _ := tn.pz.real(j.slot)
 			bound := boundFor(j)
+			if (sj.DispatchAt.Before(at) || !bound.IsZero() && sj.DispatchAt.Before(bound)) && r.m.known&DefectRestartOverdue != 0 {
+				overdue = append(overdue, j)
+				continue
+			}
 			switch {
 			case sj.DispatchAt.Before(at):
 				r.failf("restart", "%s due at T0+%v after a restart at T0+%v", r.m.describe(j), sj.DispatchAt.Sub(T0), at.Sub(T0))
@@ -121,6 +126,16 @@ func (r *runner) recover(at time.Time) {
 			}
 			if !sj.Slot.Equal(j.slot) {
 				r.takeRestartSlot(tn, j, sj.Slot)
+			}
+		}
+		if len(overdue) > 0 {
+			// Re-spaced as the embedded store does: from the restart, no
+			// sooner than the tenant's writes allow, a cost apart.
+			slot := tn.pz.tenantTime(laterOf(at, boundFor(overdue[0])))
+			for _, j := range overdue {
+				r.takeRestartSlot(tn, j, slot)
+				j.staleDispatch = true
+				slot = slot.Add(time.Duration(j.cost) * tn.pol.Interval)
 			}
 		}
 		// The next send no sooner than one interval after the last one
@@ -181,9 +196,12 @@ func (r *runner) storeTAT(tn *mtenant) (time.Time, bool) {
 // crash is what a kill -9 at at leaves: every attempt in flight is
 // forgotten (its job waits at its slot as committed, and may be sent
 // again), and what was held only in memory is gone.
-func (m *model) crash() {
+func (m *model) crash(durable bool) {
 	for _, name := range m.order {
 		tn := m.tenants[name]
+		if durable {
+			tn.persistedTAT = tn.tat
+		}
 		tn.tat = tn.persistedTAT
 		for _, j := range tn.jobs {
 			if j.state == msInFlight {

@@ -187,11 +187,12 @@ type mjob struct {
 	answerAt time.Time // a timeout's answer
 	// possiblySent: a write whose outcome was never recorded (a crash came
 	// between): sending it again is allowed, with the same id.
-	possiblySent bool
-	pushedBack   bool // its last attempt was answered 429: the next is a resend
-	lateRetry    bool // its slot is a retry's, set by the backoff past its place in the schedule
-	heldResend   bool // possibly sent before a crash while its tenant was held (DefectHeldRestart)
-	lateExpiry   bool // past its deadline, held: expired when the store gets to it (DefectLateExpiry)
+	possiblySent  bool
+	pushedBack    bool // its last attempt was answered 429: the next is a resend
+	lateRetry     bool // its slot is a retry's, set by the backoff past its place in the schedule
+	heldResend    bool // possibly sent before a crash while its tenant was held (DefectHeldRestart)
+	lateExpiry    bool // past its deadline, held: expired when the store gets to it (DefectLateExpiry)
+	staleDispatch bool // overdue at a restart: the store's dispatch_at is its old slot's (DefectRestartOverdue)
 	// what it was told at admission (or at Store.Retry)
 	admittedAt time.Time
 	promised   time.Duration

@@ -105,7 +105,7 @@ func (r *runner) checkWrite(ev writeEvent) *mjob {
 	switch {
 	case !ok:
 		r.failf("sent while held", "%s written at T0+%v while its tenant is held by an operator", desc, ev.at.Sub(T0))
-	case !due.Equal(ev.at):
+	case !due.Equal(ev.at) && !j.staleDispatch:
 		r.failf("send time", "%s written at T0+%v, due at T0+%v (the store handed it due at T0+%v)", desc, ev.at.Sub(T0), due.Sub(T0), ev.job.DispatchAt.Sub(T0))
 	case ev.job.Attempts != j.attempts+1:
 		r.failf("attempts", "%s handed over as attempt %d, want %d", desc, ev.job.Attempts, j.attempts+1)
@@ -384,15 +384,15 @@ func (r *runner) checkRate(j *mjob, at time.Time) {
 	tn := j.tn
 	tn.writes = append(tn.writes, at)
 	r.checkSpacing(j, at)
-	if r.fail == nil && !(j.pushedBack && r.m.known&DefectPushbackWindow != 0) && !j.heldResend { // else: the store makes no room for it
+	if r.fail == nil && !(j.pushedBack && r.m.known&DefectPushbackWindow != 0) && !j.heldResend && !j.staleDispatch { // else: the store makes no room for it
 		r.checkWindows(j, at)
 	}
-	j.heldResend = false
+	j.heldResend, j.staleDispatch = false, false
 }
 
 func (r *runner) checkSpacing(j *mjob, at time.Time) {
 	tn := j.tn
-	if j.lateRetry && r.m.known&DefectRetryPacing != 0 || j.pushedBack && r.m.known&DefectPushbackBurst != 0 || j.heldResend {
+	if j.lateRetry && r.m.known&DefectRetryPacing != 0 || j.pushedBack && r.m.known&DefectPushbackBurst != 0 || j.heldResend || j.staleDispatch {
 		return // the store does not space it: see the Defect
 	}
 	// Only a slot given under the rate in force is checked against it: a

@@ -1,0 +1,453 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"throttler/internal/queue"
+	"throttler/internal/queue/queuetest"
+	"throttler/internal/queue/redis/owner"
+	"throttler/internal/redistest"
+	"throttler/internal/testutil"
+)
+
+// The model test on the Redis store (see queuetest/model.go), as on the
+// embedded store (bolt/model_test.go). CI runs a few seeds; a soak is
+//
+//	THROTTLER_MODEL_SEEDS=100 go test -run 'TestModel$' ./internal/queue/redis/
+//
+// (THROTTLER_MODEL_STEPS sets the steps per seed, THROTTLER_MODEL_SEED=N
+// runs seed N alone). Every crash costs a lease (modelLease) of real time:
+// the new process takes the partitions only once the old one's leases
+// lapse.
+
+// modelKnown are the defects the model tolerates on this store; the
+// regression cases below pin each one.
+const modelKnown = queuetest.DefectCountRetryAfter | queuetest.DefectRepeatCost |
+	queuetest.DefectWindowRetryAfter | queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
+	queuetest.DefectRetryCost | queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture |
+	queuetest.DefectLateExpiry | queuetest.DefectRestartOverdue
+
+// modelLease is the partitions' lease in model runs: a crash waits for it.
+const modelLease = 250 * time.Millisecond
+
+// modelPartitions: the model has two tenants; a few partitions are enough
+// and quick to take.
+const modelPartitions = 4
+
+// modelKeyspaces hands each model run a Redis database of its own on
+// redis-servers of the test's (never the shared one): a run's data, all its
+// processes' (crashes restart on the same database), is nobody else's. A
+// database is given again, flushed, once every client of the run on it is
+// closed (the runner closes each store, and a store closes its client).
+type modelKeyspaces struct {
+	t     testing.TB // the test that started the servers (their lifetime)
+	mu    sync.Mutex
+	slots []*modelSlot
+}
+
+type modelSlot struct {
+	addr    string
+	db      int
+	clients []*goredis.Client
+}
+
+// modelDatabases is how many databases a redis-server has by default.
+const modelDatabases = 16
+
+func newModelKeyspaces(t testing.TB) *modelKeyspaces {
+	k := &modelKeyspaces{t: t}
+	k.addServer()
+	return k
+}
+
+// addServer starts a server (on the test's goroutine: it may t.Fatal).
+func (k *modelKeyspaces) addServer() {
+	srv := redistest.Start(k.t, false)
+	for db := range modelDatabases {
+		k.slots = append(k.slots, &modelSlot{addr: srv.Addr, db: db})
+	}
+}
+
+// probe marks a command of the keyspaces' own, which a cut passes (to find
+// out whether a client is closed).
+type probe struct{}
+
+// take gives a free database, flushed (waiting for one if the runs in
+// progress hold them all).
+func (k *modelKeyspaces) take() (*modelSlot, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		k.mu.Lock()
+		for _, sl := range k.slots {
+			if sl.free() {
+				sl.clients = nil
+				c := goredis.NewClient(&goredis.Options{Addr: sl.addr, DB: sl.db, PoolSize: 2})
+				err := c.FlushDB(context.Background()).Err()
+				c.Close()
+				if err != nil {
+					k.mu.Unlock()
+					return nil, err
+				}
+				sl.clients = []*goredis.Client{nil} // taken: the first client comes next
+				k.mu.Unlock()
+				return sl, nil
+			}
+		}
+		k.mu.Unlock()
+		if time.Now().After(deadline) {
+			return nil, errors.New("model: no free Redis database for a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// free: every client of the slot's run is closed. k.mu held.
+func (sl *modelSlot) free() bool {
+	ctx := context.WithValue(context.Background(), probe{}, true)
+	for _, c := range sl.clients {
+		if c == nil {
+			return false // taken, no client yet
+		}
+		if err := c.Ping(ctx).Err(); !errors.Is(err, goredis.ErrClosed) {
+			return false
+		}
+	}
+	return true
+}
+
+// cutHook fails every command of a client once cut: the process is dead
+// (kill -9), so nothing it does reaches Redis any more.
+type cutHook struct{ cut *atomic.Bool }
+
+var errCut = errors.New("model: this process was killed (kill -9): nothing it sends reaches Redis")
+
+func (h cutHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h cutHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if h.cut.Load() && ctx.Value(probe{}) == nil {
+			cmd.SetErr(errCut)
+			return errCut
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h cutHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if h.cut.Load() {
+			for _, c := range cmds {
+				c.SetErr(errCut)
+			}
+			return errCut
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// modelDriver runs the model on the Redis store, each run on a database of
+// ks; known are the defects it tolerates.
+func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriver {
+	var mu sync.Mutex
+	cuts := map[*Store]*atomic.Bool{}
+	ready := map[*Store]bool{}
+	open := func(sl *modelSlot, c queuetest.Config) (queue.Store, error) {
+		cut := &atomic.Bool{}
+		rdb := goredis.NewClient(&goredis.Options{Addr: sl.addr, DB: sl.db})
+		rdb.AddHook(cutHook{cut: cut})
+		ks.mu.Lock()
+		if len(sl.clients) == 1 && sl.clients[0] == nil {
+			sl.clients[0] = rdb
+		} else {
+			sl.clients = append(sl.clients, rdb)
+		}
+		ks.mu.Unlock()
+		s, err := Open(context.Background(), Options{Client: rdb, OwnsClient: true, Clock: c.Clock, Policy: c.Policy, StartLag: -1,
+			Partitions: modelPartitions, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			// Quick polls of the arrivals (real time); a short lease, as
+			// each crash waits for it.
+			Timing: Timing{Poll: 2 * time.Millisecond, Lease: modelLease}})
+		if err != nil {
+			rdb.Close()
+			return nil, err
+		}
+		mu.Lock()
+		cuts[s] = cut
+		mu.Unlock()
+		return s, nil
+	}
+	return queuetest.ModelDriver{
+		Open: func(t testing.TB, c queuetest.Config) (queue.Store, error) {
+			sl, err := ks.take()
+			if err != nil {
+				return nil, err
+			}
+			return open(sl, c)
+		},
+		// kill -9 of the worker leaves Redis as it is (Redis does not
+		// crash here): the old process's client is cut, so that nothing it
+		// does reaches Redis any more (no clean handover: its leases lapse
+		// by themselves), and the restart is a new Store, its own client,
+		// on the same database, which takes the partitions once they do.
+		Crash: func(t testing.TB, s queue.Store) (func(testing.TB, queuetest.Config) (queue.Store, error), error) {
+			st := s.(*Store)
+			mu.Lock()
+			cut := cuts[st]
+			delete(cuts, st)
+			delete(ready, st)
+			mu.Unlock()
+			if cut == nil {
+				return nil, fmt.Errorf("model: crash of a store this driver did not open")
+			}
+			cut.Store(true)
+			var sl *modelSlot
+			ks.mu.Lock()
+			for _, x := range ks.slots {
+				for _, c := range x.clients {
+					if c == st.rdb {
+						sl = x
+					}
+				}
+			}
+			ks.mu.Unlock()
+			if sl == nil {
+				return nil, fmt.Errorf("model: the crashed store's database is not known")
+			}
+			return func(t testing.TB, c queuetest.Config) (queue.Store, error) {
+				s, err := open(sl, c)
+				if err != nil {
+					return nil, err
+				}
+				if err := takeOverAll(s.(*Store)); err != nil {
+					s.Close()
+					return nil, err
+				}
+				return s, nil
+			}, nil
+		},
+		// Quiet until the store hands over: every partition owned and
+		// loaded (a new Redis holds them vacant for a lease, a crashed
+		// process's lease must lapse first), so that the fake clock does
+		// not move while nobody can send.
+		Quiet: func(s queue.Store) bool {
+			st := s.(*Store)
+			mu.Lock()
+			ok := ready[st]
+			mu.Unlock()
+			if ok {
+				return true
+			}
+			if !st.Ready(context.Background()) {
+				return false
+			}
+			mu.Lock()
+			ready[st] = true
+			mu.Unlock()
+			return true
+		},
+		TAT: func(s queue.Store, tenant string) (time.Time, error) {
+			st := s.(*Store)
+			k := keysOf(st.partOf(tenant))
+			v, err := st.rdb.HGet(context.Background(), k.tenant(tenant), "tat").Int64()
+			if errors.Is(err, goredis.Nil) {
+				return time.Time{}, nil
+			}
+			if err != nil {
+				return time.Time{}, err
+			}
+			return fromMicros(v), nil
+		},
+		// Every change of a schedule is a script's write in Redis.
+		Durable: true,
+		Known:   known,
+	}
+}
+
+// takeOverAll is the start of a new process on a Redis a crashed one left:
+// it takes every partition once the dead one's leases lapse, and loads it
+// (takeover.lua: the jobs it was sending taken back, the schedules of
+// overdue tenants moved), as Consume's owners do; then it hands the
+// partitions back at once (its Consume takes them again, and finds them
+// loaded), so that what the model checks of a restart is what Redis holds
+// after the takeover, not before it.
+func takeOverAll(s *Store) error {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	taken := map[int]chan struct{}{}
+	var failed error
+	var mgr *owner.Manager
+	mgr, err := owner.New(owner.Options{Client: s.rdb, Partitions: s.partitions, WorkerID: fmt.Sprintf("model-restart-%p", s),
+		Lease: s.timing.Lease, Logger: s.log,
+		Acquired: func(p int, epoch int64) {
+			done := make(chan struct{})
+			mu.Lock()
+			taken[p] = done
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer close(done)
+				f, ok := mgr.Fence(p)
+				if !ok || f.Epoch != epoch {
+					return
+				}
+				if _, _, _, err := s.takeOver(context.Background(), f, keysOf(p)); err != nil {
+					mu.Lock()
+					failed = errors.Join(failed, err)
+					mu.Unlock()
+				}
+			}()
+		},
+		Drain: func(ctx context.Context, p int) {
+			mu.Lock()
+			done := taken[p]
+			mu.Unlock()
+			if done != nil {
+				<-done
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Start(context.Background()); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		n := len(taken)
+		mu.Unlock()
+		if n == s.partitions || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	wg.Wait()
+	mgr.Stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(taken) != s.partitions {
+		failed = errors.Join(failed, fmt.Errorf("model: the restart took %d of %d partitions within 20s", len(taken), s.partitions))
+	}
+	return failed
+}
+
+// TestModel: CI size; a soak with THROTTLER_MODEL_SEEDS.
+//
+// Off by default (THROTTLER_MODEL_REDIS=1 runs it): the random run still
+// finds defects that no flag tolerates yet (see the report of the commit
+// and the regression cases below).
+func TestModel(t *testing.T) {
+	if os.Getenv("THROTTLER_MODEL_REDIS") == "" {
+		t.Skip("the model on Redis still finds defects no flag tolerates: THROTTLER_MODEL_REDIS=1 runs it")
+	}
+	seeds, steps := 5, 80
+	if testutil.Race {
+		seeds, steps = 2, 50
+	}
+	queuetest.RunModel(t, modelDriver(newModelKeyspaces(t), modelKnown), seeds, steps)
+}
+
+// The cases the model found on this store, shrunk. Each runs with the
+// tolerances of TestModel but its own: a defect still open is skipped
+// (THROTTLER_MODEL_DEFECTS=1 runs it; its fix removes the skip and the
+// flag from modelKnown); the rest pass.
+func TestModelRegression(t *testing.T) {
+	ms := time.Millisecond
+	cases := []struct {
+		name   string
+		defect queuetest.Defect // the tolerance this case must run without
+		skip   string           // "": it passes
+		ops    []queuetest.Op
+	}{
+		{
+			// Found by the model (as on the embedded store, fixed there): a job
+			// admitted to a held tenant with a deadline is expired late.
+			name: "HeldDeadline", defect: queuetest.DefectLateExpiry,
+			skip: "defect: a held tenant's job is expired only after its deadline (queue_depth 1 at T0+350ms for a deadline at T0+320ms), see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpHold, Tenant: "b"},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 320 * ms}}},
+				{Kind: queuetest.OpAdvance, D: 200 * ms},
+				{Kind: queuetest.OpAdvance, D: 100 * ms},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+			},
+		},
+		{
+			// Found by the first driver, whose restart was checked before the
+			// takeover: a held tenant's job with a deadline across a crash.
+			name: "HeldDeadlineRestart",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpHold, Tenant: "a"},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: 420 * ms}}},
+				{Kind: queuetest.OpAdvance, D: 100 * ms},
+				{Kind: queuetest.OpCrash, D: 200 * ms},
+				{Kind: queuetest.OpAdvance, D: 150 * ms},
+			},
+		},
+		{
+			// Found by the model: jobs whose slots passed during the downtime
+			// keep them after the takeover (dispatch_at before the restart).
+			name: "RestartOverdue", defect: queuetest.DefectRestartOverdue,
+			skip: "defect: after a takeover a job overdue in the downtime says dispatch_at T0+100ms, before the restart at T0+250ms; the owner sends it at a time no record shows, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCrash, D: 250 * ms},
+			},
+		},
+		{
+			// Found by the first driver, before Durable: a held tenant's
+			// cancelled job across a crash (Redis keeps the place given back).
+			name: "HeldCancelRestart",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpHold, Tenant: "b"},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCancel, Pick: 267},
+				{Kind: queuetest.OpCrash},
+			},
+		},
+		{
+			// Found by the model, no flag yet: a job the crashed owner was
+			// sending (a timeout in flight) is taken back as retrying.
+			name: "TakenBackState",
+			skip: "defect: a job whose first attempt was in flight at the crash is retrying after the takeover, want queued (no attempt recorded), see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 50 * ms, Timeout: 100 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 520 * ms}}},
+				{Kind: queuetest.OpCrash},
+			},
+		},
+		{
+			// Found by the model, no flag yet: a job sent again after a lost
+			// write comes as attempt 2 (no attempt recorded).
+			name: "TakenBackAttempts",
+			skip: "defect: the resend of a write lost in a crash is handed over as attempt 2, want 1, see report",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+			},
+		},
+	}
+	ks := newModelKeyspaces(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			if c.skip != "" && os.Getenv("THROTTLER_MODEL_DEFECTS") == "" {
+				t.Skip(c.skip)
+			}
+			queuetest.ReplayModel(t, modelDriver(ks, modelKnown&^c.defect), c.ops)
+		})
+	}
+}
