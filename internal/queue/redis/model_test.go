@@ -345,8 +345,8 @@ func takeOverAll(s *Store) error {
 // TestModel: CI size; a soak with THROTTLER_MODEL_SEEDS.
 //
 // Off by default (THROTTLER_MODEL_REDIS=1 runs it): the random run still
-// finds defects that no flag tolerates yet (see the report of the commit
-// and the regression cases below).
+// finds defects that no flag tolerates yet (the regression cases below,
+// and docs/RELIABILITY.md, "The model test on Redis").
 func TestModel(t *testing.T) {
 	if os.Getenv("THROTTLER_MODEL_REDIS") == "" {
 		t.Skip("the model on Redis still finds defects no flag tolerates: THROTTLER_MODEL_REDIS=1 runs it")
@@ -374,7 +374,7 @@ func TestModelRegression(t *testing.T) {
 			// Found by the model (as on the embedded store, fixed there): a job
 			// admitted to a held tenant with a deadline is expired late.
 			name: "HeldDeadline", defect: queuetest.DefectLateExpiry,
-			skip: "defect: a held tenant's job is expired only after its deadline (queue_depth 1 at T0+350ms for a deadline at T0+320ms), see report",
+			skip: "defect: a held tenant's job is expired only after its deadline (queue_depth 1 at T0+350ms for a deadline at T0+320ms), see docs/RELIABILITY.md",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpHold, Tenant: "b"},
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 320 * ms}}},
@@ -399,7 +399,7 @@ func TestModelRegression(t *testing.T) {
 			// Found by the model: jobs whose slots passed during the downtime
 			// keep them after the takeover (dispatch_at before the restart).
 			name: "RestartOverdue", defect: queuetest.DefectRestartOverdue,
-			skip: "defect: after a takeover a job overdue in the downtime says dispatch_at T0+100ms, before the restart at T0+250ms; the owner sends it at a time no record shows, see report",
+			skip: "defect: after a takeover a job overdue in the downtime says dispatch_at T0+100ms, before the restart at T0+250ms; the owner sends it at a time no record shows, see docs/RELIABILITY.md",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
 				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
@@ -421,7 +421,7 @@ func TestModelRegression(t *testing.T) {
 			// Found by the model, no flag yet: a job the crashed owner was
 			// sending (a timeout in flight) is taken back as retrying.
 			name: "TakenBackState",
-			skip: "defect: a job whose first attempt was in flight at the crash is retrying after the takeover, want queued (no attempt recorded), see report",
+			skip: "defect: a job whose first attempt was in flight at the crash is retrying after the takeover, want queued (no attempt recorded), see docs/RELIABILITY.md",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 50 * ms, Timeout: 100 * ms}},
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 520 * ms}}},
@@ -432,11 +432,25 @@ func TestModelRegression(t *testing.T) {
 			// Found by the model, no flag yet: a job sent again after a lost
 			// write comes as attempt 2 (no attempt recorded).
 			name: "TakenBackAttempts",
-			skip: "defect: the resend of a write lost in a crash is handed over as attempt 2, want 1, see report",
+			skip: "defect: the resend of a write lost in a crash is handed over as attempt 2, want 1, see docs/RELIABILITY.md",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
 				{Kind: queuetest.OpCrashOnWrite},
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+			},
+		},
+		{
+			// Found by the model, no flag yet (seeds 1 and 2 of the random
+			// run): after a lost write of a token tenant with a window, the
+			// job taken back says dispatch_at T0+100ms and is not sent then;
+			// likely RestartOverdue's root (the owner's floor and pace are in
+			// memory only, so the record says a time the owner does not keep).
+			name: "TakenBackNotSentWhenDue",
+			skip: "defect: after a takeover a retrying job due at T0+100ms (its record says) is not sent by then, see docs/RELIABILITY.md",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k4"}, {Deadline: 320 * ms}}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+				{Kind: queuetest.OpCrashOnWrite},
 			},
 		},
 	}
