@@ -418,10 +418,9 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
-			// Found by the model, no flag yet: a job the crashed owner was
-			// sending (a timeout in flight) is taken back as retrying.
+			// Found by the model: a job the crashed owner was sending (a
+			// timeout in flight) was taken back as retrying, not queued.
 			name: "TakenBackState",
-			skip: "defect: a job whose first attempt was in flight at the crash is retrying after the takeover, want queued (no attempt recorded), see docs/RELIABILITY.md",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 50 * ms, Timeout: 100 * ms}},
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 520 * ms}}},
@@ -429,10 +428,9 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
-			// Found by the model, no flag yet: a job sent again after a lost
-			// write comes as attempt 2 (no attempt recorded).
+			// Found by the model: a job sent again after a lost write came as
+			// attempt 2 (no attempt was recorded).
 			name: "TakenBackAttempts",
-			skip: "defect: the resend of a write lost in a crash is handed over as attempt 2, want 1, see docs/RELIABILITY.md",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
 				{Kind: queuetest.OpCrashOnWrite},

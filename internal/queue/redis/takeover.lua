@@ -33,10 +33,15 @@ local taken = 0
 if ARGV[4] == '1' then
   for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
     local jk = prefix .. 'job:' .. id
-    local j = redis.call('HMGET', jk, 'state', 'slot', 'tenant')
+    local j = redis.call('HMGET', jk, 'state', 'slot', 'tenant', 'attempts')
     if j[1] == 'dispatching' then
       local tk = prefix .. 'tenant:' .. j[3]
-      redis.call('HSET', jk, 'state', 'retrying')
+      -- The claim counted an attempt whose outcome nobody recorded: it
+      -- is not counted (the resend is that attempt again, as on the
+      -- embedded store, whose claims are not written), and a job with no
+      -- attempt recorded waits as queued.
+      local attempts = math.max((tonumber(j[4]) or 1) - 1, 0)
+      redis.call('HSET', jk, 'state', attempts > 0 and 'retrying' or 'queued', 'attempts', attempts)
       redis.call('ZREM', prefix .. 'claimed:' .. j[3], id)
       redis.call('ZADD', prefix .. 'waiting:' .. j[3], tonumber(j[2]) or 0, id)
       redis.call('HINCRBY', tk, 'inflight', -1)
