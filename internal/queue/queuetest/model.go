@@ -187,17 +187,19 @@ const (
 	// the store does. (Fixed in the embedded store.)
 	DefectLateExpiry
 	// DefectRestartOverdue (found by the model on Redis): a new owner's
-	// takeover leaves the waiting jobs whose slots passed while nobody sent
+	// takeover left the waiting jobs whose slots passed while nobody sent
 	// them (a crash and its downtime), or that a write lost in the crash
-	// makes too soon, at those slots: Store.Job says a dispatch_at before
+	// makes too soon, at those slots: Store.Job said a dispatch_at before
 	// the restart or sooner than the tenant's last writes allow, and the
-	// owner hands them over with those dispatch times (its floor and pace
-	// are in memory only), so that nothing but the dispatcher's gate
-	// spaces them (two overdue jobs of a burst-1 tenant handed over and
-	// written at one instant). Tolerated: until it is written such a job's
-	// dispatch_at, write time, rate and windows are not checked (the model
-	// places it as the embedded store would, from the restart, a cost
-	// apart, for what comes after it).
+	// owner handed them over with those dispatch times (its floor and pace
+	// in memory only). Fixed for the rate: takeover.lua writes the slots
+	// it moves, from the restart (a lost write's cost after it), a cost
+	// apart. What is left: it moves them by the rate only, not by the
+	// windows, so with a write lost in the crash a window can hold one send
+	// too many (TakeoverWindow). Tolerated: until it is written such a
+	// job's dispatch_at, write time, rate and windows are not checked (the
+	// model places it as the embedded store would, from the restart, a
+	// cost apart, for what comes after it).
 	DefectRestartOverdue
 )
 

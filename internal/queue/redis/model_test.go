@@ -33,9 +33,9 @@ import (
 
 // modelKnown are the defects the model tolerates on this store; the
 // regression cases below pin each one.
-const modelKnown = queuetest.DefectCountRetryAfter | queuetest.DefectRepeatCost |
+const modelKnown = queuetest.DefectCountRetryAfter |
 	queuetest.DefectWindowRetryAfter | queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
-	queuetest.DefectRetryCost | queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture |
+	queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture |
 	queuetest.DefectLateExpiry | queuetest.DefectRestartOverdue
 
 // modelLease is the partitions' lease in model runs: a crash waits for it.
@@ -397,9 +397,8 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			// Found by the model: jobs whose slots passed during the downtime
-			// keep them after the takeover (dispatch_at before the restart).
+			// kept them after the takeover (dispatch_at before the restart).
 			name: "RestartOverdue", defect: queuetest.DefectRestartOverdue,
-			skip: "defect: after a takeover a job overdue in the downtime says dispatch_at T0+100ms, before the restart at T0+250ms; the owner sends it at a time no record shows, see docs/RELIABILITY.md",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
 				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
@@ -444,11 +443,40 @@ func TestModelRegression(t *testing.T) {
 			// likely RestartOverdue's root (the owner's floor and pace are in
 			// memory only, so the record says a time the owner does not keep).
 			name: "TakenBackNotSentWhenDue",
-			skip: "defect: after a takeover a retrying job due at T0+100ms (its record says) is not sent by then, see docs/RELIABILITY.md",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k4"}, {Deadline: 320 * ms}}},
 				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
 				{Kind: queuetest.OpCrashOnWrite},
+			},
+		},
+		{
+			// Found by the model after RestartOverdue's fix: a takeover
+			// re-spaces by the rate only, not by the windows, so with a write
+			// lost in the crash a window holds one send too many.
+			name: "TakeoverWindow", defect: queuetest.DefectRestartOverdue,
+			skip: "defect: after a lost write, the takeover's re-spacing ignores the windows: 3 sends within 200ms under 2/500ms, see docs/RELIABILITY.md",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 2, Windows: []queuetest.WindowSpec{{N: 2, Length: 500 * ms}}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCrashOnWrite},
+			},
+		},
+		{
+			// Found by the model, no flag yet: a retry's slot after a crash,
+			// with windows, comes sooner than the windows allow.
+			name: "RetrySlotAfterCrash",
+			skip: "defect: attempts that failed at T0+100ms were given slots [500ms], sooner than the windows allow ([1.05s]), see docs/RELIABILITY.md",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 400 * ms}},
+				{Kind: queuetest.OpHold, Tenant: "a"},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 3, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k5"}}},
+				{Kind: queuetest.OpResume, Tenant: "a"},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Cost: 3}}},
+				{Kind: queuetest.OpAdvance, D: 250 * ms},
 			},
 		},
 	}

@@ -19,12 +19,14 @@
 -- dispatch time plus its cost in intervals), and its waiting jobs by slot.
 --
 -- A tenant whose waiting jobs' slots passed while nobody sent them (the
--- partition had no owner: a worker cut off from Redis, or killed) has its
--- tat moved to where the new owner will really be done with them: from
--- now (or its next, if later), one interval a cost apart, with no burst
--- credit (the sends before may have used it), as the embedded store does
--- at a restart (bolt's respaceTenant). So a job admitted after the
--- takeover is promised what it will see, not a slot the backlog has taken.
+-- partition had no owner: a worker cut off from Redis, or killed) has them
+-- moved, and its tat past them, to where the new owner will really send
+-- them: from now (or its next, if later; or, if a job taken back may have
+-- been written, its cost after now), one interval a cost apart, with no
+-- burst credit (the sends before may have used it), as the embedded store
+-- does at a restart (bolt's respaceTenant). So each job says when it goes,
+-- and a job admitted after the takeover is promised what it will see, not
+-- a slot the backlog has taken.
 
 local now = server_now(ARGV[2])
 local prefix = ARGV[3]
@@ -33,9 +35,14 @@ local taken = 0
 if ARGV[4] == '1' then
   for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
     local jk = prefix .. 'job:' .. id
-    local j = redis.call('HMGET', jk, 'state', 'slot', 'tenant', 'attempts')
+    local j = redis.call('HMGET', jk, 'state', 'slot', 'tenant', 'attempts', 'cost')
     if j[1] == 'dispatching' then
       local tk = prefix .. 'tenant:' .. j[3]
+      -- It may have been written at any moment up to now: the tenant's
+      -- next send comes its cost in intervals after now (respace, below,
+      -- in this run or a later one of the same takeover).
+      local cost = at_least(tonumber(j[5]) or 1, 1)
+      if cost > (tonumber(redis.call('HGET', tk, 'lost')) or 0) then redis.call('HSET', tk, 'lost', cost) end
       -- The claim counted an attempt whose outcome nobody recorded: it
       -- is not counted (the resend is that attempt again, as on the
       -- embedded store, whose claims are not written), and a job with no
@@ -54,13 +61,25 @@ end
 
 -- Moves tk's tat past its overdue waiting jobs (see above): waiting is
 -- ZRANGE WITHSCORES, in slot order.
-local function respace(tk, waiting, T, tau, shift, untl, held, nxt, tat)
+local function respace(tk, name, waiting, T, tau, shift, untl, held, nxt, tat)
   if held > 0 or untl > now or #waiting == 0 then return end -- paused: its end moves everything
-  local t = at_least(now, nxt) - shift -- tenant time
+  local t = at_least(now, nxt)
+  local lost = tonumber(redis.call('HGET', tk, 'lost')) or 0
+  if lost > 0 then
+    t = at_least(t, now + lost * T) -- a write lost in the crash (see above)
+    redis.call('HDEL', tk, 'lost')
+  end
+  t = t - shift -- tenant time
   local moved = false
   for i = 1, #waiting, 2 do
     if tonumber(waiting[i + 1]) >= t then break end -- on schedule: so are the later ones
-    local cost = at_least(tonumber(redis.call('HGET', prefix .. 'job:' .. waiting[i], 'cost')) or 1, 1)
+    -- Written where the new owner will send it, so that what Job says and
+    -- what is sent agree.
+    local jk = prefix .. 'job:' .. waiting[i]
+    local cost = at_least(tonumber(redis.call('HGET', jk, 'cost')) or 1, 1)
+    redis.call('ZADD', prefix .. 'waiting:' .. name, t, waiting[i])
+    redis.call('HSET', jk, 'slot', t, 'dispatch', t + shift)
+    waiting[i + 1] = tostring(t)
     t, moved = t + cost * T, true
   end
   if moved and t + tau > tat then redis.call('HSET', tk, 'tat', t + tau) end
@@ -74,8 +93,8 @@ for i = 5, #ARGV, 3 do
   local shift, untl, held, nxt = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
   local r = {name, shift, untl, held, nxt}
   local waiting = redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')
+  respace(tk, name, waiting, T, tau, shift, untl, held, nxt, tonumber(h[5]) or 0)
   for _, v in ipairs(waiting) do r[#r + 1] = v end
-  respace(tk, waiting, T, tau, shift, untl, held, nxt, tonumber(h[5]) or 0)
   out[#out + 1] = r
 end
 return out
