@@ -52,13 +52,22 @@ func TestTakeoverMovesTheScheduleOfJobsOverdue(t *testing.T) {
 	for i := range 5 {
 		admitAcme(t, s, i) // due at 0, T, ... 4T
 	}
-	clk.Advance(3 * time.Second) // and nobody sent them
+	clk.Advance(3*time.Second + 123*time.Microsecond) // and nobody sent them
 
 	p := s.partOf("acme")
 	f := owner.Fence{Partition: p, Worker: "next-owner", Epoch: 1}
 	holdLease(t, rdb, f)
-	if _, _, tenants, err := s.takeOver(ctx, f, keysOf(p)); err != nil || len(tenants) != 1 || len(tenants[0].Waiting) != 5 {
+	_, _, tenants, err := s.takeOver(ctx, f, keysOf(p))
+	if err != nil || len(tenants) != 1 || len(tenants[0].Waiting) != 5 {
 		t.Fatalf("takeover: %+v %v", tenants, err)
+	}
+	// Each moved job's record says its new time, to the microsecond, as the
+	// owner has it.
+	for i, w := range tenants[0].Waiting {
+		j, err := s.Job(ctx, w.ID)
+		if want := clk.Now().Add(time.Duration(i) * queuetest.T); err != nil || !j.DispatchAt.Equal(want) || !w.Slot.Equal(j.Slot) {
+			t.Fatalf("job %d after the takeover: dispatch_at %v slot %v (the owner has %v), %v; want dispatch_at %v", i, j.DispatchAt, j.Slot, w.Slot, err, want)
+		}
 	}
 	// The five go from now, one interval apart; the next after them.
 	if got, want := admitAcme(t, s, 5).ExpectedDelay, 5*queuetest.T; got != want {

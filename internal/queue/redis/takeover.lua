@@ -59,8 +59,8 @@ if ARGV[4] == '1' then
   redis.call('DEL', KEYS[2])
 end
 
--- Moves tk's tat past its overdue waiting jobs (see above): waiting is
--- ZRANGE WITHSCORES, in slot order.
+-- Moves tk's overdue waiting jobs, and its tat past them (see above):
+-- waiting is ZRANGE WITHSCORES, in slot order, and gets their new slots.
 local function respace(tk, name, waiting, T, tau, shift, untl, held, nxt, tat)
   if held > 0 or untl > now or #waiting == 0 then return end -- paused: its end moves everything
   local t = at_least(now, nxt)
@@ -79,7 +79,7 @@ local function respace(tk, name, waiting, T, tau, shift, untl, held, nxt, tat)
     local cost = at_least(tonumber(redis.call('HGET', jk, 'cost')) or 1, 1)
     redis.call('ZADD', prefix .. 'waiting:' .. name, t, waiting[i])
     redis.call('HSET', jk, 'slot', t, 'dispatch', t + shift)
-    waiting[i + 1] = tostring(t)
+    waiting[i + 1] = string.format('%d', t) -- as ZRANGE gives it (tostring would round to 14 digits)
     t, moved = t + cost * T, true
   end
   if moved and t + tau > tat then redis.call('HSET', tk, 'tat', t + tau) end
