@@ -50,114 +50,156 @@ func (r *runner) crash(down time.Duration) {
 // last write of its tenant (recorded, or written and lost in the crash).
 func (r *runner) recover(at time.Time) {
 	for _, name := range r.m.order {
-		tn := r.m.tenants[name]
-		T := tn.pol.Interval
-		if r.m.known&DefectRestartCost != 0 && len(tn.writes) > 0 {
-			// issue 12 (found by the model): a restart spaces the next
-			// send one interval after the last one, whatever its cost.
-			last := tn.writes[len(tn.writes)-1]
-			tn.rateTAT = earliest(tn.rateTAT, laterOf(last.Add(tn.lastWriteT), tn.rateTAT1))
+		if r.recoverTenant(r.m.tenants[name], at); r.fail != nil {
+			return
 		}
-		// The next send no sooner than the writes so far allow (lost in
-		// the crash or not, with the burst of the policy the job was given
-		// its slot under or of the one now), and one interval after the
-		// last recorded one.
-		boundFor := func(j *mjob) time.Time {
-			var bound time.Time
-			if len(tn.writes) > 0 {
-				bound = tn.rateTAT.Add(-max(tn.tau(), j.tag.tau))
-			}
-			if !tn.lastRecorded.IsZero() {
-				bound = laterOf(bound, tn.lastRecorded.Add(min(T, j.tag.T)))
-			}
-			return bound
+	}
+}
+
+// recoverTenant is recover for one tenant.
+func (r *runner) recoverTenant(tn *mtenant, at time.Time) {
+	if r.m.known&DefectRestartCost != 0 && len(tn.writes) > 0 {
+		// issue 12 (found by the model): a restart spaces the next
+		// send one interval after the last one, whatever its cost.
+		last := tn.writes[len(tn.writes)-1]
+		tn.rateTAT = earliest(tn.rateTAT, laterOf(last.Add(tn.lastWriteT), tn.rateTAT1))
+	}
+	held := !tn.pz.held.IsZero()
+	respaced := len(tn.waiting()) > 0 && !held // a held tenant is left as it is, unless its jobs move
+	var overdue []*mjob                        // left at their passed slots (DefectRestartOverdue)
+	for _, j := range tn.waiting() {
+		sj, waits := r.restartedJob(j, at)
+		switch {
+		case r.fail != nil:
+			return
+		case !waits:
+		case held:
+			respaced = r.recoverHeldJob(tn, j, sj) || respaced
+		case r.recoverJob(tn, j, sj, at):
+			overdue = append(overdue, j)
 		}
-		held := !tn.pz.held.IsZero()
-		respaced := len(tn.waiting()) > 0 && !held // a held tenant is left as it is, unless its jobs move
-		var overdue []*mjob                        // left at their passed slots (DefectRestartOverdue)
-		for _, j := range tn.waiting() {
-			sj, err := r.store.Job(r.ctx, j.id)
-			if err != nil {
-				r.failf("lost", "%s after a restart: %v", r.m.describe(j), err)
-				return
-			}
-			if sj.State == queue.StateExpired && !j.deadline.IsZero() && j.deadline.Before(at) {
-				j.state = msExpired // past its deadline: expired before the crash, or at the restart
-				continue
-			}
-			if !sj.State.Waiting() {
-				r.failf("lost", "%s is %s after a restart, want waiting", r.m.describe(j), sj.State)
-				return
-			}
-			if held {
-				if j.possiblySent && r.m.known&DefectHeldRestart != 0 {
-					j.heldResend = true
-				}
-				// Its clock stands still: a job may move only later in the
-				// tenant's time (one that may have been written before the
-				// crash must, so that it does not go again the moment the
-				// operator resumes: checked when it is written).
-				if sj.Slot.Before(j.slot) {
-					r.failf("restart", "%s of a held tenant moved earlier by a restart: slot %v, was %v", r.m.describe(j), sj.Slot.Sub(T0), j.slot.Sub(T0))
-					return
-				}
-				if sj.Slot.After(j.slot) {
-					r.takeRestartSlot(tn, j, sj.Slot)
-					respaced = true
-				}
-				continue
-			}
-			old, _ := tn.pz.real(j.slot)
-			bound := boundFor(j)
-			if (sj.DispatchAt.Before(at) || !bound.IsZero() && sj.DispatchAt.Before(bound)) && r.m.known&DefectRestartOverdue != 0 {
-				overdue = append(overdue, j)
-				continue
-			}
-			switch {
-			case sj.DispatchAt.Before(at):
-				r.failf("restart", "%s due at T0+%v after a restart at T0+%v", r.m.describe(j), sj.DispatchAt.Sub(T0), at.Sub(T0))
-			case !bound.IsZero() && sj.DispatchAt.Before(bound):
-				r.failf("restart spacing", "%s due at T0+%v after a restart at T0+%v, sooner than its tenant's writes so far allow (T0+%v; T %v; writes %v)", r.m.describe(j), sj.DispatchAt.Sub(T0), at.Sub(T0), bound.Sub(T0), T, relTimes(lastN(tn.writes, 4)))
-			case !j.possiblySent && sj.DispatchAt.Before(old):
-				r.failf("restart", "%s moved earlier by a restart: T0+%v, was T0+%v", r.m.describe(j), sj.DispatchAt.Sub(T0), old.Sub(T0))
-			}
-			if r.fail != nil {
-				return
-			}
-			if !sj.Slot.Equal(j.slot) {
-				r.takeRestartSlot(tn, j, sj.Slot)
-			}
+		if r.fail != nil {
+			return
 		}
-		if len(overdue) > 0 {
-			// Re-spaced as the embedded store does: from the restart, no
-			// sooner than the tenant's writes allow, a cost apart.
-			slot := tn.pz.tenantTime(laterOf(at, boundFor(overdue[0])))
-			for _, j := range overdue {
-				r.takeRestartSlot(tn, j, slot)
-				j.staleDispatch = true
-				slot = slot.Add(time.Duration(j.cost) * tn.pol.Interval)
-			}
+	}
+	r.respaceOverdue(tn, overdue, at)
+	r.takeRestartTAT(tn, respaced)
+}
+
+// restartBound is the soonest j may go after a restart: no sooner than the
+// writes so far allow (lost in the crash or not, with the burst of the
+// policy the job was given its slot under or of the one now), and one
+// interval after the last recorded one.
+func (tn *mtenant) restartBound(j *mjob) time.Time {
+	var bound time.Time
+	if len(tn.writes) > 0 {
+		bound = tn.rateTAT.Add(-max(tn.tau(), j.tag.tau))
+	}
+	if !tn.lastRecorded.IsZero() {
+		bound = laterOf(bound, tn.lastRecorded.Add(min(tn.pol.Interval, j.tag.T)))
+	}
+	return bound
+}
+
+// restartedJob reads j from the restarted store; waits is false for a job
+// expired meanwhile (taken as such) or one not waiting (a failure).
+func (r *runner) restartedJob(j *mjob, at time.Time) (sj queue.Job, waits bool) {
+	sj, err := r.store.Job(r.ctx, j.id)
+	if err != nil {
+		r.failf("lost", "%s after a restart: %v", r.m.describe(j), err)
+		return sj, false
+	}
+	if sj.State == queue.StateExpired && !j.deadline.IsZero() && j.deadline.Before(at) {
+		j.state = msExpired // past its deadline: expired before the crash, or at the restart
+		return sj, false
+	}
+	if !sj.State.Waiting() {
+		r.failf("lost", "%s is %s after a restart, want waiting", r.m.describe(j), sj.State)
+		return sj, false
+	}
+	return sj, true
+}
+
+// recoverHeldJob checks a held tenant's job after a restart, and reports
+// whether the restart moved it. Its clock stands still: a job may move
+// only later in the tenant's time (one that may have been written before
+// the crash must, so that it does not go again the moment the operator
+// resumes: checked when it is written).
+func (r *runner) recoverHeldJob(tn *mtenant, j *mjob, sj queue.Job) bool {
+	if j.possiblySent && r.m.known&DefectHeldRestart != 0 {
+		j.heldResend = true
+	}
+	if sj.Slot.Before(j.slot) {
+		r.failf("restart", "%s of a held tenant moved earlier by a restart: slot %v, was %v", r.m.describe(j), sj.Slot.Sub(T0), j.slot.Sub(T0))
+		return false
+	}
+	if sj.Slot.After(j.slot) {
+		r.takeRestartSlot(tn, j, sj.Slot)
+		return true
+	}
+	return false
+}
+
+// recoverJob checks a job's time after a restart and takes it; overdue
+// reports one left at a passed slot, which DefectRestartOverdue tolerates
+// (respaceOverdue places it).
+func (r *runner) recoverJob(tn *mtenant, j *mjob, sj queue.Job, at time.Time) (overdue bool) {
+	old, _ := tn.pz.real(j.slot)
+	bound := tn.restartBound(j)
+	if (sj.DispatchAt.Before(at) || !bound.IsZero() && sj.DispatchAt.Before(bound)) && r.m.known&DefectRestartOverdue != 0 {
+		return true
+	}
+	switch {
+	case sj.DispatchAt.Before(at):
+		r.failf("restart", "%s due at T0+%v after a restart at T0+%v", r.m.describe(j), sj.DispatchAt.Sub(T0), at.Sub(T0))
+	case !bound.IsZero() && sj.DispatchAt.Before(bound):
+		r.failf("restart spacing", "%s due at T0+%v after a restart at T0+%v, sooner than its tenant's writes so far allow (T0+%v; T %v; writes %v)", r.m.describe(j), sj.DispatchAt.Sub(T0), at.Sub(T0), bound.Sub(T0), tn.pol.Interval, relTimes(lastN(tn.writes, 4)))
+	case !j.possiblySent && sj.DispatchAt.Before(old):
+		r.failf("restart", "%s moved earlier by a restart: T0+%v, was T0+%v", r.m.describe(j), sj.DispatchAt.Sub(T0), old.Sub(T0))
+	}
+	if r.fail == nil && !sj.Slot.Equal(j.slot) {
+		r.takeRestartSlot(tn, j, sj.Slot)
+	}
+	return false
+}
+
+// respaceOverdue places the jobs a restart left at passed slots
+// (DefectRestartOverdue) as the embedded store does: from the restart, no
+// sooner than the tenant's writes allow, a cost apart.
+func (r *runner) respaceOverdue(tn *mtenant, overdue []*mjob, at time.Time) {
+	if len(overdue) == 0 {
+		return
+	}
+	slot := tn.pz.tenantTime(laterOf(at, tn.restartBound(overdue[0])))
+	for _, j := range overdue {
+		r.takeRestartSlot(tn, j, slot)
+		j.staleDispatch = true
+		slot = slot.Add(time.Duration(j.cost) * tn.pol.Interval)
+	}
+}
+
+// takeRestartTAT checks the tenant's schedule after a restart and takes
+// it; respaced says whether the restart wrote it back.
+func (r *runner) takeRestartTAT(tn *mtenant, respaced bool) {
+	// The next send no sooner than one interval after the last one
+	// recorded, whatever the schedule says.
+	if !tn.lastRecorded.IsZero() {
+		tn.tat = laterOf(tn.tat, tn.lastRecorded.Add(tn.pol.Interval+tn.tau()-tn.pz.shift))
+	}
+	// What the restart chose beyond that is the store's to choose.
+	if got, ok := r.storeTAT(tn); ok {
+		if got.Before(tn.tat) {
+			r.failf("restart", "tenant %s: after a restart its schedule is at T0+%v (tenant time), sooner than its jobs and last send allow (T0+%v)", tn.name, got.Sub(T0), tn.tat.Sub(T0))
+			return
 		}
-		// The next send no sooner than one interval after the last one
-		// recorded, whatever the schedule says.
-		if !tn.lastRecorded.IsZero() {
-			tn.tat = laterOf(tn.tat, tn.lastRecorded.Add(T+tn.tau()-tn.pz.shift))
-		}
-		// What the restart chose beyond that is the store's to choose.
-		if got, ok := r.storeTAT(tn); ok {
-			if got.Before(tn.tat) {
-				r.failf("restart", "tenant %s: after a restart its schedule is at T0+%v (tenant time), sooner than its jobs and last send allow (T0+%v)", name, got.Sub(T0), tn.tat.Sub(T0))
-				return
-			}
-			tn.tat = got
-		}
-		// Written back only for a tenant with jobs to re-space; for the
-		// others the floor holds in memory and is found again at the next
-		// start.
-		if respaced {
-			tn.persistedTAT = tn.tat
-			clear(tn.dormant)
-		}
+		tn.tat = got
+	}
+	// Written back only for a tenant with jobs to re-space; for the
+	// others the floor holds in memory and is found again at the next
+	// start.
+	if respaced {
+		tn.persistedTAT = tn.tat
+		clear(tn.dormant)
 	}
 }
 
