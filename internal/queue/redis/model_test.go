@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -165,8 +166,8 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 		rdb := goredis.NewClient(&goredis.Options{Addr: sl.addr, DB: sl.db})
 		rdb.AddHook(cutHook{cut: cut})
 		ks.mu.Lock()
-		if len(sl.clients) == 1 && sl.clients[0] == nil {
-			sl.clients[0] = rdb
+		if i := slices.Index(sl.clients, nil); i >= 0 {
+			sl.clients[i] = rdb // the place take or a crash kept for it
 		} else {
 			sl.clients = append(sl.clients, rdb)
 		}
@@ -217,6 +218,12 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 						sl = x
 					}
 				}
+			}
+			if sl != nil {
+				// Taken until the restart opens its client: between the old
+				// client's close and the new one's, every client of the slot
+				// is closed, and another run would take (and flush) it.
+				sl.clients = append(sl.clients, nil)
 			}
 			ks.mu.Unlock()
 			if sl == nil {
