@@ -3,6 +3,7 @@ package bolt
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -159,12 +160,26 @@ func (s *Store) pickFair(p *pick, ds string, q *fairQueue) {
 // back): nothing to send.
 func (s *Store) readChosen(chosen []dueEntry) (claimed, gone []queue.Job, err error) {
 	claimed = make([]queue.Job, 0, len(chosen))
+	// Admissions the write-ahead log alone has are read from memory, first:
+	// s.mu is not taken in a read transaction (see claimDue).
+	inLog := map[string]queue.Job{}
+	s.mu.Lock()
+	for _, e := range chosen {
+		if j, ok := s.unapplied[e.id]; ok {
+			j.Payload = slices.Clone(j.Payload)
+			inLog[e.id] = j
+		}
+	}
+	s.mu.Unlock()
 	err = s.db.View(func(tx *bbolt.Tx) error {
 		claimed, gone = claimed[:0], gone[:0]
 		for _, e := range chosen {
-			j, ok, err := getJob(tx, e.id, true)
-			if err != nil {
-				return err
+			j, ok := inLog[e.id]
+			if !ok {
+				var err error
+				if j, ok, err = getJob(tx, e.id, true); err != nil {
+					return err
+				}
 			}
 			if !ok {
 				return fmt.Errorf("job %s is scheduled but not stored", e.id)
@@ -216,7 +231,7 @@ func (s *Store) expire(entries []dueEntry) {
 	}
 	now := s.clock.Now()
 	var done []queue.Job
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
+	err := s.commit(func(tx *bbolt.Tx) error {
 		done = done[:0]
 		for _, e := range entries {
 			j, ok, err := getJob(tx, e.id, false)

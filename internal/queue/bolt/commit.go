@@ -2,26 +2,311 @@ package bolt
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
 	"throttler/internal/queue"
 )
 
-// Admissions are made durable by group commit without a window: one
-// goroutine (the committer) writes, and each transaction carries every write
-// that arrived while the one before it was committing. Under load that is as
-// many as are waiting (a commit is two fdatasyncs); at rest a write is
-// committed at once, where bbolt's Batch would first wait MaxBatchDelay for
-// others. Nothing is answered before its commit returns.
+// Every write of the store goes through one goroutine, the committer: the
+// bbolt file has one writer anyway, and with one owner the write-ahead log
+// (wal.go) needs no lock. Writes are grouped without a window: each group
+// carries every write that arrived while the one before it was being made
+// durable. A group of admissions only is appended to the log (one
+// fdatasync); any other group is a bbolt transaction (two fdatasyncs) that
+// first writes what the log holds. Nothing is answered before it is durable.
 
-// maxGroup bounds the writes one transaction carries.
-const maxGroup = 1000
+const (
+	// maxGroup bounds the writes one group carries.
+	maxGroup = 1000
+	// The log's records are written into the bbolt file once they hold
+	// walApplyJobs admissions or walApplyBytes, or walApplyAfter after the
+	// first of them if no other write came meanwhile: often enough that
+	// the log never fills and the jobs read from memory (s.unapplied) stay
+	// few, seldom enough that one transaction carries thousands of them.
+	walApplyJobs  = 4096
+	walApplyBytes = walSize / 4
+	walApplyAfter = 20 * time.Millisecond
+)
+
+var errClosed = errors.New("embedded store is closed")
+
+type commitReq struct {
+	// admission: an Enqueue's writes as data (admissionOps), which the log
+	// can hold; jobs are the jobs it admits, read from memory until the
+	// bbolt file has them.
+	admission []byte
+	jobs      []queue.Job
+	// fn: any other write. Grouped, it is run as bbolt's Batch runs it: in
+	// a transaction with others, and again alone if that one fails.
+	fn func(*bbolt.Tx) error
+	// alone: fn is run once, in a transaction of its own (its effects go
+	// beyond the transaction).
+	alone bool
+	// snapshot (tests): run between two writes, when nothing is written.
+	snapshot func() error
+	tenant   string // whose record to write after the write, once per group
+	done     chan error
+}
+
+// walGroup is a group in the log, not yet in the bbolt file.
+type walGroup struct {
+	body []byte
+	jobs []queue.Job
+}
+
+// commitAdmission makes an Enqueue's admissions durable (ops from
+// admissionOps); the committer writes tenant's record with them.
+func (s *Store) commitAdmission(tenant string, ops []byte, jobs []queue.Job) error {
+	return s.send(commitReq{admission: ops, jobs: jobs, tenant: tenant})
+}
+
+// commit runs fn in the next group transaction and returns once it is
+// durable. fn may be run more than once (alone, if the group fails), and
+// must not itself return an error but for a failed write or a refusal of
+// its own.
+func (s *Store) commit(fn func(*bbolt.Tx) error) error {
+	return s.send(commitReq{fn: fn})
+}
+
+// update runs fn once, in a transaction of its own. Once the store is
+// closing and the committer has stopped, it runs it here: the finisher and
+// Close write their last outcomes and records after that, one after the
+// other.
+func (s *Store) update(fn func(*bbolt.Tx) error) error {
+	r := commitReq{fn: fn, alone: true, done: make(chan error, 1)}
+	select {
+	case s.commits <- r:
+		return <-r.done
+	case <-s.committerDone:
+		return s.updateTx(fn)
+	}
+}
+
+func (s *Store) send(r commitReq) error {
+	r.done = make(chan error, 1)
+	select {
+	case s.commits <- r:
+	case <-s.stop:
+		return errClosed
+	}
+	return <-r.done
+}
+
+// committer writes groups until the store closes.
+func (s *Store) committer() {
+	defer close(s.committerDone)
+	idle := time.NewTimer(walApplyAfter)
+	defer idle.Stop()
+	group := make([]commitReq, 0, 64)
+	for {
+		group = group[:0]
+		var applyDue <-chan time.Time
+		if len(s.pending) > 0 {
+			idle.Reset(walApplyAfter)
+			applyDue = idle.C
+		}
+		select {
+		case r := <-s.commits:
+			group = append(group, r)
+		case <-applyDue:
+			s.applyNow()
+			continue
+		case <-s.stop:
+			return
+		}
+	gather:
+		for len(group) < maxGroup {
+			select {
+			case r := <-s.commits:
+				group = append(group, r)
+			default:
+				break gather
+			}
+		}
+		s.writeAll(group)
+	}
+}
+
+// writeAll writes a gathered group in order: the writes that must be alone
+// split it.
+func (s *Store) writeAll(group []commitReq) {
+	start := 0
+	for i, r := range group {
+		if !r.alone && r.snapshot == nil {
+			continue
+		}
+		s.writeGroup(group[start:i])
+		start = i + 1
+		if r.snapshot != nil {
+			r.done <- r.snapshot()
+		} else {
+			r.done <- s.updateTx(r.fn)
+		}
+	}
+	s.writeGroup(group[start:])
+}
+
+// writeGroup makes a group durable: in the log if it holds admissions only
+// and fits, else in one transaction. If the transaction fails, each write
+// is tried alone, so that one bad write fails only its own caller.
+func (s *Store) writeGroup(group []commitReq) {
+	if len(group) == 0 {
+		return
+	}
+	s.groups.Add(1)
+	s.grouped.Add(int64(len(group)))
+	if err := s.logGroup(group); !errors.Is(err, errNotLogged) {
+		for _, r := range group {
+			r.done <- err
+		}
+		return
+	}
+	err := s.updateTx(func(tx *bbolt.Tx) error { return s.writeEach(tx, group) })
+	if err != nil && len(group) > 1 {
+		for _, r := range group {
+			r.done <- s.updateTx(func(tx *bbolt.Tx) error { return s.writeEach(tx, []commitReq{r}) })
+		}
+		return
+	}
+	for _, r := range group {
+		r.done <- err
+	}
+}
+
+// writeEach runs a group's writes in tx, then writes their tenants'
+// records.
+func (s *Store) writeEach(tx *bbolt.Tx, group []commitReq) error {
+	for _, r := range group {
+		var err error
+		if r.fn != nil {
+			err = r.fn(tx)
+		} else {
+			err = applyOps(tx, r.admission)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return s.putTenants(tx, group)
+}
+
+// errNotLogged: the group is for a transaction (it is not admissions only,
+// or it does not fit in the log).
+var errNotLogged = errors.New("not for the log")
+
+// logGroup appends a group of admissions to the log, with the records of
+// their tenants as they are now, and lets their jobs be read from memory
+// until they are in the bbolt file.
+func (s *Store) logGroup(group []commitReq) error {
+	size := 0
+	for _, r := range group {
+		if r.admission == nil {
+			return errNotLogged
+		}
+		size += len(r.admission)
+	}
+	body := make([]byte, 0, size+len(group)*96)
+	for _, r := range group {
+		body = append(body, r.admission...)
+	}
+	for _, entry := range s.tenantEntries(group) {
+		body = appendTenantLog(body, entry)
+	}
+	err := s.wal.append(body)
+	if errors.Is(err, errWALFull) {
+		if err := s.applyNow(); err != nil {
+			return err
+		}
+		err = s.wal.append(body)
+	}
+	if errors.Is(err, errWALFull) {
+		return errNotLogged // larger than the log: the bbolt file takes it
+	}
+	if err != nil {
+		return queue.Unavailable(err)
+	}
+	g := walGroup{body: body}
+	s.mu.Lock()
+	for _, r := range group {
+		for _, j := range r.jobs {
+			s.unapplied[j.ID] = j
+			if j.IdempotencyKey != "" {
+				s.unappliedKeys[string(idemKey(j.Tenant, j.IdempotencyKey))] = j.ID
+			}
+		}
+		g.jobs = append(g.jobs, r.jobs...)
+	}
+	s.mu.Unlock()
+	s.pending = append(s.pending, g)
+	s.pendingJobs += len(g.jobs)
+	if s.pendingJobs >= walApplyJobs || s.wal.off >= walApplyBytes {
+		if err := s.applyNow(); err != nil {
+			s.log.Error("cannot write the write-ahead log into the store; trying again with the next write", "err", err)
+		}
+	}
+	return nil
+}
+
+// applyNow writes what the log holds into the bbolt file.
+func (s *Store) applyNow() error {
+	return s.updateTx(func(*bbolt.Tx) error { return nil })
+}
+
+// updateTx runs fn in a transaction of its own, after the log's records.
+// Only the committer calls it (and, once it has stopped, update).
+func (s *Store) updateTx(fn func(*bbolt.Tx) error) error {
+	applied := len(s.pending)
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		if applied > 0 {
+			for _, g := range s.pending {
+				if err := applyOps(tx, g.body); err != nil {
+					return err
+				}
+			}
+			if err := putWALApplied(tx, s.wal.seq); err != nil {
+				return err
+			}
+		}
+		return fn(tx)
+	})
+	if err == nil && applied > 0 {
+		s.mu.Lock()
+		for _, g := range s.pending {
+			for _, j := range g.jobs {
+				delete(s.unapplied, j.ID)
+				if j.IdempotencyKey != "" {
+					delete(s.unappliedKeys, string(idemKey(j.Tenant, j.IdempotencyKey)))
+				}
+			}
+		}
+		s.mu.Unlock()
+		clear(s.pending)
+		s.pending, s.pendingJobs = s.pending[:0], 0
+		s.wal.rewind()
+	}
+	return err
+}
 
 // putTenants appends the records of the group's tenants to the tenant log
 // (logTenant), each once, as they are in memory now (after every decision
 // the group carries).
 func (s *Store) putTenants(tx *bbolt.Tx, group []commitReq) error {
+	for _, entry := range s.tenantEntries(group) {
+		if err := putTenantLogEntry(tx, entry); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tenantEntries are the tenant log entries of the group's tenants, each
+// once, as their records are in memory now. The tenants are marked dirty:
+// in the log (see logTenant).
+func (s *Store) tenantEntries(group []commitReq) [][]byte {
 	type rec struct {
 		name string
 		rec  queue.TenantRecord
@@ -36,90 +321,31 @@ func (s *Store) putTenants(tx *bbolt.Tx, group []commitReq) error {
 		seen[r.tenant] = true
 		if tm, ok := s.tenants[r.tenant]; ok {
 			recs = append(recs, rec{r.tenant, tm.rec})
-			tm.dirty = true // in the log: see logTenant
+			tm.dirty = true
 		}
 	}
 	s.mu.Unlock()
-	for _, r := range recs {
-		if err := logTenant(tx, r.name, r.rec); err != nil {
+	entries := make([][]byte, len(recs))
+	for i, r := range recs {
+		entries[i] = tenantLogEntry(r.name, r.rec)
+	}
+	return entries
+}
+
+// snapshot copies the store as a kill -9 would leave it (tests): the bbolt
+// file and the log, at one instant between two writes.
+func (s *Store) snapshot(dbPath string) error {
+	return s.send(commitReq{snapshot: func() error {
+		if err := s.db.View(func(tx *bbolt.Tx) error { return tx.CopyFile(dbPath, 0o600) }); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-var errClosed = errors.New("embedded store is closed")
-
-type commitReq struct {
-	fn     func(*bbolt.Tx) error
-	tenant string // whose record to write after fn, once per group
-	done   chan error
-}
-
-// commit runs fn in the next group transaction, then writes tenant's
-// record (once for all the writes of the group that name it), and returns
-// once it is durable. fn may be run more than once (alone, if the group
-// fails), and must not itself return an error but for a failed write.
-func (s *Store) commit(tenant string, fn func(*bbolt.Tx) error) error {
-	r := commitReq{fn: fn, tenant: tenant, done: make(chan error, 1)}
-	select {
-	case s.commits <- r:
-	case <-s.stop:
-		return errClosed
-	}
-	return <-r.done
-}
-
-// committer writes groups of commits until the store closes.
-func (s *Store) committer() {
-	defer close(s.committerDone)
-	group := make([]commitReq, 0, 64)
-	for {
-		group = group[:0]
-		select {
-		case r := <-s.commits:
-			group = append(group, r)
-		case <-s.stop:
-			return
+		data, err := os.ReadFile(s.wal.path)
+		if err != nil {
+			return fmt.Errorf("copy the write-ahead log: %w", err)
 		}
-	gather:
-		for len(group) < maxGroup {
-			select {
-			case r := <-s.commits:
-				group = append(group, r)
-			default:
-				break gather
-			}
-		}
-		s.writeGroup(group)
-	}
+		return os.WriteFile(walPath(dbPath), data, 0o600)
+	}})
 }
 
-// writeGroup commits a group in one transaction. If it fails, each write is
-// tried alone, so that one bad write fails only its own caller.
-func (s *Store) writeGroup(group []commitReq) {
-	s.groups.Add(1)
-	s.grouped.Add(int64(len(group)))
-	err := s.db.Update(func(tx *bbolt.Tx) error {
-		for _, r := range group {
-			if err := r.fn(tx); err != nil {
-				return err
-			}
-		}
-		return s.putTenants(tx, group)
-	})
-	if err != nil && len(group) > 1 {
-		for _, r := range group {
-			r.done <- s.db.Update(func(tx *bbolt.Tx) error {
-				if err := r.fn(tx); err != nil {
-					return err
-				}
-				return s.putTenants(tx, []commitReq{r})
-			})
-		}
-		return
-	}
-	for _, r := range group {
-		r.done <- err
-	}
-}
+// walPath is where the log of the store at path is.
+func walPath(path string) string { return path + "-wal" }

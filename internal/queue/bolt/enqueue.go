@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -53,7 +54,10 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, newJobs []queue.NewJ
 	tm.pending++
 	s.mu.Unlock()
 
-	err = s.commit(tenant, func(tx *bbolt.Tx) error { return s.putAdmitted(tx, c) })
+	ops, err := admissionOps(c)
+	if err == nil {
+		err = s.commitAdmission(tenant, ops, c.admitted)
+	}
 	if err := s.settle(c, err); err != nil {
 		return nil, err
 	}
@@ -165,30 +169,31 @@ func (c *call) settled() {
 	}
 }
 
-// putAdmitted writes the call's admitted jobs (the committer writes the
-// tenant's record after them).
-func (s *Store) putAdmitted(tx *bbolt.Tx, c *call) error {
-	payloads, idem := tx.Bucket(bucketPayloads), tx.Bucket(bucketIdem)
-	payloads.FillPercent = 1 // appended (ids sort by time), never changed
+// admissionOps are the writes of the call's admitted jobs, as data for
+// the write-ahead log (the committer adds the tenant's record): each job's
+// record (with its payload if small), a large payload apart, its place in
+// the index of waiting jobs, and its idempotency key.
+func admissionOps(c *call) ([]byte, error) {
+	var ops, rec []byte
 	for _, j := range c.admitted {
-		if err := putJob(tx, j); err != nil {
-			return err
+		id := []byte(j.ID)
+		inline := j.Payload
+		if len(inline) > inlinePayload {
+			inline = nil
+			ops = appendPut(ops, walPayloads, id, j.Payload)
 		}
-		if len(j.Payload) > inlinePayload {
-			if err := payloads.Put([]byte(j.ID), j.Payload); err != nil {
-				return err
-			}
-		}
-		if err := putWaiting(tx, j); err != nil {
-			return err
-		}
+		rec = encodeJob(rec[:0], j, inline)
+		ops = appendPut(ops, walJobs, id, rec)
+		ops = appendPut(ops, walWaiting, id, []byte(j.Tenant))
 		if j.IdempotencyKey != "" {
-			if err := idem.Put(idemKey(c.tenant, j.IdempotencyKey), []byte(j.ID)); err != nil {
-				return err
+			k := idemKey(c.tenant, j.IdempotencyKey)
+			if len(k) > bbolt.MaxKeySize {
+				return nil, fmt.Errorf("idempotency key of %d bytes: the embedded store keeps keys of up to %d bytes with their tenant's name", len(j.IdempotencyKey), bbolt.MaxKeySize-len(c.tenant)-1)
 			}
+			ops = appendPut(ops, walIdem, k, id)
 		}
 	}
-	return nil
+	return ops, nil
 }
 
 // settle ends a call once its commit is done: the admitted jobs join the
@@ -333,15 +338,21 @@ func (s *Store) releaseKeys(keys []string) {
 func (s *Store) jobByKey(tenant, key string) (queue.Job, bool, error) {
 	var j queue.Job
 	var found bool
-	err := s.db.View(func(tx *bbolt.Tx) error {
-		id := tx.Bucket(bucketIdem).Get(idemKey(tenant, key))
-		if id == nil {
-			return nil
-		}
-		var err error
-		j, found, err = getJob(tx, string(id), false)
-		return err
-	})
+	var err error
+	if id, ok := s.unappliedKeys[string(idemKey(tenant, key))]; ok {
+		j, found = s.unapplied[id], true
+		j.Payload = nil
+	} else {
+		err = s.db.View(func(tx *bbolt.Tx) error {
+			id := tx.Bucket(bucketIdem).Get(idemKey(tenant, key))
+			if id == nil {
+				return nil
+			}
+			var err error
+			j, found, err = getJob(tx, string(id), false)
+			return err
+		})
+	}
 	if c, ok := s.claims[j.ID]; found && ok {
 		j.State, j.Attempts = queue.StateDispatching, c.Attempts
 	}

@@ -44,7 +44,7 @@ func (s *Store) hold(tenant string, hold bool) (queue.TenantStatus, error) {
 	s.mu.Unlock()
 
 	if set != before {
-		err = s.db.Batch(func(tx *bbolt.Tx) error { return s.putTenant(tx, tenant) })
+		err = s.commit(func(tx *bbolt.Tx) error { return s.putTenant(tx, tenant) })
 	}
 	s.mu.Lock()
 	tm.pending--

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -35,8 +36,26 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	return j, nil
 }
 
-// viewJob is getJob in a read transaction of its own.
-func (s *Store) viewJob(id string, withPayload bool) (j queue.Job, found bool, err error) {
+// viewJob is getJob in a read transaction of its own, or the admitted job
+// from memory while only the write-ahead log has it.
+func (s *Store) viewJob(id string, withPayload bool) (queue.Job, bool, error) {
+	s.mu.Lock()
+	j, ok := s.unapplied[id]
+	s.mu.Unlock()
+	if ok {
+		if withPayload {
+			j.Payload = slices.Clone(j.Payload)
+		} else {
+			j.Payload = nil
+		}
+		return j, true, nil
+	}
+	return s.viewStored(id, withPayload)
+}
+
+// viewStored is getJob in a read transaction of its own: the bbolt file's
+// record only.
+func (s *Store) viewStored(id string, withPayload bool) (j queue.Job, found bool, err error) {
 	err = s.db.View(func(tx *bbolt.Tx) error {
 		j, found, err = getJob(tx, id, withPayload)
 		return err
@@ -60,7 +79,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 	s.mu.Unlock()
 
 	var j queue.Job
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
+	err := s.commit(func(tx *bbolt.Tx) error {
 		var found bool
 		var err error
 		j, found, err = getJob(tx, id, false)
@@ -153,7 +172,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	s.claims[id] = queue.Job{ID: id, Tenant: j.Tenant} // held until durable: no second retry, no dispatch
 	s.mu.Unlock()
 
-	err = s.db.Batch(func(tx *bbolt.Tx) error { return s.putRetried(tx, failed, j) })
+	err = s.commit(func(tx *bbolt.Tx) error { return s.putRetried(tx, failed, j) })
 	s.mu.Lock()
 	tm.pending--
 	delete(s.claims, id)
@@ -181,7 +200,11 @@ func (s *Store) failedJob(id string) (queue.Job, *tenantMem, error) {
 	if _, held := s.claims[id]; held {
 		return queue.Job{}, nil, &queue.StateError{ID: id, State: queue.StateDispatching, Op: "retry"}
 	}
-	j, found, err := s.viewJob(id, false)
+	j, found := s.unapplied[id] // waiting: not failed
+	var err error
+	if !found {
+		j, found, err = s.viewStored(id, false)
+	}
 	switch {
 	case err != nil:
 		return j, nil, queue.Unavailable(err)

@@ -39,7 +39,7 @@ func (s *Store) flushDirty() error {
 		return nil
 	}
 	var names []string
-	err := s.db.Update(func(tx *bbolt.Tx) error {
+	err := s.update(func(tx *bbolt.Tx) error {
 		// Clean before writing, inside the transaction (no other write
 		// runs meanwhile, so every tenant in the log is dirty now): a change
 		// made meanwhile marks the tenant dirty again and is written next

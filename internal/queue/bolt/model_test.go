@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	bbolt "go.etcd.io/bbolt"
-
 	"throttler/internal/queue"
 	"throttler/internal/queue/queuetest"
 	"throttler/internal/testutil"
@@ -41,12 +39,13 @@ func modelDriver(known queuetest.Defect) queuetest.ModelDriver {
 		Open: func(t testing.TB, c queuetest.Config) (queue.Store, error) {
 			return openModelStore(filepath.Join(t.TempDir(), "model.db"), c)
 		},
-		// kill -9 leaves the file as of its last commit: bbolt commits are
-		// atomic, so a copy in a read transaction is exactly that. The old
-		// process goes on writing to its own file, which nobody reads.
+		// kill -9 leaves the file as of its last commit and the write-ahead
+		// log as of its last fdatasync: a copy of both between two writes
+		// of the committer is exactly that. The old process goes on writing
+		// to its own files, which nobody reads.
 		Crash: func(t testing.TB, s queue.Store) (func(testing.TB, queuetest.Config) (queue.Store, error), error) {
 			path := filepath.Join(t.TempDir(), fmt.Sprintf("crashed-%d.db", files.Add(1)))
-			if err := s.(*Store).db.View(func(tx *bbolt.Tx) error { return tx.CopyFile(path, 0o600) }); err != nil {
+			if err := s.(*Store).snapshot(path); err != nil {
 				return nil, err
 			}
 			return func(t testing.TB, c queuetest.Config) (queue.Store, error) { return openModelStore(path, c) }, nil

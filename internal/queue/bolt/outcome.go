@@ -86,7 +86,7 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 	results := make([]queue.Job, len(group))
 	paused := map[string]bool{} // tenants whose pause changed
 	var markSaved func()
-	err := s.db.Update(func(tx *bbolt.Tx) error {
+	err := s.update(func(tx *bbolt.Tx) error {
 		clear(paused)
 		touched := map[string]bool{}
 		for i, r := range group {

@@ -26,7 +26,7 @@ func (s *Store) newReaper() *startstop.Periodic {
 // their idempotency keys.
 func (s *Store) reap(cutoff time.Time, limit int) (int, error) {
 	n := 0
-	err := s.db.Update(func(tx *bbolt.Tx) error {
+	err := s.update(func(tx *bbolt.Tx) error {
 		n = 0
 		jobs, done, idem := tx.Bucket(bucketJobs), tx.Bucket(bucketDone), tx.Bucket(bucketIdem)
 		c := done.Cursor()

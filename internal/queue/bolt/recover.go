@@ -22,6 +22,9 @@ func (s *Store) recover() error {
 				return err
 			}
 		}
+		if err := s.replayWAL(tx); err != nil {
+			return err
+		}
 		if err := replayTenantLog(tx); err != nil {
 			return err
 		}
@@ -237,4 +240,22 @@ func (s *Store) scheduleWaiting(tx *bbolt.Tx, name string, jobs []*waitingJob, n
 		s.sched.add(entryOf(j, queue.RealAt(pz, w.slot)))
 	}
 	return nil
+}
+
+// replayWAL writes the log's records that the bbolt file lacks (admissions
+// answered before a crash), before anything reads the file.
+func (s *Store) replayWAL(tx *bbolt.Tx) error {
+	recs, err := s.wal.readAfter(walApplied(tx))
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		if err := applyOps(tx, r.body); err != nil {
+			return fmt.Errorf("write-ahead log record %d: %w", r.seq, err)
+		}
+	}
+	if len(recs) > 0 {
+		s.log.Info("wrote the write-ahead log into the store", "records", len(recs))
+	}
+	return putWALApplied(tx, s.wal.seq)
 }

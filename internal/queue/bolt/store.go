@@ -59,19 +59,15 @@ type Options struct {
 	OnExpired func(queue.Job)
 	// Retention is how long finished jobs are kept. Default 72h.
 	Retention time.Duration
-	// MaxBatchDelay is how long a rare write (a cancel, a retry, a hold)
-	// waits for others to share its fsync. Default 1ms. Admissions do not
-	// wait: they share commits by arriving during one (commit.go).
-	MaxBatchDelay time.Duration
 	// InitialStartLag is the time a prompt send takes to start, until it has
 	// been measured (see startLag). Default 0.
 	InitialStartLag time.Duration
 	Logger          *slog.Logger
 }
 
-// Store is the embedded backend: one process, one bbolt file. Decisions
-// are made in memory under one lock and made durable by group commit
-// (commit.go) before Enqueue returns.
+// Store is the embedded backend: one process, one bbolt file and its
+// write-ahead log. Decisions are made in memory under one lock and made
+// durable by group commit (commit.go) before Enqueue returns.
 type Store struct {
 	db        *bbolt.DB
 	clock     clock.Clock
@@ -93,14 +89,25 @@ type Store struct {
 	cleanStart  bool
 	fairStarted map[string]bool
 
-	finishQ   chan finishReq
-	commits   chan commitReq // admissions for the committer (commit.go)
-	groups    atomic.Int64   // group commits made (for benchmarks)
-	grouped   atomic.Int64   // writes they carried
-	wake      chan struct{}
-	nextWake  atomic.Int64 // unix ns the dispatcher plans to wake at
-	promptLag atomic.Int64 // ns: moving average of a prompt job's start
-	stop      chan struct{}
+	// unapplied: admitted jobs durable in the write-ahead log and not yet
+	// in the bbolt file, by id; unappliedKeys: their idempotency keys
+	// (idemKey -> id). Reads look here first (commit.go).
+	unapplied     map[string]queue.Job
+	unappliedKeys map[string]string
+
+	finishQ chan finishReq
+	commits chan commitReq // every write, for the committer (commit.go)
+	// The committer's own: the write-ahead log, its groups not yet in the
+	// bbolt file and the jobs they hold.
+	wal         *wal
+	pending     []walGroup
+	pendingJobs int
+	groups      atomic.Int64 // group commits made (for benchmarks)
+	grouped     atomic.Int64 // writes they carried
+	wake        chan struct{}
+	nextWake    atomic.Int64 // unix ns the dispatcher plans to wake at
+	promptLag   atomic.Int64 // ns: moving average of a prompt job's start
+	stop        chan struct{}
 	// background: the maintainer and the reaper; the finisher writes
 	// outcomes until stop is closed.
 	background   []*startstop.Periodic
@@ -133,33 +140,41 @@ func Open(path string, opts Options) (*Store, error) {
 		}
 		return nil, fmt.Errorf("embedded store %s: %w", path, err)
 	}
-	db.MaxBatchDelay = cmp.Or(opts.MaxBatchDelay, time.Millisecond)
+	w, err := openWAL(walPath(path))
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("embedded store %s: %w", path, err)
+	}
 	s := &Store{
 		db:        db,
+		wal:       w,
 		clock:     cmp.Or[clock.Clock](opts.Clock, clock.Real{}),
 		policy:    opts.Policy,
 		ceiling:   opts.Ceiling,
 		onExpired: opts.OnExpired,
 		fair:      map[string]*fairQueue{},
 
-		fairStarted: map[string]bool{},
-		retention:   cmp.Or(opts.Retention, 72*time.Hour),
-		log:         cmp.Or(opts.Logger, slog.Default()),
-		tenants:     map[string]*tenantMem{},
-		idemWait:    map[string]chan struct{}{},
-		claims:      map[string]queue.Job{},
-		handedAt:    map[string]time.Time{},
-		sched:       schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}},
-		wake:        make(chan struct{}, 1),
-		finishQ:     make(chan finishReq),
-		commits:     make(chan commitReq),
-		stop:        make(chan struct{}),
+		fairStarted:   map[string]bool{},
+		retention:     cmp.Or(opts.Retention, 72*time.Hour),
+		log:           cmp.Or(opts.Logger, slog.Default()),
+		tenants:       map[string]*tenantMem{},
+		idemWait:      map[string]chan struct{}{},
+		claims:        map[string]queue.Job{},
+		unapplied:     map[string]queue.Job{},
+		unappliedKeys: map[string]string{},
+		handedAt:      map[string]time.Time{},
+		sched:         schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}},
+		wake:          make(chan struct{}, 1),
+		finishQ:       make(chan finishReq),
+		commits:       make(chan commitReq),
+		stop:          make(chan struct{}),
 	}
 	if s.ceiling == nil {
 		s.ceiling = noCeiling
 	}
 	s.promptLag.Store(int64(opts.InitialStartLag))
 	if err := s.recover(); err != nil {
+		w.close()
 		db.Close()
 		return nil, fmt.Errorf("embedded store %s: recover: %w", path, err)
 	}
@@ -285,11 +300,19 @@ func (s *Store) Close() error {
 		close(s.stop)
 		<-s.finisherDone
 		<-s.committerDone
-		s.closeErr = s.flushDirty()
+		if len(s.pending) > 0 {
+			s.closeErr = s.updateTx(func(*bbolt.Tx) error { return nil }) // the log into the bbolt file
+		}
+		if s.closeErr == nil {
+			s.closeErr = s.flushDirty()
+		}
 		if s.closeErr == nil {
 			s.closeErr = s.markClean()
 		}
 		if err := s.db.Close(); err != nil && s.closeErr == nil {
+			s.closeErr = err
+		}
+		if err := s.wal.close(); err != nil && s.closeErr == nil {
 			s.closeErr = err
 		}
 	})
@@ -305,7 +328,7 @@ func (s *Store) markClean() error {
 	if active > 0 {
 		return nil
 	}
-	return s.db.Update(func(tx *bbolt.Tx) error {
+	return s.update(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put(keyClean, []byte("1"))
 	})
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	bbolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 
 	"throttler/internal/clock"
@@ -206,7 +205,7 @@ func TestCrashRespacesFromPossiblySentSlots(t *testing.T) {
 	// The process dies at queuetest.T0+1.5s: the file as it is then is all that is left.
 	clk.Set(queuetest.T0.Add(1500 * time.Millisecond))
 	crashed := filepath.Join(c.dir, "crashed.db")
-	if err := s.db.View(func(tx *bbolt.Tx) error { return tx.CopyFile(crashed, 0o600) }); err != nil {
+	if err := s.snapshot(crashed); err != nil {
 		t.Fatal(err)
 	}
 	clk.Set(queuetest.T0.Add(1600 * time.Millisecond)) // restarted 100 ms later
@@ -582,12 +581,12 @@ func TestPromptJobsDoNotDriftLate(t *testing.T) {
 }
 
 // crashCopy is what a kill -9 of s would leave right now: its file as last
-// committed (bbolt commits are atomic and fsynced). Opening the copy is a
-// restart after that crash.
+// committed (bbolt commits are atomic and fsynced) and its write-ahead log.
+// Opening the copy is a restart after that crash.
 func crashCopy(t *testing.T, s *Store) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "crashed.db")
-	if err := s.db.View(func(tx *bbolt.Tx) error { return tx.CopyFile(path, 0o600) }); err != nil {
+	if err := s.snapshot(path); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -87,13 +87,23 @@ func (s *Store) putTenant(tx *bbolt.Tx, name string) error {
 // transaction; a tenant with records in the log is marked dirty, so it stays
 // in memory (and is read from there, never from bucketTenants) until then.
 func logTenant(tx *bbolt.Tx, name string, rec queue.TenantRecord) error {
+	return putTenantLogEntry(tx, tenantLogEntry(name, rec))
+}
+
+// tenantLogEntry is the tenant log's value for a tenant's record.
+func tenantLogEntry(name string, rec queue.TenantRecord) []byte {
+	return encodeTenant(appendString(make([]byte, 0, 80), name), rec)
+}
+
+// putTenantLogEntry appends an entry (tenantLogEntry) to the tenant log.
+func putTenantLogEntry(tx *bbolt.Tx, entry []byte) error {
 	b := tx.Bucket(bucketTenantLog)
 	b.FillPercent = 1 // appended: pages are filled, not split in halves
 	seq, err := b.NextSequence()
 	if err != nil {
 		return err
 	}
-	return b.Put(binary.BigEndian.AppendUint64(make([]byte, 0, 8), seq), encodeTenant(appendString(make([]byte, 0, 80), name), rec))
+	return b.Put(binary.BigEndian.AppendUint64(make([]byte, 0, 8), seq), entry)
 }
 
 // replayTenantLog writes the records of the tenant log in place, in order
