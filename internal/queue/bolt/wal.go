@@ -113,6 +113,16 @@ func (w *wal) readAfter(applied uint64) ([]walRecord, error) {
 	if _, err := w.f.ReadAt(data, 0); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("write-ahead log %s: %w", w.path, err)
 	}
+	recs := parseWAL(data, applied)
+	// What was read is written into the bbolt file before anything else
+	// (Open): the log starts again after it.
+	w.off, w.seq = 0, applied+uint64(len(recs))
+	return recs, nil
+}
+
+// parseWAL reads the records of a log's data that follow applied: whole
+// ones, each the one after the one before.
+func parseWAL(data []byte, applied uint64) []walRecord {
 	var recs []walRecord
 	next := applied + 1
 	for off := 0; off+walHeader <= len(data); {
@@ -133,15 +143,11 @@ func (w *wal) readAfter(applied uint64) ([]walRecord, error) {
 		case seq < next && len(recs) == 0:
 			// Already in the bbolt file: an earlier pass of the log.
 		default:
-			off = len(data) // a record of a later pass than the first: stop
-			continue
+			return recs // a record of a later pass than the first: stop
 		}
 		off += walHeader + n
 	}
-	// What was read is written into the bbolt file before anything else
-	// (Open): the log starts again after it.
-	w.off, w.seq = 0, next-1
-	return recs, nil
+	return recs
 }
 
 // append writes one record of body and makes it durable. errWALFull if it
