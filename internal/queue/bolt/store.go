@@ -166,7 +166,7 @@ func Open(path string, opts Options) (*Store, error) {
 		sched:         schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}},
 		wake:          make(chan struct{}, 1),
 		finishQ:       make(chan finishReq),
-		commits:       make(chan commitReq),
+		commits:       make(chan commitReq, maxGroup),
 		stop:          make(chan struct{}),
 	}
 	if s.ceiling == nil {
