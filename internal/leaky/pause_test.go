@@ -117,7 +117,7 @@ func TestHoldAndResume(t *testing.T) {
 // apart or unrelated.
 func TestNotEarlierMeansNoSlotGoesEarlier(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-		rnd := func(n int) time.Time { return t0.Add(time.Duration(rng.IntN(n)) * 100 * time.Millisecond) }
+	rnd := func(n int) time.Time { return t0.Add(time.Duration(rng.IntN(n)) * 100 * time.Millisecond) }
 	step := func(p Pause) Pause {
 		now := rnd(200)
 		switch rng.IntN(3) {

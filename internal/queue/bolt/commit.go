@@ -23,10 +23,11 @@ const (
 	// maxGroup bounds the writes one group carries.
 	maxGroup = 1000
 	// The log's records are written into the bbolt file once they hold
-	// walApplyJobs admissions or walApplyBytes, or walApplyAfter after the
-	// first of them if no other write came meanwhile: often enough that
-	// the log never fills and the jobs read from memory (s.unapplied) stay
-	// few, seldom enough that one transaction carries thousands of them.
+	// walApplyJobs admissions or walApplyBytes, walApplyAfter after the
+	// last write, and before any write that is not an admission: often
+	// enough that the log never fills and the jobs read from memory
+	// (s.unapplied) stay few, seldom enough that one transaction carries
+	// thousands of them.
 	walApplyJobs  = 4096
 	walApplyBytes = walSize / 4
 	walApplyAfter = 20 * time.Millisecond
@@ -129,7 +130,7 @@ func (s *Store) answer(r commitReq) (err error, taken bool) {
 // committer writes groups until the store closes.
 func (s *Store) committer() {
 	defer close(s.committerDone)
-	idle := time.NewTimer(walApplyAfter)
+	idle := time.NewTimer(s.logIdle)
 	defer idle.Stop()
 	gather := time.NewTimer(gatherWindow)
 	defer gather.Stop()
@@ -139,7 +140,7 @@ func (s *Store) committer() {
 		group = group[:0]
 		var applyDue <-chan time.Time
 		if len(s.pending) > 0 {
-			idle.Reset(walApplyAfter)
+			idle.Reset(s.logIdle)
 			applyDue = idle.C
 		}
 		select {
@@ -158,23 +159,24 @@ func (s *Store) committer() {
 }
 
 // gather adds to a group the writes waiting, and under load (the last
-// group carried more than gatherFrom) those that come within gatherWindow,
+// group carried gatherFrom or more) those that come within gatherWindow,
 // until it carries as many as the last one.
 func (s *Store) gather(group []commitReq, last int, window *time.Timer) []commitReq {
+waiting:
 	for len(group) < maxGroup {
 		select {
 		case r := <-s.commits:
 			group = append(group, r)
-			continue
 		default:
+			break waiting
 		}
-		break
 	}
 	if last < gatherFrom || len(group) >= last {
 		return group
 	}
 	window.Reset(gatherWindow)
-	for len(group) < min(last, maxGroup) {
+	defer window.Stop()
+	for len(group) < last {
 		select {
 		case r := <-s.commits:
 			group = append(group, r)
@@ -182,7 +184,6 @@ func (s *Store) gather(group []commitReq, last int, window *time.Timer) []commit
 			return group
 		}
 	}
-	window.Stop()
 	return group
 }
 

@@ -63,6 +63,10 @@ type Options struct {
 	// been measured (see startLag). Default 0.
 	InitialStartLag time.Duration
 	Logger          *slog.Logger
+
+	// logIdle (tests) replaces walApplyAfter: crash tests keep admissions
+	// in the write-ahead log only, however slow the machine.
+	logIdle time.Duration
 }
 
 // Store is the embedded backend: one process, one bbolt file and its
@@ -102,8 +106,9 @@ type Store struct {
 	wal         *wal
 	pending     []walGroup
 	pendingJobs int
-	groups      atomic.Int64 // group commits made (for benchmarks)
-	grouped     atomic.Int64 // writes they carried
+	logIdle     time.Duration // walApplyAfter
+	groups      atomic.Int64  // group commits made (for benchmarks)
+	grouped     atomic.Int64  // writes they carried
 	wake        chan struct{}
 	nextWake    atomic.Int64 // unix ns the dispatcher plans to wake at
 	promptLag   atomic.Int64 // ns: moving average of a prompt job's start
@@ -148,6 +153,7 @@ func Open(path string, opts Options) (*Store, error) {
 	s := &Store{
 		db:        db,
 		wal:       w,
+		logIdle:   cmp.Or(opts.logIdle, walApplyAfter),
 		clock:     cmp.Or[clock.Clock](opts.Clock, clock.Real{}),
 		policy:    opts.Policy,
 		ceiling:   opts.Ceiling,

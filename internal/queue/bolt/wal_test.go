@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
+	"throttler/internal/clock"
 	"throttler/internal/queue"
 	"throttler/internal/queue/queuetest"
 )
@@ -168,11 +170,20 @@ func TestATornRecordIsDropped(t *testing.T) {
 }
 
 // More admissions than one transaction takes from the log (walApplyJobs),
-// then a crash: every one of them is back.
+// then a crash: every one of them is back, those in the file and those in
+// the log only.
 func TestManyAdmissionsThroughTheLog(t *testing.T) {
 	t.Parallel()
-	c := openCrashStore(t)
-	s := c.s
+	clk := clock.NewFake(queuetest.T0)
+	open := func(path string) *Store {
+		s, err := Open(path, Options{Clock: clk, Policy: queuetest.Leaky20(20000), logIdle: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	s := open(filepath.Join(t.TempDir(), "live.db"))
 	var ids []string
 	batch := make([]queue.NewJob, 100)
 	for i := range batch {
@@ -184,12 +195,16 @@ func TestManyAdmissionsThroughTheLog(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, a := range out {
-			if a.Rejected == nil {
-				ids = append(ids, a.Job.ID)
+			if a.Rejected != nil {
+				t.Fatalf("refused: %v", a.Rejected)
 			}
+			ids = append(ids, a.Job.ID)
 		}
 	}
-	r := c.open(t, crashCopy(t, s))
+	if !inFile(t, s, ids[0]) || inFile(t, s, ids[len(ids)-1]) {
+		t.Fatal("want the first admissions in the file and the last in the log only")
+	}
+	r := open(crashCopy(t, s))
 	for _, id := range ids {
 		if _, err := r.Job(context.Background(), id); err != nil {
 			t.Fatalf("job %s after the crash: %v", id, err)
