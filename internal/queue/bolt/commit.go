@@ -27,8 +27,8 @@ const (
 	// last write, and before any write that is not an admission: often
 	// enough that the log never fills and the jobs read from memory
 	// (s.unapplied) stay few, seldom enough that one transaction carries
-	// thousands of them.
-	walApplyJobs  = 4096
+	// a thousand of them.
+	walApplyJobs  = 1024
 	walApplyBytes = walSize / 4
 	walApplyAfter = 20 * time.Millisecond
 	// Under load a group waits up to gatherWindow for as many writes as the
