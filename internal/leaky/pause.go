@@ -48,20 +48,6 @@ func (p Pause) Real(slot time.Time) (time.Time, bool) {
 	return clock.Later(p.Until, slot.Add(p.Shift)), true
 }
 
-// NotEarlier reports whether no slot's real time is earlier under p than
-// under q: p is q with a pause added or made longer (a pushback, a hold),
-// none shortened or ended.
-func (p Pause) NotEarlier(q Pause) bool {
-	switch {
-	case !p.Held.IsZero():
-		return true // never, under p
-	case !q.Held.IsZero():
-		return false
-	}
-	// Real is max(Until, slot+Shift): it grows with both.
-	return !p.Until.Before(q.Until) && p.Shift >= q.Shift
-}
-
 // Paused reports whether tenant time stands still at now, and until when
 // (zero for an operator hold, which has no end).
 func (p Pause) Paused(now time.Time) (bool, time.Time) {

@@ -1,7 +1,6 @@
 package leaky
 
 import (
-	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -108,54 +107,5 @@ func TestHoldAndResume(t *testing.T) {
 	}
 	if r := q.Resume(at(7 * time.Second)); r != q {
 		t.Fatal("resume without a hold changed the clock")
-	}
-}
-
-// NotEarlier is what the embedded store's lazy schedule relies on: when it
-// holds, no slot goes earlier. Checked against Real over random pauses
-// built as the store builds them (PauseUntil, Hold, Resume), one change
-// apart or unrelated.
-func TestNotEarlierMeansNoSlotGoesEarlier(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	rnd := func(n int) time.Time { return t0.Add(time.Duration(rng.IntN(n)) * 100 * time.Millisecond) }
-	step := func(p Pause) Pause {
-		now := rnd(200)
-		switch rng.IntN(3) {
-		case 0:
-			return p.PauseUntil(now, now.Add(time.Duration(rng.IntN(50))*100*time.Millisecond), rnd(200))
-		case 1:
-			return p.Hold(now)
-		default:
-			return p.Resume(now)
-		}
-	}
-	checked := 0
-	for range 20000 {
-		build := func() Pause {
-			var p Pause
-			for range rng.IntN(4) {
-				p = step(p)
-			}
-			return p
-		}
-		q, p := build(), build() // unrelated: often earlier
-		if rng.IntN(2) == 0 {
-			p = step(q) // one change, as the store sees them
-		}
-		if !p.NotEarlier(q) {
-			continue
-		}
-		checked++
-		for range 8 {
-			slot := rnd(400)
-			pr, pok := p.Real(slot)
-			qr, qok := q.Real(slot)
-			if pok && (!qok || pr.Before(qr)) {
-				t.Fatalf("NotEarlier(%+v, %+v) but slot %v goes at %v, was %v (held %v)", p, q, slot.Sub(t0), pr.Sub(t0), qr.Sub(t0), !qok)
-			}
-		}
-	}
-	if checked < 1000 {
-		t.Fatalf("only %d pairs checked", checked)
 	}
 }

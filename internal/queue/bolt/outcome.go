@@ -7,7 +7,6 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"throttler/internal/clock"
-	"throttler/internal/leaky"
 	"throttler/internal/queue"
 )
 
@@ -85,7 +84,7 @@ func (s *Store) finisher() {
 func (s *Store) writeOutcomes(group []finishReq) error {
 	now := s.clock.Now()
 	results := make([]queue.Job, len(group))
-	paused := map[string]leaky.Pause{} // tenants whose pause changed: their pause before
+	paused := map[string]bool{} // tenants whose pause changed
 	var markSaved func()
 	err := s.update(func(tx *bbolt.Tx) error {
 		clear(paused)
@@ -112,9 +111,9 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 	}
 	s.mu.Lock()
 	markSaved()
-	for name, before := range paused {
+	for name := range paused {
 		if tm, ok := s.tenants[name]; ok {
-			s.sched.repause(name, before, tm.rec.Pause)
+			s.sched.retime(name, tm.rec.Pause)
 		}
 	}
 	var soonest time.Time
@@ -133,7 +132,7 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 // applyOne applies one outcome to its claimed job and tenant and writes the
 // job (in tx; s.mu taken for the in-memory part). paused collects tenants
 // whose pause changed.
-func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Time, paused map[string]leaky.Pause) (queue.Job, error) {
+func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Time, paused map[string]bool) (queue.Job, error) {
 	// The claimed job is the stored one: nothing else changes a job the
 	// dispatcher holds.
 	s.mu.Lock()
@@ -148,10 +147,9 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 	if o.PauseDownstream && o.PauseUntil.After(now) {
 		s.pauseCeiling(j.Tenant, o.PauseUntil)
 	}
-	before := tm.rec.Pause
 	cur, pausedNow := queue.ApplyOutcome(&tm.rec, j, o, now, s.policy(j.Tenant))
-	if _, seen := paused[j.Tenant]; pausedNow && !seen {
-		paused[j.Tenant] = before
+	if pausedNow {
+		paused[j.Tenant] = true
 	}
 	s.mu.Unlock()
 	if err := putJob(tx, cur); err != nil {

@@ -25,12 +25,6 @@ type schedule struct {
 	byTenant map[uint32]map[jobKey]struct{} // tenant -> ids in waiting: to retime a tenant's jobs when it pauses
 	expiry   slimHeap                       // waiting jobs with a deadline, by deadline (at = deadline)
 	names    tenantNames
-	// lazy: tenants whose pause moved only later (a pushback) since their
-	// jobs' times were set. Those times may be early, never late: each is
-	// moved when it is looked at (peek, expiring, current), so a pushback
-	// of a tenant with a deep queue costs nothing up front, where moving
-	// every job cost O(jobs) under the store's lock at each failed attempt.
-	lazy map[uint32]leaky.Pause
 }
 
 // dueEntry is a waiting job's entry as the rest of the store uses it.
@@ -272,7 +266,7 @@ func (sc *schedule) expiring(now time.Time) []dueEntry {
 	n := nanos(now)
 	for len(sc.expiry) > 0 && sc.expiry[0].at <= n {
 		x := sc.expiry.pop()
-		if e, ok := sc.waiting[x.id]; ok && sc.settle(x.id, e).at > e.deadline {
+		if e, ok := sc.waiting[x.id]; ok && e.at > e.deadline {
 			out = append(out, sc.fat(e))
 			sc.remove(out[len(out)-1].id)
 		}
@@ -313,8 +307,8 @@ func (sc *schedule) get(id string) (dueEntry, bool) {
 // current reports whether e is a waiting job's entry as it is now (not
 // stale: still waiting, at the same time).
 func (sc *schedule) current(e dueEntry) bool {
-	k, w, ok := sc.lookup(e.id)
-	return ok && sc.settle(k, w).at == nanos(e.at)
+	_, w, ok := sc.lookup(e.id)
+	return ok && w.at == nanos(e.at)
 }
 
 // remove takes a job out of the schedule (its heap entry goes stale).
@@ -329,7 +323,6 @@ func (sc *schedule) remove(id string) (dueEntry, bool) {
 		delete(ids, k)
 		if len(ids) == 0 {
 			delete(sc.byTenant, e.tenant)
-			delete(sc.lazy, e.tenant) // its number may go to another tenant
 		}
 	}
 	sc.names.unref(e.tenant)
@@ -347,37 +340,6 @@ func (sc *schedule) tenantSlots(tenant string, f func(slot time.Time)) {
 	}
 }
 
-// repause follows a tenant's pause from before to after: lazily if it
-// moved only later (see lazy), else with retime.
-func (sc *schedule) repause(tenant string, before, after leaky.Pause) {
-	n, ok := sc.names.byName[tenant]
-	if !ok {
-		return
-	}
-	// The entries' times are no later than under before (every change since
-	// they were set moved them only later, or retimed them).
-	if after.NotEarlier(before) {
-		sc.lazy[n] = after
-		return
-	}
-	sc.retime(tenant, after)
-}
-
-// settle moves a waiting job's entry to its time under its tenant's pause
-// if that pause moved later since (lazy), and returns it.
-func (sc *schedule) settle(k jobKey, w slimEntry) slimEntry {
-	p, ok := sc.lazy[w.tenant]
-	if !ok {
-		return w
-	}
-	if at := nanos(queue.RealAt(p, fromNanos(w.slot))); at != w.at {
-		w.at = at
-		sc.waiting[k] = w
-		sc.heap.push(w) // the old entry is stale now
-	}
-	return w
-}
-
 // retime moves a tenant's waiting jobs to their real times under p: O(jobs
 // waiting in memory), nothing written.
 func (sc *schedule) retime(tenant string, p leaky.Pause) {
@@ -385,7 +347,6 @@ func (sc *schedule) retime(tenant string, p leaky.Pause) {
 	if !ok {
 		return
 	}
-	delete(sc.lazy, n) // every time is exact after this
 	for k := range sc.byTenant[n] {
 		e := sc.waiting[k]
 		if at := nanos(queue.RealAt(p, fromNanos(e.slot))); at != e.at {
@@ -402,10 +363,7 @@ func (sc *schedule) peek() (dueEntry, bool) {
 	for len(sc.heap) > 0 {
 		e := sc.heap[0]
 		if w, ok := sc.waiting[e.id]; ok && w.at == e.at {
-			if sc.settle(e.id, w).at == e.at {
-				return sc.fat(w), true
-			}
-			continue // moved later: e is stale now, and popped next
+			return sc.fat(w), true
 		}
 		sc.heap.pop()
 	}

@@ -169,7 +169,7 @@ func Open(path string, opts Options) (*Store, error) {
 		unapplied:     map[string]queue.Job{},
 		unappliedKeys: map[string]string{},
 		handedAt:      map[string]time.Time{},
-		sched:         schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}, lazy: map[uint32]leaky.Pause{}},
+		sched:         schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}},
 		wake:          make(chan struct{}, 1),
 		finishQ:       make(chan finishReq),
 		commits:       make(chan commitReq, maxGroup),
