@@ -165,7 +165,8 @@ func (s *Store) readChosen(chosen []dueEntry) (claimed, gone []queue.Job, err er
 	inLog := map[string]queue.Job{}
 	s.mu.Lock()
 	for _, e := range chosen {
-		if j, ok := s.unapplied[e.id]; ok {
+		if logged, ok := s.unapplied[e.id]; ok {
+			j := *logged
 			j.Payload = slices.Clone(j.Payload)
 			inLog[e.id] = j
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -58,12 +59,6 @@ type commitReq struct {
 	snapshot func() error
 	tenant   string // whose record to write after the write, once per group
 	done     chan error
-}
-
-// walGroup is a group in the log, not yet in the bbolt file.
-type walGroup struct {
-	body []byte
-	jobs []queue.Job
 }
 
 // commitAdmission makes an Enqueue's admissions durable (ops from
@@ -139,7 +134,7 @@ func (s *Store) committer() {
 	for {
 		group = group[:0]
 		var applyDue <-chan time.Time
-		if len(s.pending) > 0 {
+		if s.loggedJobs > 0 {
 			idle.Reset(s.logIdle)
 			applyDue = idle.C
 		}
@@ -256,50 +251,53 @@ var errNotLogged = errors.New("not for the log")
 
 // logGroup appends a group of admissions to the log, with the records of
 // their tenants as they are now, and lets their jobs be read from memory
-// until they are in the bbolt file.
+// until they are in the bbolt file. The record's body is built at the end
+// of s.logged, which holds every record the log has and the file has not.
 func (s *Store) logGroup(group []commitReq) error {
-	size := 0
 	for _, r := range group {
 		if r.admission == nil {
 			return errNotLogged
 		}
-		size += len(r.admission)
 	}
-	body := make([]byte, 0, size+len(group)*96)
+	start := len(s.logged)
+	body := s.logged
 	for _, r := range group {
 		body = append(body, r.admission...)
 	}
-	for _, entry := range s.tenantEntries(group) {
-		body = appendTenantLog(body, entry)
-	}
-	err := s.wal.append(body)
+	body = s.appendTenantEntries(body, group)
+	s.logged = body
+	err := s.wal.append(body[start:])
 	if errors.Is(err, errWALFull) {
+		// The log first goes into the file, without this record.
+		rec := slices.Clone(body[start:])
+		s.logged = s.logged[:start]
 		if err := s.applyNow(); err != nil {
 			return err
 		}
-		err = s.wal.append(body)
-	}
-	if errors.Is(err, errWALFull) {
-		return errNotLogged // larger than the log: the bbolt file takes it
+		start = len(s.logged)
+		s.logged = append(s.logged, rec...)
+		err = s.wal.append(rec)
 	}
 	if err != nil {
+		s.logged = s.logged[:start]
+		if errors.Is(err, errWALFull) {
+			return errNotLogged // larger than the log: the bbolt file takes it
+		}
 		return queue.Unavailable(err)
 	}
-	g := walGroup{body: body}
 	s.mu.Lock()
 	for _, r := range group {
-		for _, j := range r.jobs {
+		for i := range r.jobs {
+			j := &r.jobs[i]
 			s.unapplied[j.ID] = j
 			if j.IdempotencyKey != "" {
 				s.unappliedKeys[string(idemKey(j.Tenant, j.IdempotencyKey))] = j.ID
 			}
 		}
-		g.jobs = append(g.jobs, r.jobs...)
+		s.loggedJobs += len(r.jobs)
 	}
 	s.mu.Unlock()
-	s.pending = append(s.pending, g)
-	s.pendingJobs += len(g.jobs)
-	if s.pendingJobs >= walApplyJobs || s.wal.off >= walApplyBytes {
+	if s.loggedJobs >= walApplyJobs || s.wal.off >= walApplyBytes {
 		if err := s.applyNow(); err != nil {
 			s.log.Error("cannot write the write-ahead log into the store; trying again with the next write", "err", err)
 		}
@@ -315,13 +313,11 @@ func (s *Store) applyNow() error {
 // updateTx runs fn in a transaction of its own, after the log's records.
 // Only the committer calls it (and, once it has stopped, update).
 func (s *Store) updateTx(fn func(*bbolt.Tx) error) error {
-	applied := len(s.pending)
+	applied := len(s.logged) > 0
 	err := s.db.Update(func(tx *bbolt.Tx) error {
-		if applied > 0 {
-			for _, g := range s.pending {
-				if err := applyOps(tx, g.body); err != nil {
-					return err
-				}
+		if applied {
+			if err := applyOps(tx, s.logged); err != nil {
+				return err
 			}
 			if err := putWALApplied(tx, s.wal.seq); err != nil {
 				return err
@@ -329,19 +325,13 @@ func (s *Store) updateTx(fn func(*bbolt.Tx) error) error {
 		}
 		return fn(tx)
 	})
-	if err == nil && applied > 0 {
+	if err == nil && applied {
+		// Every job read from memory was in the log: the file has them all.
 		s.mu.Lock()
-		for _, g := range s.pending {
-			for _, j := range g.jobs {
-				delete(s.unapplied, j.ID)
-				if j.IdempotencyKey != "" {
-					delete(s.unappliedKeys, string(idemKey(j.Tenant, j.IdempotencyKey)))
-				}
-			}
-		}
+		clear(s.unapplied)
+		clear(s.unappliedKeys)
 		s.mu.Unlock()
-		clear(s.pending)
-		s.pending, s.pendingJobs = s.pending[:0], 0
+		s.logged, s.loggedJobs = s.logged[:0], 0
 		s.wal.rewind()
 	}
 	return err
@@ -351,24 +341,15 @@ func (s *Store) updateTx(fn func(*bbolt.Tx) error) error {
 // (logTenant), each once, as they are in memory now (after every decision
 // the group carries).
 func (s *Store) putTenants(tx *bbolt.Tx, group []commitReq) error {
-	for _, entry := range s.tenantEntries(group) {
-		if err := putTenantLogEntry(tx, entry); err != nil {
-			return err
-		}
-	}
-	return nil
+	return applyOps(tx, s.appendTenantEntries(nil, group))
 }
 
-// tenantEntries are the tenant log entries of the group's tenants, each
-// once, as their records are in memory now. The tenants are marked dirty:
-// in the log (see logTenant).
-func (s *Store) tenantEntries(group []commitReq) [][]byte {
-	type rec struct {
-		name string
-		rec  queue.TenantRecord
-	}
-	recs := make([]rec, 0, len(group))
-	seen := make(map[string]bool, len(group))
+// appendTenantEntries appends to b the tenant log entries (opTenantLog) of
+// the group's tenants, each once, as their records are in memory now. The
+// tenants are marked dirty: in the log (see logTenant).
+func (s *Store) appendTenantEntries(b []byte, group []commitReq) []byte {
+	recs, seen := s.tenantRecs[:0], s.tenantSeen
+	clear(seen)
 	s.mu.Lock()
 	for _, r := range group {
 		if r.tenant == "" || seen[r.tenant] {
@@ -376,16 +357,26 @@ func (s *Store) tenantEntries(group []commitReq) [][]byte {
 		}
 		seen[r.tenant] = true
 		if tm, ok := s.tenants[r.tenant]; ok {
-			recs = append(recs, rec{r.tenant, tm.rec})
+			recs = append(recs, namedRecord{r.tenant, tm.rec})
 			tm.dirty = true
 		}
 	}
 	s.mu.Unlock()
-	entries := make([][]byte, len(recs))
-	for i, r := range recs {
-		entries[i] = tenantLogEntry(r.name, r.rec)
+	// Encoded outside the lock: a record's slices are replaced, never
+	// changed in place.
+	for _, r := range recs {
+		s.tenantEntry = encodeTenant(appendString(s.tenantEntry[:0], r.name), r.rec)
+		b = appendTenantLog(b, s.tenantEntry)
 	}
-	return entries
+	clear(recs) // no tenant's slices kept alive by the scratch
+	s.tenantRecs = recs[:0]
+	return b
+}
+
+// namedRecord is a tenant's record and its name.
+type namedRecord struct {
+	name string
+	rec  queue.TenantRecord
 }
 
 // snapshot copies the store as a kill -9 would leave it (tests): the bbolt

@@ -174,7 +174,14 @@ func (c *call) settled() {
 // record (with its payload if small), a large payload apart, its place in
 // the index of waiting jobs, and its idempotency key.
 func admissionOps(c *call) ([]byte, error) {
-	var ops, rec []byte
+	size := 0
+	for _, j := range c.admitted {
+		// Four puts' headers, ids and names, a record's fixed fields (at
+		// most ~150 bytes) and the payload, twice if it is stored apart.
+		size += 256 + 3*len(j.ID) + 3*len(j.Tenant) + 3*len(j.IdempotencyKey) + 2*len(j.Payload)
+	}
+	ops := make([]byte, 0, size)
+	var scratch [512]byte // the job's record, copied into ops
 	for _, j := range c.admitted {
 		id := []byte(j.ID)
 		inline := j.Payload
@@ -182,8 +189,7 @@ func admissionOps(c *call) ([]byte, error) {
 			inline = nil
 			ops = appendPut(ops, walPayloads, id, j.Payload)
 		}
-		rec = encodeJob(rec[:0], j, inline)
-		ops = appendPut(ops, walJobs, id, rec)
+		ops = appendPut(ops, walJobs, id, encodeJob(scratch[:0], j, inline))
 		ops = appendPut(ops, walWaiting, id, []byte(j.Tenant))
 		if j.IdempotencyKey != "" {
 			k := idemKey(c.tenant, j.IdempotencyKey)
@@ -340,7 +346,7 @@ func (s *Store) jobByKey(tenant, key string) (queue.Job, bool, error) {
 	var found bool
 	var err error
 	if id, ok := s.unappliedKeys[string(idemKey(tenant, key))]; ok {
-		j, found = s.unapplied[id], true
+		j, found = *s.unapplied[id], true
 		j.Payload = nil
 	} else {
 		err = s.db.View(func(tx *bbolt.Tx) error {

@@ -40,7 +40,11 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 // from memory while only the write-ahead log has it.
 func (s *Store) viewJob(id string, withPayload bool) (queue.Job, bool, error) {
 	s.mu.Lock()
-	j, ok := s.unapplied[id]
+	logged, ok := s.unapplied[id]
+	var j queue.Job
+	if ok {
+		j = *logged
+	}
 	s.mu.Unlock()
 	if ok {
 		if withPayload {
@@ -200,7 +204,11 @@ func (s *Store) failedJob(id string) (queue.Job, *tenantMem, error) {
 	if _, held := s.claims[id]; held {
 		return queue.Job{}, nil, &queue.StateError{ID: id, State: queue.StateDispatching, Op: "retry"}
 	}
-	j, found := s.unapplied[id] // waiting: not failed
+	var j queue.Job
+	logged, found := s.unapplied[id] // waiting: not failed
+	if found {
+		j = *logged
+	}
 	var err error
 	if !found {
 		j, found, err = s.viewStored(id, false)

@@ -96,16 +96,21 @@ type Store struct {
 	// unapplied: admitted jobs durable in the write-ahead log and not yet
 	// in the bbolt file, by id; unappliedKeys: their idempotency keys
 	// (idemKey -> id). Reads look here first (commit.go).
-	unapplied     map[string]queue.Job
+	unapplied     map[string]*queue.Job
 	unappliedKeys map[string]string
 
 	finishQ chan finishReq
 	commits chan commitReq // every write, for the committer (commit.go)
-	// The committer's own: the write-ahead log, its groups not yet in the
-	// bbolt file and the jobs they hold.
+	// The committer's own: the write-ahead log, the bodies of its records
+	// not yet in the bbolt file (one after the other: a sequence of
+	// operations) and the jobs they admit, and scratch space for the
+	// tenants' records.
 	wal         *wal
-	pending     []walGroup
-	pendingJobs int
+	logged      []byte
+	loggedJobs  int
+	tenantRecs  []namedRecord
+	tenantSeen  map[string]bool
+	tenantEntry []byte
 	logIdle     time.Duration // walApplyAfter
 	groups      atomic.Int64  // group commits made (for benchmarks)
 	grouped     atomic.Int64  // writes they carried
@@ -166,8 +171,9 @@ func Open(path string, opts Options) (*Store, error) {
 		tenants:       map[string]*tenantMem{},
 		idemWait:      map[string]chan struct{}{},
 		claims:        map[string]queue.Job{},
-		unapplied:     map[string]queue.Job{},
+		unapplied:     map[string]*queue.Job{},
 		unappliedKeys: map[string]string{},
+		tenantSeen:    map[string]bool{},
 		handedAt:      map[string]time.Time{},
 		sched:         schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}},
 		wake:          make(chan struct{}, 1),
@@ -306,7 +312,7 @@ func (s *Store) Close() error {
 		close(s.stop)
 		<-s.finisherDone
 		<-s.committerDone
-		if len(s.pending) > 0 {
+		if len(s.logged) > 0 {
 			s.closeErr = s.updateTx(func(*bbolt.Tx) error { return nil }) // the log into the bbolt file
 		}
 		if s.closeErr == nil {

@@ -17,7 +17,7 @@ import (
 // admissions to the commits the disk can do one after the other. So a group
 // of admissions is made durable by appending it to this log (one write, one
 // fdatasync) and answered; the committer writes the log's records into the
-// bbolt file later, many groups in one transaction (applyPending), before
+// bbolt file later, many groups in one transaction (updateTx), before
 // any other write, so the file's order is the order of the writes. Open
 // writes what the file lacks before anything reads it.
 //

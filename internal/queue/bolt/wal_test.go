@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -212,6 +214,78 @@ func TestManyAdmissionsThroughTheLog(t *testing.T) {
 	}
 	if st, _ := r.Tenant(context.Background(), "acme"); st.QueueDepth != len(ids) {
 		t.Fatalf("depth %d after the crash, want %d", st.QueueDepth, len(ids))
+	}
+}
+
+// A write the log has no room left for sends what the log holds into the
+// file first and then takes the log from its start; a write larger than
+// the whole log goes into the file directly. Neither loses a job or a
+// payload across a crash.
+func TestALargeWriteFindsRoomInTheLog(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	open := func(path string) *Store {
+		s, err := Open(path, Options{Clock: clk, Policy: queuetest.Leaky20(20000), logIdle: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	s := open(filepath.Join(t.TempDir(), "live.db"))
+	payloads := map[string]string{}
+	enqueue := func(jobs int) []string {
+		t.Helper()
+		batch := make([]queue.NewJob, jobs)
+		for i := range batch {
+			pad := strings.Repeat(string(rune('a'+len(payloads)%26)), 100<<10)
+			batch[i] = queue.NewJob{Payload: []byte(fmt.Sprintf(`{"n":%d,"pad":%q}`, len(payloads)+i, pad))}
+		}
+		out, err := s.Enqueue(context.Background(), "acme", batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]string, len(out))
+		for i, a := range out {
+			if a.Rejected != nil {
+				t.Fatalf("refused: %v", a.Rejected)
+			}
+			ids[i] = a.Job.ID
+			payloads[a.Job.ID] = string(batch[i].Payload)
+		}
+		return ids
+	}
+	first := enqueue(19) // 1.9 MiB: below walApplyBytes, in the log only
+	if inFile(t, s, first[0]) {
+		t.Fatal("the first write is in the file already: the test needs it in the log only")
+	}
+	second := enqueue(65) // 6.5 MiB: no room after the first
+	if !inFile(t, s, first[0]) || !inFile(t, s, second[0]) {
+		// The first goes into the file to make room; the second fills the
+		// log past walApplyBytes and follows it.
+		t.Fatal("want the first and second writes in the file")
+	}
+	third := enqueue(1)   // in the log only
+	fourth := enqueue(90) // 9 MiB: larger than the log
+	if !inFile(t, s, third[0]) || !inFile(t, s, fourth[0]) {
+		t.Fatal("want the third and fourth writes in the file")
+	}
+	fifth := enqueue(1) // in the log only, after all that
+	if inFile(t, s, fifth[0]) {
+		t.Fatal("want the fifth write in the log only")
+	}
+	r := open(crashCopy(t, s))
+	for _, id := range slices.Concat(first, second, third, fourth, fifth) {
+		j, err := r.Job(context.Background(), id)
+		if err != nil {
+			t.Fatalf("job %s after the crash: %v", id, err)
+		}
+		if string(j.Payload) != payloads[id] {
+			t.Fatalf("job %s after the crash: payload of %d bytes, want %d", id, len(j.Payload), len(payloads[id]))
+		}
+	}
+	if st, _ := r.Tenant(context.Background(), "acme"); st.QueueDepth != len(payloads) {
+		t.Fatalf("depth %d after the crash, want %d", st.QueueDepth, len(payloads))
 	}
 }
 
