@@ -38,31 +38,24 @@ type quota struct {
 	r, t int64 // RateLimit: remaining, seconds until more is available
 }
 
-// policyFields formats RateLimit-Policy.
-func policyFields(items []quota) string {
-	return fields(items, ";q=", ";w=", func(it quota) (int64, int64) { return it.q, it.w })
-}
-
-// stateFields formats RateLimit.
-func stateFields(items []quota) string {
-	return fields(items, ";r=", ";t=", func(it quota) (int64, int64) { return it.r, it.t })
-}
-
-// fields formats items as `"name";a=1;b=2, ...` (the name quoted as %q
-// quotes it).
-func fields(items []quota, a, b string, values func(quota) (int64, int64)) string {
-	buf := make([]byte, 0, 48*len(items))
+// appendFields appends items to b formatted as `"name";a=1;b=2, ...` (the
+// name quoted as %q quotes it): RateLimit-Policy with q and w, RateLimit
+// with r and t.
+func appendFields(b []byte, items []quota, a, bname string, values func(quota) (int64, int64)) []byte {
 	for i, it := range items {
 		if i > 0 {
-			buf = append(buf, ", "...)
+			b = append(b, ", "...)
 		}
 		x, y := values(it)
-		buf = strconv.AppendQuote(buf, it.name)
-		buf = strconv.AppendInt(append(buf, a...), x, 10)
-		buf = strconv.AppendInt(append(buf, b...), y, 10)
+		b = strconv.AppendQuote(b, it.name)
+		b = strconv.AppendInt(append(b, a...), x, 10)
+		b = strconv.AppendInt(append(b, bname...), y, 10)
 	}
-	return string(buf)
+	return b
 }
+
+func policyValues(it quota) (int64, int64) { return it.q, it.w }
+func stateValues(it quota) (int64, int64)  { return it.r, it.t }
 
 // ceilSeconds is d in whole seconds, rounded up (the fields' unit; like
 // Retry-After, a client that waits t is never early).
@@ -81,10 +74,10 @@ func ceilDiv(d, interval time.Duration) int64 {
 	return int64((d + interval - 1) / interval)
 }
 
-// policyItems are a tenant's limits with nothing taken yet.
-func policyItems(p leaky.Policy, mode string) []quota {
+// appendPolicyItems appends a tenant's limits with nothing taken yet.
+func appendPolicyItems(items []quota, p leaky.Policy, mode string) []quota {
 	places := int64(p.Capacity + p.Burst)
-	items := []quota{{name: mode, q: places, w: max(1, ceilSeconds(time.Duration(places)*p.Interval)), r: places}}
+	items = append(items, quota{name: mode, q: places, w: max(1, ceilSeconds(time.Duration(places)*p.Interval)), r: places})
 	for _, w := range p.Windows {
 		items = append(items, quota{name: w.String(), q: int64(w.N), w: max(1, ceilSeconds(w.Length)), r: int64(w.N)})
 	}
@@ -155,7 +148,8 @@ func (s *server) rateLimit(ctx context.Context, tenant string, ts config.TenantS
 			}
 		}
 	}
-	items := policyItems(p, ts.Mode)
+	var room [4]quota // the bucket and up to three windows without allocating
+	items := appendPolicyItems(room[:0], p, ts.Mode)
 	bucketState(&items[0], p, tl, now)
 	for i, w := range p.Windows {
 		windowState(&items[i+1], w, tl.sends, now)
@@ -163,7 +157,12 @@ func (s *server) rateLimit(ctx context.Context, tenant string, ts config.TenantS
 	if tl.last != nil && tl.last.Rejected != nil {
 		refused(items, retryAfterSeconds(tl.last.Rejected.RetryAfter))
 	}
-	return policyFields(items), stateFields(items)
+	// Both fields in one string: one allocation for the two.
+	var raw [256]byte
+	b := appendFields(raw[:0], items, ";q=", ";w=", policyValues)
+	mid := len(b)
+	both := string(appendFields(b, items, ";r=", ";t=", stateValues))
+	return both[:mid], both[mid:]
 }
 
 // refused marks what the last job was refused for: a full window if the
@@ -342,6 +341,10 @@ func (ms *memos) put(tenant string, m *memo, now time.Time) {
 // setRateLimit puts the RateLimit fields of the decisions out on w.
 func (s *server) setRateLimit(w http.ResponseWriter, r *http.Request, tenant string, ts config.TenantSettings, out []queue.Admission) {
 	policy, state := s.rateLimit(r.Context(), tenant, ts, out)
-	w.Header().Set("RateLimit-Policy", policy)
-	w.Header().Set("RateLimit", state)
+	// The keys as Header.Set would canonicalise them, and one slice for
+	// both values: this is on every enqueue's path.
+	values := []string{policy, state}
+	h := w.Header()
+	h["Ratelimit-Policy"] = values[0:1:1]
+	h["Ratelimit"] = values[1:2:2]
 }
