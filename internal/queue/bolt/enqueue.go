@@ -345,8 +345,9 @@ func (s *Store) jobByKey(tenant, key string) (queue.Job, bool, error) {
 	var j queue.Job
 	var found bool
 	var err error
-	if id, ok := s.unappliedKeys[string(idemKey(tenant, key))]; ok {
-		j, found = *s.unapplied[id], true
+	id, inLog := s.unappliedKeys[string(idemKey(tenant, key))]
+	if logged := s.unapplied[id]; inLog && logged != nil {
+		j, found = *logged, true
 		j.Payload = nil
 	} else {
 		err = s.db.View(func(tx *bbolt.Tx) error {

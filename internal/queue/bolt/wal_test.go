@@ -171,13 +171,12 @@ func TestATornRecordIsDropped(t *testing.T) {
 	}
 }
 
-// More admissions than one transaction takes from the log (walApplyJobs),
-// then a crash: every one of them is back, those in the file and those in
-// the log only.
-func TestManyAdmissionsThroughTheLog(t *testing.T) {
-	t.Parallel()
+// logOnlyOpener opens stores (deep queues, a fake clock) that keep
+// admissions in the log until walApplyJobs or walApplyBytes, never after a
+// quiet spell: what a test wrote is still in the log only at its crash.
+func logOnlyOpener(t *testing.T) func(path string) *Store {
 	clk := clock.NewFake(queuetest.T0)
-	open := func(path string) *Store {
+	return func(path string) *Store {
 		s, err := Open(path, Options{Clock: clk, Policy: queuetest.Leaky20(20000), logIdle: time.Hour})
 		if err != nil {
 			t.Fatal(err)
@@ -185,6 +184,14 @@ func TestManyAdmissionsThroughTheLog(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return s
 	}
+}
+
+// More admissions than one transaction takes from the log (walApplyJobs),
+// then a crash: every one of them is back, those in the file and those in
+// the log only.
+func TestManyAdmissionsThroughTheLog(t *testing.T) {
+	t.Parallel()
+	open := logOnlyOpener(t)
 	s := open(filepath.Join(t.TempDir(), "live.db"))
 	var ids []string
 	batch := make([]queue.NewJob, 100)
@@ -223,15 +230,7 @@ func TestManyAdmissionsThroughTheLog(t *testing.T) {
 // payload across a crash.
 func TestALargeWriteFindsRoomInTheLog(t *testing.T) {
 	t.Parallel()
-	clk := clock.NewFake(queuetest.T0)
-	open := func(path string) *Store {
-		s, err := Open(path, Options{Clock: clk, Policy: queuetest.Leaky20(20000), logIdle: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
+	open := logOnlyOpener(t)
 	s := open(filepath.Join(t.TempDir(), "live.db"))
 	payloads := map[string]string{}
 	enqueue := func(jobs int) []string {
