@@ -55,7 +55,7 @@ func newClient(conns int) *http.Client {
 }
 
 func admitCommand() *cobra.Command {
-	var server, ceiling string
+	var server, ceiling, beside string
 	var clients, tenants, rounds int
 	var duration time.Duration
 	c := &cobra.Command{
@@ -66,9 +66,19 @@ func admitCommand() *cobra.Command {
 latency. With --ceiling (the address of a loadgen ceiling process), runs
 --rounds rounds alternating the server and the ceiling, and prints the
 server's rate as a ratio of the ceiling's in each round: figures on a shared
-machine move from run to run, ratios measured side by side move less.`,
+machine move from run to run, ratios measured side by side move less.
+
+With --beside (a second throttler, e.g. another build on another port),
+loads both at the same time, --clients each, for --rounds rounds, and prints
+the second's rate as a ratio of the first's. Both share the same minutes of
+the machine and its CPU, so the ratio is the inverse of what each admission
+costs them (above 1: the second costs less): an A/B comparison of two builds
+with far less noise than alternating them. Start both on fresh stores.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			for _, u := range []string{server, ceiling} {
+			if ceiling != "" && beside != "" {
+				return fmt.Errorf("--ceiling and --beside are two ways to compare: give one")
+			}
+			for _, u := range []string{server, ceiling, beside} {
 				if u == "" {
 					continue
 				}
@@ -82,6 +92,10 @@ machine move from run to run, ratios measured side by side move less.`,
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "clients %d, tenants %d, %v per run\n", clients, tenants, duration)
 			client := newClient(clients)
+			if beside != "" {
+				admitBeside(out, client, newClient(clients), server, beside, clients, tenants, rounds, duration)
+				return nil
+			}
 			if ceiling == "" {
 				r := admitRun(client, server, clients, tenants, duration)
 				r.print(out, "server")
@@ -104,11 +118,31 @@ machine move from run to run, ratios measured side by side move less.`,
 	}
 	serverFlag(c, &server)
 	c.Flags().StringVar(&ceiling, "ceiling", "", "a loadgen ceiling to alternate with (e.g. http://127.0.0.1:8090)")
-	c.Flags().IntVar(&rounds, "rounds", 3, "rounds of server then ceiling, with --ceiling")
+	c.Flags().StringVar(&beside, "beside", "", "a second throttler to load at the same time (A/B), e.g. http://127.0.0.1:8081")
+	c.Flags().IntVar(&rounds, "rounds", 3, "rounds, with --ceiling or --beside")
 	c.Flags().IntVar(&clients, "clients", 64, "concurrent keep-alive clients")
 	c.Flags().IntVar(&tenants, "tenants", 1000, "tenants to spread jobs over")
 	c.Flags().DurationVar(&duration, "duration", 10*time.Second, "how long to run (at most 2m)")
 	return c
+}
+
+// admitBeside loads server and beside at the same time, round after round,
+// and prints beside's rate as a ratio of server's in each round.
+func admitBeside(out io.Writer, client, besideClient *http.Client, server, beside string, clients, tenants, rounds int, duration time.Duration) {
+	var ratios []string
+	for i := 1; i <= rounds; i++ {
+		var a, b admitResult
+		var wg sync.WaitGroup
+		wg.Go(func() { a = admitRun(client, server, clients, tenants, duration) })
+		wg.Go(func() { b = admitRun(besideClient, beside, clients, tenants, duration) })
+		wg.Wait()
+		a.print(out, fmt.Sprintf("round %d server", i))
+		b.print(out, fmt.Sprintf("round %d beside", i))
+		if a.rate() > 0 {
+			ratios = append(ratios, fmt.Sprintf("%.3f", b.rate()/a.rate()))
+		}
+	}
+	fmt.Fprintf(out, "beside / server by round: %s\n", strings.Join(ratios, " / "))
 }
 
 // admitResult is one admit run: answers by status and latencies.
