@@ -73,7 +73,7 @@ loads both at the same time, --clients each, for --rounds rounds, and prints
 the second's rate as a ratio of the first's. Both share the same minutes of
 the machine and its CPU, so the ratio is the inverse of what each admission
 costs them (above 1: the second costs less): an A/B comparison of two builds
-with far less noise than alternating them. Start both on fresh stores.`,
+with less noise than alternating them. Start both on fresh stores.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if ceiling != "" && beside != "" {
 				return fmt.Errorf("--ceiling and --beside are two ways to compare: give one")
