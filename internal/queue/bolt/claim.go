@@ -165,8 +165,7 @@ func (s *Store) readChosen(chosen []dueEntry) (claimed, gone []queue.Job, err er
 	inLog := map[string]queue.Job{}
 	s.mu.Lock()
 	for _, e := range chosen {
-		if logged, ok := s.unapplied[e.id]; ok {
-			j := *logged
+		if j, ok := s.loggedJob(e.id); ok {
 			j.Payload = slices.Clone(j.Payload)
 			inLog[e.id] = j
 		}

@@ -305,6 +305,16 @@ func (s *Store) logGroup(group []commitReq) error {
 	return nil
 }
 
+// loggedJob is a copy of the admitted job id that only the log has
+// (s.mu held); false if the bbolt file has it, or nobody does.
+func (s *Store) loggedJob(id string) (queue.Job, bool) {
+	j, ok := s.unapplied[id]
+	if !ok {
+		return queue.Job{}, false
+	}
+	return *j, true
+}
+
 // applyNow writes what the log holds into the bbolt file.
 func (s *Store) applyNow() error {
 	return s.updateTx(func(*bbolt.Tx) error { return nil })
@@ -365,7 +375,7 @@ func (s *Store) appendTenantEntries(b []byte, group []commitReq) []byte {
 	// Encoded outside the lock: a record's slices are replaced, never
 	// changed in place.
 	for _, r := range recs {
-		s.tenantEntry = encodeTenant(appendString(s.tenantEntry[:0], r.name), r.rec)
+		s.tenantEntry = appendTenantLogEntry(s.tenantEntry[:0], r.name, r.rec)
 		b = appendTenantLog(b, s.tenantEntry)
 	}
 	clear(recs) // no tenant's slices kept alive by the scratch

@@ -345,11 +345,11 @@ func (s *Store) jobByKey(tenant, key string) (queue.Job, bool, error) {
 	var j queue.Job
 	var found bool
 	var err error
-	id, inLog := s.unappliedKeys[string(idemKey(tenant, key))]
-	if logged := s.unapplied[id]; inLog && logged != nil {
-		j, found = *logged, true
+	if id, inLog := s.unappliedKeys[string(idemKey(tenant, key))]; inLog {
+		j, found = s.loggedJob(id)
 		j.Payload = nil
-	} else {
+	}
+	if !found {
 		err = s.db.View(func(tx *bbolt.Tx) error {
 			id := tx.Bucket(bucketIdem).Get(idemKey(tenant, key))
 			if id == nil {

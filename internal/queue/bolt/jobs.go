@@ -40,11 +40,7 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 // from memory while only the write-ahead log has it.
 func (s *Store) viewJob(id string, withPayload bool) (queue.Job, bool, error) {
 	s.mu.Lock()
-	logged, ok := s.unapplied[id]
-	var j queue.Job
-	if ok {
-		j = *logged
-	}
+	j, ok := s.loggedJob(id)
 	s.mu.Unlock()
 	if ok {
 		if withPayload {
@@ -204,11 +200,7 @@ func (s *Store) failedJob(id string) (queue.Job, *tenantMem, error) {
 	if _, held := s.claims[id]; held {
 		return queue.Job{}, nil, &queue.StateError{ID: id, State: queue.StateDispatching, Op: "retry"}
 	}
-	var j queue.Job
-	logged, found := s.unapplied[id] // waiting: not failed
-	if found {
-		j = *logged
-	}
+	j, found := s.loggedJob(id) // waiting: not failed
 	var err error
 	if !found {
 		j, found, err = s.viewStored(id, false)

@@ -92,7 +92,12 @@ func logTenant(tx *bbolt.Tx, name string, rec queue.TenantRecord) error {
 
 // tenantLogEntry is the tenant log's value for a tenant's record.
 func tenantLogEntry(name string, rec queue.TenantRecord) []byte {
-	return encodeTenant(appendString(make([]byte, 0, 80), name), rec)
+	return appendTenantLogEntry(make([]byte, 0, 80), name, rec)
+}
+
+// appendTenantLogEntry appends tenantLogEntry(name, rec) to b.
+func appendTenantLogEntry(b []byte, name string, rec queue.TenantRecord) []byte {
+	return encodeTenant(appendString(b, name), rec)
 }
 
 // putTenantLogEntry appends an entry (tenantLogEntry) to the tenant log.
