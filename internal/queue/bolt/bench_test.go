@@ -6,12 +6,16 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
 )
@@ -141,4 +145,99 @@ func rss() int64 {
 	}
 	pages, _ := strconv.ParseInt(f[1], 10, 64)
 	return pages * int64(os.Getpagesize())
+}
+
+// BenchmarkPromptBurst measures how true a prompt job's promise is when it
+// comes in a burst after a quiet spell, without HTTP or a downstream: each
+// round, 20 calls one at a time (the start lag learns the quiet pipeline),
+// then 100 idle tenants' batches of 25 from 32 goroutines at once, as
+// `loadgen deliver --tenants 100` sends them. Every tenant's first job can
+// go at once and is promised its start lag; the rest of its queue is timed
+// from that promise, so a first job handed over after its slot makes the
+// whole queue late. Reported: the share of first jobs handed over after
+// their slot, how late they were (p50, p99; early counts as zero), and
+// the delay a burst's first job was promised (an estimate too long costs
+// that).
+//
+//	go test -run '^$' -bench PromptBurst -benchtime 20x ./internal/queue/bolt
+func BenchmarkPromptBurst(b *testing.B) {
+	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Hour, Burst: 1, Capacity: 100} }
+	s, err := Open(filepath.Join(b.TempDir(), "b.db"), Options{Policy: policy, InitialStartLag: 10 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	var mu sync.Mutex
+	var late, promised []time.Duration
+	handed := make(chan struct{}, 1024)
+	ctx, cancel := context.WithCancel(context.Background())
+	consumed := make(chan error, 1)
+	go func() {
+		consumed <- s.Consume(ctx, func(_ context.Context, j queue.Job) queue.Outcome {
+			now := time.Now()
+			mu.Lock()
+			late = append(late, max(0, now.Sub(j.DispatchAt)))
+			if strings.HasPrefix(j.Tenant, "burst-") {
+				promised = append(promised, j.DispatchAt.Sub(j.EnqueuedAt))
+			}
+			mu.Unlock()
+			handed <- struct{}{}
+			return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clock.Later(now, j.DispatchAt)}
+		}, queue.ConsumeOptions{Lead: queue.DefaultLead, Concurrency: 1024})
+	}()
+	payload := []byte(`{"n":1}`)
+	batch := make([]queue.NewJob, 25)
+	for i := range batch {
+		batch[i] = queue.NewJob{Payload: payload}
+	}
+	enqueue := func(tenant string, jobs []queue.NewJob) {
+		if out, err := s.Enqueue(context.Background(), tenant, jobs); err != nil || out[0].Rejected != nil {
+			b.Errorf("enqueue: %v %+v", err, out)
+		}
+	}
+	var quiet, burst []time.Duration
+	take := func(into *[]time.Duration) {
+		mu.Lock()
+		*into, late = append(*into, late...), late[:0]
+		mu.Unlock()
+	}
+	for round := range b.N {
+		for i := range 20 {
+			enqueue(fmt.Sprintf("quiet-%d-%d", round, i), batch[:1])
+			<-handed
+			time.Sleep(5 * time.Millisecond)
+		}
+		take(&quiet)
+		sem := make(chan struct{}, 32)
+		var wg sync.WaitGroup
+		for i := range 100 {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				enqueue(fmt.Sprintf("burst-%d-%d", round, i), batch)
+			})
+		}
+		wg.Wait()
+		for range 100 {
+			<-handed
+		}
+		take(&burst)
+	}
+	b.StopTimer()
+	cancel()
+	if err := <-consumed; err != nil {
+		b.Fatal(err)
+	}
+	reportLate := func(ds []time.Duration, name string) {
+		slices.Sort(ds)
+		n := len(ds)
+		after := n - sort.Search(n, func(i int) bool { return ds[i] > 0 })
+		b.ReportMetric(100*float64(after)/float64(n), name+"-late-%")
+		b.ReportMetric(float64(ds[n/2].Microseconds())/1000, name+"-p50-ms")
+		b.ReportMetric(float64(ds[n*99/100].Microseconds())/1000, name+"-p99-ms")
+	}
+	reportLate(burst, "burst")
+	reportLate(quiet, "quiet")
+	slices.Sort(promised) // what a prompt job in the burst was promised: the estimate's cost
+	b.ReportMetric(float64(promised[len(promised)/2].Microseconds())/1000, "burst-promised-p50-ms")
 }

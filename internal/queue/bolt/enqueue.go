@@ -52,6 +52,7 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, newJobs []queue.NewJ
 		return c.out, nil
 	}
 	tm.pending++
+	s.lag.deciding()
 	s.mu.Unlock()
 
 	ops, err := admissionOps(c)
@@ -72,6 +73,7 @@ type call struct {
 	ceiling  *leaky.Policy
 	now      time.Time
 	arrival  time.Time // in tenant time
+	ahead    int64     // calls being made durable when it was decided (startLag)
 	paused   bool
 	out      []queue.Admission
 	admitted []queue.Job
@@ -82,15 +84,16 @@ func (s *Store) newCall(tenant string, tm *tenantMem, n int) *call {
 	now := s.clock.Now()
 	_, ceiling := s.ceiling(tenant)
 	paused, _ := tm.rec.Pause.Paused(now)
+	lag, ahead := s.lag.estimate()
 	return &call{
-		tenant: tenant, tm: tm, policy: s.policy(tenant), ceiling: ceiling, now: now, paused: paused,
+		tenant: tenant, tm: tm, policy: s.policy(tenant), ceiling: ceiling, now: now, paused: paused, ahead: ahead,
 		// Decide as if the job arrived when it can first be sent: a job
 		// sent at once is late by the time a send takes to start (the
 		// commit, the hand-over, the connection), and every job queued
 		// behind it inherits that lateness. Scheduling from there keeps the
 		// promises true. All in tenant time: a paused tenant's clock
 		// stands still.
-		arrival: tm.rec.Pause.TenantTime(now).Add(s.startLag()),
+		arrival: tm.rec.Pause.TenantTime(now).Add(lag),
 		out:     make([]queue.Admission, n),
 	}
 }
@@ -208,11 +211,13 @@ func (s *Store) settle(c *call, commitErr error) error {
 	s.mu.Lock()
 	c.tm.pending--
 	if commitErr != nil {
+		s.lag.failed()
 		s.undoAdmitted(c)
 		s.mu.Unlock()
 		return queue.Unavailable(commitErr)
 	}
 	c.settled()
+	s.lag.durableCall(c.now, s.clock.Now(), c.ahead, c.admitted)
 	var soonest time.Time
 	for _, j := range c.admitted {
 		// The tenant's pause may have changed since the decision: schedule
@@ -364,44 +369,4 @@ func (s *Store) jobByKey(tenant, key string) (queue.Job, bool, error) {
 		j.State, j.Attempts = queue.StateDispatching, c.Attempts
 	}
 	return j, found, queue.Unavailable(err)
-}
-
-// maxStartLag caps how far the measured start of a send moves schedules.
-const maxStartLag = 100 * time.Millisecond
-
-// startLag is how long a job that could go at once takes to reach the
-// downstream: the commit, the hand-over to the dispatcher and the write.
-// Measured (a moving average over prompt first attempts), so that a prompt
-// job's promise is true.
-func (s *Store) startLag() time.Duration {
-	return min(time.Duration(s.promptLag.Load()), maxStartLag)
-}
-
-// observeStart feeds the moving average with one prompt first attempt,
-// handed to the dispatcher at handedAt. What it measures is the pipeline's
-// own overhead, not the lag it schedules with: a prompt job is due startLag
-// after its enqueue, and the dispatcher waits for that, so its enqueue-to-
-// send time holds the lag itself and would only grow (to the cap) if fed
-// back. The sample is the enqueue-to-hand-over time (the commit and the
-// dispatcher's wake-up) plus the write's own delay after the later of the
-// hand-over and the slot (the gate, the connection).
-func (s *Store) observeStart(j queue.Job, handedAt time.Time) {
-	if !j.Prompt || j.Attempts != 1 || j.SentAt.IsZero() || handedAt.IsZero() {
-		return
-	}
-	if handedAt.Sub(j.EnqueuedAt) >= maxStartLag || !j.DispatchAt.Equal(j.EnqueuedAt.Add(j.AdmitDelay)) {
-		// Not the pipeline's overhead: a job sent again after a crash, a
-		// failed job retried long after its enqueue, or one whose time
-		// moved after its admission (a pause, a restart).
-		return
-	}
-	ready := clock.Later(handedAt, j.DispatchAt)
-	sample := max(0, handedAt.Sub(j.EnqueuedAt)) + max(0, j.SentAt.Sub(ready))
-	for {
-		old := s.promptLag.Load()
-		next := old + (int64(sample)-old)/8
-		if s.promptLag.CompareAndSwap(old, next) {
-			return
-		}
-	}
 }

@@ -51,8 +51,7 @@ func modelDriver(known queuetest.Defect) queuetest.ModelDriver {
 			return func(t testing.TB, c queuetest.Config) (queue.Store, error) { return openModelStore(path, c) }, nil
 		},
 		TakeStartLag: func(s queue.Store) time.Duration {
-			st := s.(*Store)
-			return time.Duration(st.promptLag.Swap(0))
+			return s.(*Store).lag.take()
 		},
 		// The dispatcher is in its select: no poke waiting, and it has
 		// planned its next wake (it clears the plan when it wakes).

@@ -174,7 +174,7 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 // the dispatcher must look at it, see wakeBy), counted in its tenant
 // otherwise.
 func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
-	s.observeStart(result, s.handedAt[result.ID])
+	s.lag.observe(result, s.handedAt[result.ID])
 	delete(s.claims, result.ID)
 	delete(s.handedAt, result.ID)
 	tm, ok := s.tenants[result.Tenant]

@@ -116,7 +116,7 @@ type Store struct {
 	grouped     atomic.Int64  // writes they carried
 	wake        chan struct{}
 	nextWake    atomic.Int64 // unix ns the dispatcher plans to wake at
-	promptLag   atomic.Int64 // ns: moving average of a prompt job's start
+	lag         startLag
 	stop        chan struct{}
 	// background: the maintainer and the reaper; the finisher writes
 	// outcomes until stop is closed.
@@ -175,6 +175,7 @@ func Open(path string, opts Options) (*Store, error) {
 		unappliedKeys: map[string]string{},
 		tenantSeen:    map[string]bool{},
 		handedAt:      map[string]time.Time{},
+		lag:           startLag{durable: map[string]time.Time{}},
 		sched:         schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}},
 		wake:          make(chan struct{}, 1),
 		finishQ:       make(chan finishReq),
@@ -184,7 +185,7 @@ func Open(path string, opts Options) (*Store, error) {
 	if s.ceiling == nil {
 		s.ceiling = noCeiling
 	}
-	s.promptLag.Store(int64(opts.InitialStartLag))
+	s.lag.send.avg.Store(int64(opts.InitialStartLag))
 	if err := s.recover(); err != nil {
 		w.close()
 		db.Close()

@@ -679,7 +679,7 @@ func TestRetryAfterHoldsWhenTheStartLagFalls(t *testing.T) {
 	})
 	clk.Advance(50 * time.Millisecond) // the first job's time
 	queuetest.WaitFor(t, func() bool { st, _ := s.Tenant(context.Background(), "otp"); return st.Delivered == 1 })
-	s.promptLag.Store(int64(time.Millisecond)) // the first send measured quicker than the estimate
+	s.lag.send.avg.Store(int64(time.Millisecond)) // the first send measured quicker than the estimate
 	clk.Advance(refused.Rejected.RetryAfter - 50*time.Millisecond)
 	if again := queuetest.EnqueueOne(t, s, "otp", queuetest.Payload(2)); again.Rejected != nil {
 		t.Fatalf("sent again after its Retry-After %v: refused again, retry after %v", refused.Rejected.RetryAfter, again.Rejected.RetryAfter)
