@@ -27,7 +27,7 @@ import (
 
 func main() {
 	root := &cobra.Command{Use: "loadgen", Short: "Measure a running throttler", SilenceUsage: true}
-	root.AddCommand(admitCommand(), ceilingCommand(), fillCommand(), deliverCommand(), sinkCommand())
+	root.AddCommand(admitCommand(), ceilingCommand(), fillCommand(), deliverCommand(), sinkCommand(), timersCommand())
 	if err := root.Execute(); err != nil {
 		os.Exit(1)
 	}
