@@ -59,8 +59,9 @@ type Options struct {
 	OnExpired func(queue.Job)
 	// Retention is how long finished jobs are kept. Default 72h.
 	Retention time.Duration
-	// InitialStartLag is the time a prompt send takes to start, until it has
-	// been measured (see startLag). Default 0.
+	// InitialStartLag is the time a prompt send takes from durable to
+	// written, until it has been measured (the send part of startLag; the
+	// wait to be durable is measured from the first call). Default 0.
 	InitialStartLag time.Duration
 	Logger          *slog.Logger
 
