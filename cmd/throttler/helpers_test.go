@@ -68,7 +68,7 @@ func startServer(t testing.TB, file string) string {
 var httpClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 30 * time.Second}
 
 // send sends a request and returns the answer's status, header and body.
-func send(t *testing.T, method, url string, body string, header ...string) (int, http.Header, []byte) {
+func send(t testing.TB, method, url string, body string, header ...string) (int, http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, bytes.NewBufferString(body))
 	if err != nil {
@@ -87,7 +87,7 @@ func send(t *testing.T, method, url string, body string, header ...string) (int,
 }
 
 // call sends a request and decodes the JSON answer.
-func call(t *testing.T, method, url string, body string, header ...string) (int, http.Header, map[string]any) {
+func call(t testing.TB, method, url string, body string, header ...string) (int, http.Header, map[string]any) {
 	t.Helper()
 	status, h, raw := send(t, method, url, body, header...)
 	var m map[string]any

@@ -8,10 +8,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +29,9 @@ type Server struct {
 	// extra arguments for redis-server (a cluster node's)
 	extra []string
 	cmd   *exec.Cmd
-	t     testing.TB
+	// exited is closed once cmd's process has exited and been reaped.
+	exited <-chan struct{}
+	t      testing.TB
 }
 
 // Start runs redis-server on a free loopback port with its data in a
@@ -35,36 +39,75 @@ type Server struct {
 // before it is acknowledged and fsynced each second (appendonly yes,
 // appendfsync everysec, as README advises), so a kill -9 of the server
 // keeps what was acknowledged. It stops when the test ends.
+//
+// A free port is only free until someone binds it: between the probe and
+// redis-server's bind, another test (of this package or of another one
+// running beside it) can take it. Then redis-server exits, and a PING on
+// the port would be answered by the other test's server: two tests would
+// share one Redis and see each other's tenants. So the server that
+// answers must be the process started here, or another port is tried.
 func Start(t testing.TB, aof bool) *Server {
 	t.Helper()
 	bin := testutil.Program(t, "redis-server")
 	s := &Server{dir: t.TempDir(), aof: aof, t: t}
+	t.Cleanup(s.Kill)
+	for try := 1; ; try++ {
+		s.Addr = freeAddr(t)
+		err := s.start(bin)
+		if err == nil {
+			return s
+		}
+		if try == 5 {
+			t.Fatal(err)
+		}
+		t.Logf("redis-server did not get %s (%v); another port", s.Addr, err)
+	}
+}
+
+// freeAddr is a loopback address with a port free at the time of asking.
+func freeAddr(t testing.TB) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Addr = l.Addr().String()
-	l.Close()
-	s.start(bin)
-	t.Cleanup(s.Kill)
-	return s
+	defer l.Close()
+	return l.Addr().String()
 }
 
-func (s *Server) start(bin string) {
-	s.t.Helper()
+// start runs redis-server on s.Addr and waits until it answers there as
+// the process it started. An error says it did not (the port was taken).
+func (s *Server) start(bin string) error {
 	_, port, _ := net.SplitHostPort(s.Addr)
 	args := []string{"--port", port, "--bind", "127.0.0.1", "--dir", s.dir, "--save", "", "--protected-mode", "yes", "--logfile", filepath.Join(s.dir, "redis.log")}
 	if s.aof {
 		args = append(args, "--appendonly", "yes", "--appendfsync", "everysec")
 	}
-	s.cmd = exec.Command(bin, append(args, s.extra...)...)
-	if err := s.cmd.Start(); err != nil {
+	cmd := exec.Command(bin, append(args, s.extra...)...)
+	if err := cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	s.cmd, s.exited = cmd, exited
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if err := ping(s.Addr); err == nil {
-			return
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			s.cmd = nil
+			return fmt.Errorf("redis-server on %s exited:\n%s", s.Addr, lastLines(log, 3))
+		default:
+		}
+		pid, err := serverPID(s.Addr)
+		switch {
+		case err == nil && pid == cmd.Process.Pid:
+			return nil
+		case err == nil:
+			// Another test's server holds the port; ours is about to
+			// find out that it cannot bind.
+			s.Kill()
+			return fmt.Errorf("%s is answered by another redis-server (pid %d)", s.Addr, pid)
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
@@ -74,48 +117,70 @@ func (s *Server) start(bin string) {
 	}
 }
 
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}
+
 // Kill stops the server at once (SIGKILL), as a crash would.
 func (s *Server) Kill() {
 	if s.cmd != nil && s.cmd.Process != nil {
 		s.cmd.Process.Kill()
-		s.cmd.Wait()
+		<-s.exited
 		s.cmd = nil
 	}
 }
 
-// Restart starts the server again on the same port and data.
+// Restart starts the server again on the same port and data. A test that
+// restarts its Redis cannot move it to another port; if another test took
+// the port meanwhile, it fails (and says so) rather than talk to a Redis
+// that is not its own.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Kill()
 	bin, _ := exec.LookPath("redis-server")
-	s.start(bin)
+	if err := s.start(bin); err != nil {
+		s.t.Fatalf("restart: %v", err)
+	}
 }
 
 // URL is the server's redis:// URL.
 func (s *Server) URL() string { return "redis://" + s.Addr + "/0" }
 
-// ping speaks just enough RESP to see the server answer.
-func ping(addr string) error {
+// serverPID asks the server on addr for its process id (INFO server),
+// speaking just enough RESP for that.
+func serverPID(addr string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return 0, err
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return fmt.Errorf("redis answered %q", line)
+	size, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if !strings.HasPrefix(head, "$") || err != nil {
+		return 0, fmt.Errorf("redis answered %q", head) // -LOADING while it reads its AOF
 	}
-	return nil
+	body := make([]byte, size)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, fmt.Errorf("no process_id in INFO server")
 }
 
 // Cluster is a Redis Cluster of masters on loopback ports, no replicas.
@@ -134,7 +199,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	for range n {
 		s := &Server{dir: t.TempDir(), t: t, Addr: clusterAddr(t),
 			extra: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"}}
-		s.start(bin)
+		if err := s.start(bin); err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(s.Kill)
 		c.Nodes = append(c.Nodes, s)
 		args = append(args, s.Addr)
