@@ -23,6 +23,7 @@ import (
 	"throttler/internal/clock"
 	"throttler/internal/config"
 	"throttler/internal/metrics"
+	"throttler/internal/outbound"
 	"throttler/internal/queue"
 )
 
@@ -43,6 +44,11 @@ type Options struct {
 	// WorkerOnly: the process sends jobs and serves only /healthz,
 	// /readyz and /metrics (throttler serve --role worker).
 	WorkerOnly bool
+	// Outbound gives a downstream's compiled request rules by name, as the
+	// current config has them (it may be reloaded): admission checks a
+	// job's payload and request against them, so that a job that could
+	// never be sent is refused (422) before it is queued. Nil: no checks.
+	Outbound func(downstream string) *outbound.Downstream
 }
 
 type server struct {

@@ -3,10 +3,12 @@ package config
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
+
+	"throttler/internal/secret"
 )
 
 // Auth holds API tokens. With none, the API has no auth and listens on
@@ -105,22 +107,16 @@ func (c *Config) readDigest(key string, t *Token) error {
 			return bad("sha256", "must be 64 hex digits (the SHA-256 of the token, not the token)")
 		}
 		copy(t.Digest[:], raw)
-	case t.TokenEnv != "":
-		v := strings.TrimSpace(os.Getenv(t.TokenEnv))
-		if v == "" {
-			return bad("token_env", "environment variable %s is not set or empty", t.TokenEnv)
-		}
-		t.Digest = sha256.Sum256([]byte(v))
 	default:
-		raw, err := os.ReadFile(t.TokenFile)
+		v, err := secret.Resolve(key+".token", secret.Ref{Env: t.TokenEnv, File: t.TokenFile})
 		if err != nil {
-			return bad("token_file", "cannot read: %v", err)
+			var se *secret.Error
+			if errors.As(err, &se) {
+				return c.bad(se.Key, "%s", se.Reason)
+			}
+			return err
 		}
-		v := strings.TrimSpace(string(raw))
-		if v == "" {
-			return bad("token_file", "%s is empty", t.TokenFile)
-		}
-		t.Digest = sha256.Sum256([]byte(v))
+		t.Digest = sha256.Sum256([]byte(v.Reveal()))
 	}
 	return nil
 }

@@ -10,7 +10,8 @@ import (
 
 // Downstream is a named HTTP target.
 type Downstream struct {
-	// URL receives a POST per attempt. Required.
+	// URL receives a request per attempt (a POST unless Method says
+	// otherwise). Required.
 	URL string `toml:"url"`
 	// Timeout bounds one attempt: connecting, writing the request and reading
 	// the answer. A wait at the gate (the rate, a window, a ceiling) is not
@@ -29,6 +30,65 @@ type Downstream struct {
 	// errors) end a job as failed. Default 5. Pushback (429, 503 with
 	// Retry-After) and waits behind an open circuit breaker do not count.
 	MaxAttempts int `toml:"max_attempts"`
+
+	// The request a vendor accepts (DESIGN.md section 6a); the checks are
+	// in outbound.go, the request is built by internal/outbound.
+
+	// Method is the HTTP method of every attempt: GET, POST, PUT, PATCH or
+	// DELETE. Default POST. GET and DELETE send no body.
+	Method string `toml:"method"`
+	// Body is how the payload becomes the body: "json" (default: the
+	// payload as it came), "form" (application/x-www-form-urlencoded from
+	// a JSON object) or "raw" (the text of a JSON string).
+	Body string `toml:"body"`
+	// FormArrays is how a form writes an array of plain values: "repeat"
+	// (default: k=a&k=b) or "indexed" (k[0]=a&k[1]=b). Body "form" only.
+	FormArrays string `toml:"form_arrays"`
+	// ContentType is the raw body's Content-Type. Body "raw" only.
+	// Default "text/plain; charset=utf-8".
+	ContentType string `toml:"content_type"`
+	// Headers are sent on every attempt, after throttler's own (which they
+	// may not name, see ProtectedHeader). Default none.
+	Headers map[string]string `toml:"headers"`
+	// Auth is how the vendor knows us (basic, bearer or a header), its
+	// secret read from the environment or a file. Default none.
+	Auth DownstreamAuth `toml:"auth"`
+	// IdempotencyHeader carries the job id on every attempt. nil means
+	// the default "Idempotency-Key"; "" sends none.
+	IdempotencyHeader *string `toml:"idempotency_header"`
+	// JobPaths are the paths a job may ask for, under the url's
+	// scheme://host: an exact path, or a prefix ending in "*". Default
+	// none: a job cannot choose the path.
+	JobPaths []string `toml:"job_paths"`
+	// JobMethods are the methods a job may ask for. Default: only Method.
+	JobMethods []string `toml:"job_methods"`
+	// JobHeaders are the header names a job may set (any case). Default
+	// none.
+	JobHeaders []string `toml:"job_headers"`
+	// TLSCAFile (PEM) holds the CAs trusted for this downstream instead
+	// of the system's. Default none: the system's roots.
+	TLSCAFile string `toml:"tls_ca_file"`
+	// TLSCertFile and TLSKeyFile (PEM) are a client certificate for
+	// mutual TLS; both or neither. Default none.
+	TLSCertFile string `toml:"tls_cert_file"`
+	TLSKeyFile  string `toml:"tls_key_file"`
+	// TLSServerName is the name verified (and sent as SNI) when it is not
+	// the url's host. Default: the url's host.
+	TLSServerName string `toml:"tls_server_name"`
+	// SigningSecretEnv or SigningSecretFile names the Standard Webhooks
+	// secrets ("whsec_<base64>", space-separated for rotation) that sign
+	// every attempt. Default none: not signed.
+	SigningSecretEnv  string `toml:"signing_secret_env"`
+	SigningSecretFile string `toml:"signing_secret_file"`
+	// KeepResponseBytes is how much of each answer's body is kept on the
+	// job, in bytes, 0 to 1048576. nil means 4096.
+	KeepResponseBytes *int `toml:"keep_response_bytes"`
+	// KeepResponseHeaders are kept from each answer beside Content-Type,
+	// Location and Retry-After. Default none.
+	KeepResponseHeaders []string `toml:"keep_response_headers"`
+
+	// SigningSecret is only here to refuse a secret written in the file.
+	SigningSecret InlineSecret `toml:"signing_secret,omitempty"`
 }
 
 // Ceiling is the downstream's limit across its tenants (nil: none).
@@ -82,6 +142,9 @@ func (c *Config) checkDownstream(name string, d *Downstream) error {
 	}
 	if d.MaxAttempts < 1 || d.MaxAttempts > 100 {
 		return c.bad(key+".max_attempts", "must be from 1 to 100, got %d", d.MaxAttempts)
+	}
+	if err := c.checkOutbound(key, u, d); err != nil {
+		return err
 	}
 	return c.checkCeiling(key, d)
 }

@@ -92,6 +92,13 @@ type Job struct {
 	// Prompt: the bucket had room to send it at once (it waited only for
 	// the time a send takes to start).
 	Prompt bool `json:"prompt,omitempty"`
+	// Request is what the job asks of its downstream's request (method,
+	// path, query, headers), checked against the downstream at admission;
+	// nil: the downstream's own.
+	Request *JobRequest `json:"request,omitempty"`
+	// Response is the downstream's answer to the latest attempt, as much
+	// of it as the downstream keeps (nil: no answer yet).
+	Response *Response `json:"response,omitempty"`
 }
 
 // EffectiveCost is the job's cost, 1 by default.
@@ -106,6 +113,10 @@ type NewJob struct {
 	// Deadline: refuse the job if it cannot be sent by then; expire it if a
 	// pause pushes it past (zero: none).
 	Deadline time.Time
+	// Request: what the job asks of its downstream's request (nil: the
+	// downstream's own). The API checks it against the downstream before
+	// the job reaches the store.
+	Request *JobRequest
 }
 
 // Admission is the answer to one NewJob: admitted (Job set, Rejected and
@@ -187,6 +198,9 @@ type Outcome struct {
 	// limit was hit): its ceiling sends nothing for any tenant until
 	// PauseUntil, across a restart.
 	PauseDownstream bool
+	// Response is what is kept of the downstream's answer (nil: none came).
+	// Stores keep the latest attempt's with the job.
+	Response *Response
 }
 
 // Handler sends one due job and says how it went. It is called a little
