@@ -23,7 +23,15 @@ import (
 //
 // Binary because a record is written at every admission and every outcome:
 // JSON was a tenth of the CPU of an admission.
-const jobRecordV1 = 1
+//
+// Version 2 adds the job's request (queue.JobRequest as JSON, "" for none:
+// rare, and small) after Prompt; version 1 records are still read. The
+// answer kept of the latest attempt is not in the record, which every
+// change rewrites: it is written once per answer in bucketResponses.
+const (
+	jobRecordV1 = 1
+	jobRecordV2 = 2
+)
 
 // inlinePayload is the largest payload kept in the job's record: an
 // admission then writes one record instead of two, in one tree.
@@ -48,7 +56,7 @@ func stateCode(st queue.JobState) (byte, bool) {
 // payload inline (nil: none there; it is in bucketPayloads).
 func encodeJob(b []byte, j queue.Job, payload []byte) []byte {
 	code, ok := stateCode(j.State)
-	b = append(b, jobRecordV1, code)
+	b = append(b, jobRecordV2, code)
 	b = appendString(b, j.Tenant)
 	if !ok {
 		b = appendString(b, string(j.State)) // never written today; kept readable
@@ -74,6 +82,7 @@ func encodeJob(b []byte, j queue.Job, payload []byte) []byte {
 		prompt = 1
 	}
 	b = append(b, prompt)
+	b = appendRequest(b, j.Request)
 	if payload == nil {
 		return append(b, 0)
 	}
@@ -91,7 +100,8 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 		return j, nil, err
 	}
 	d := decoder{b: raw}
-	if d.byte() != jobRecordV1 {
+	version := d.byte()
+	if version != jobRecordV1 && version != jobRecordV2 {
 		return j, nil, errBadRecord
 	}
 	code := d.byte()
@@ -117,6 +127,11 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 	j.AdmitDelay = time.Duration(d.varint())
 	j.AdmitDepth = int(d.varint())
 	j.Prompt = d.byte() == 1
+	if version >= jobRecordV2 {
+		if j.Request, err = decodeRequest(d.bytes()); err != nil {
+			return queue.Job{}, nil, err
+		}
+	}
 	if d.byte() == 1 {
 		inline = d.bytes()
 		if inline == nil {
@@ -127,6 +142,30 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 		return queue.Job{}, nil, errBadRecord
 	}
 	return j, inline, nil
+}
+
+// appendRequest appends a job's request as a string: its JSON, or ""
+// for none.
+func appendRequest(b []byte, r *queue.JobRequest) []byte {
+	if r == nil {
+		return append(b, 0)
+	}
+	raw, err := json.Marshal(r)
+	if err != nil { // maps of strings: cannot fail
+		panic(err)
+	}
+	return appendString(b, string(raw))
+}
+
+func decodeRequest(raw []byte) (*queue.JobRequest, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	r := new(queue.JobRequest)
+	if err := json.Unmarshal(raw, r); err != nil {
+		return nil, errBadRecord
+	}
+	return r, nil
 }
 
 func appendString(b []byte, s string) []byte {
@@ -274,6 +313,53 @@ func decodeTenant(raw []byte) (queue.TenantRecord, error) {
 	}
 	if d.bad || len(d.b) != 0 {
 		return queue.TenantRecord{}, errBadRecord
+	}
+	return r, nil
+}
+
+// The answer kept of a job's latest attempt, in bucketResponses, is binary
+// too: a version byte, the status, truncated, the headers (count, then
+// name and value each, by name) and the body as text and as base64 (one
+// of them empty).
+const responseRecordV1 = 1
+
+func encodeResponse(r *queue.Response) []byte {
+	b := make([]byte, 0, 32+len(r.Body)+len(r.BodyBase64))
+	b = append(b, responseRecordV1)
+	b = binary.AppendUvarint(b, uint64(max(r.Status, 0)))
+	truncated := byte(0)
+	if r.Truncated {
+		truncated = 1
+	}
+	b = append(b, truncated)
+	b = binary.AppendUvarint(b, uint64(len(r.Headers)))
+	for _, name := range slices.Sorted(maps.Keys(r.Headers)) {
+		b = appendString(b, name)
+		b = appendString(b, r.Headers[name])
+	}
+	b = appendString(b, r.Body)
+	return appendString(b, r.BodyBase64)
+}
+
+func decodeResponse(raw []byte) (*queue.Response, error) {
+	d := decoder{b: raw}
+	if d.byte() != responseRecordV1 {
+		return nil, errBadRecord
+	}
+	r := &queue.Response{Status: int(min(d.uvarint(), math.MaxInt32)), Truncated: d.byte() == 1}
+	n := d.uvarint()
+	if d.bad || n > uint64(len(d.b)) {
+		return nil, errBadRecord
+	}
+	r.Headers = make(map[string]string, n)
+	for range n {
+		name := d.string()
+		r.Headers[name] = d.string()
+	}
+	r.Body = d.string()
+	r.BodyBase64 = d.string()
+	if d.bad || len(d.b) != 0 {
+		return nil, errBadRecord
 	}
 	return r, nil
 }

@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"path/filepath"
 	"reflect"
@@ -26,7 +27,7 @@ func TestJobRecordRoundTrip(t *testing.T) {
 		{ID: "b", Tenant: "t+é@x", State: queue.StateFailed, IdempotencyKey: "k 1", Attempts: 5, Failures: 4, Cost: 3,
 			EnqueuedAt: t0, DispatchAt: t0, Deadline: time.Unix(0, 0), SentAt: t0.Add(time.Millisecond),
 			FinishedAt: t0.Add(2 * time.Millisecond), LastError: "503 Service Unavailable", ResponseStatus: 503,
-			AdmitDelay: 1500 * time.Microsecond, AdmitDepth: 7, Prompt: true},
+			AdmitDelay: 1500 * time.Microsecond, AdmitDepth: 7, Prompt: true, Request: &queue.JobRequest{Path: "/v1/x"}},
 		{ID: "c", State: queue.StateExpired, Deadline: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC), Slot: time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC)},
 		{ID: "d", State: queue.JobState("some-future-state")},
 	}
@@ -284,6 +285,46 @@ func TestPayloadsInlineAndApart(t *testing.T) {
 		h := queuetest.WaitHanded(t, clk, got, 10*time.Millisecond)
 		if string(h.Job.Payload) != want[h.Job.ID] {
 			t.Fatalf("job %s handed over again with payload %.20q", h.Job.ID, h.Job.Payload)
+		}
+	}
+}
+
+// A job's request round-trips in its record; a record written before
+// requests were kept (version 1) still reads, with none.
+func TestJobRecordKeepsTheRequest(t *testing.T) {
+	t.Parallel()
+	req := &queue.JobRequest{Method: "DELETE", Path: "/v1/customers/cus_1", Query: queue.Query{"expand[]": {"a", "b"}},
+		Headers: map[string]string{"Stripe-Account": "acct_1"}}
+	j := queue.Job{ID: "r", Tenant: "acme", State: queue.StateQueued, Request: req}
+	got, inline, err := decodeJob(encodeJob(nil, j, []byte(`{}`)), "r")
+	if err != nil || !reflect.DeepEqual(got.Request, req) || string(inline) != `{}` {
+		t.Fatalf("round trip: %+v %q %v", got.Request, inline, err)
+	}
+	// Written by the build before this one: job "b", failed, payload {"n":1}.
+	v1, _ := hex.DecodeString("01050461636d6500026b31040180a9a19a0d959aef3a0180a9a19a0d959aef3a0180a9a19a0d959aef3a0200000180a9a19a0dd59eac3b0180a9a19a0d95a3e93b14343032205061796d656e74205265717569726564a406c08db701060101077b226e223a317d")
+	old, inline, err := decodeJob(v1, "b")
+	if err != nil || old.State != queue.StateFailed || old.Tenant != "acme" || old.ResponseStatus != 402 ||
+		old.LastError != "402 Payment Required" || !old.Prompt || old.Request != nil || string(inline) != `{"n":1}` {
+		t.Fatalf("version 1 record: %+v %q %v", old, inline, err)
+	}
+}
+
+func TestResponseRecordRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, r := range []*queue.Response{
+		{Status: 201, Headers: map[string]string{"Content-Type": "application/json", "X-Request-Id": "req_1"}, Body: `{"sid":"SM1"}`},
+		{Status: 402, Headers: map[string]string{}, BodyBase64: "/wD+", Truncated: true},
+		{Status: 0, Headers: map[string]string{}},
+	} {
+		raw := encodeResponse(r)
+		got, err := decodeResponse(raw)
+		if err != nil || !reflect.DeepEqual(got, r) {
+			t.Fatalf("round trip of %+v: %+v %v", r, got, err)
+		}
+		for n := range len(raw) {
+			if _, err := decodeResponse(raw[:n]); err == nil {
+				t.Fatalf("a response cut to %d of %d bytes was read", n, len(raw))
+			}
 		}
 	}
 }

@@ -17,7 +17,7 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	if !queue.ValidID(id) {
 		return queue.Job{}, queue.ErrNotFound
 	}
-	j, found, err := s.viewJob(id, true)
+	j, found, err := s.viewJob(id)
 	if err != nil {
 		return queue.Job{}, queue.Unavailable(err)
 	}
@@ -36,21 +36,21 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	return j, nil
 }
 
-// viewJob is getJob in a read transaction of its own, or the admitted job
-// from memory while only the write-ahead log has it.
-func (s *Store) viewJob(id string, withPayload bool) (queue.Job, bool, error) {
+// viewJob is getShown in a read transaction of its own, or the admitted
+// job from memory while only the write-ahead log has it (no answer yet).
+func (s *Store) viewJob(id string) (j queue.Job, found bool, err error) {
 	s.mu.Lock()
 	j, ok := s.loggedJob(id)
 	s.mu.Unlock()
 	if ok {
-		if withPayload {
-			j.Payload = slices.Clone(j.Payload)
-		} else {
-			j.Payload = nil
-		}
+		j.Payload = slices.Clone(j.Payload)
 		return j, true, nil
 	}
-	return s.viewStored(id, withPayload)
+	err = s.db.View(func(tx *bbolt.Tx) error {
+		j, found, err = getShown(tx, id)
+		return err
+	})
+	return j, found, err
 }
 
 // viewStored is getJob in a read transaction of its own: the bbolt file's
@@ -253,6 +253,9 @@ func (s *Store) Failed(ctx context.Context, tenant string, limit int) ([]queue.J
 				return err
 			}
 			if ok && j.State == queue.StateFailed {
+				if j.Response, err = getResponse(tx, id); err != nil {
+					return err
+				}
 				out = append(out, j)
 			}
 		}

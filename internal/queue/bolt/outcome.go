@@ -155,6 +155,14 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 	if err := putJob(tx, cur); err != nil {
 		return queue.Job{}, err
 	}
+	if o.Response != nil {
+		// The latest answer replaces the one before; an attempt that
+		// got none (a connection error) leaves it, as ResponseStatus.
+		if err := tx.Bucket(bucketResponses).Put([]byte(cur.ID), encodeResponse(o.Response)); err != nil {
+			return queue.Job{}, err
+		}
+		cur.Response = o.Response
+	}
 	if !cur.State.Finished() {
 		return cur, nil // still waiting: its index entry stays, its record has the new slot
 	}

@@ -53,6 +53,9 @@ func (s *Store) reap(cutoff time.Time, limit int) (int, error) {
 			if err := tx.Bucket(bucketPayloads).Delete([]byte(id)); err != nil {
 				return err
 			}
+			if err := tx.Bucket(bucketResponses).Delete([]byte(id)); err != nil {
+				return err
+			}
 			if err := done.Delete(k); err != nil {
 				return err
 			}

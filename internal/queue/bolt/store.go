@@ -39,6 +39,10 @@ var (
 	// bucketTenants by the maintainer, at a clean stop and at open (see
 	// logTenant).
 	bucketTenantLog = []byte("tenant-log")
+	// bucketResponses: id -> the answer kept of the job's latest attempt
+	// (codec.go), written once per answer beside the record, as a large
+	// payload is, and removed with the job.
+	bucketResponses = []byte("responses")
 )
 
 // bucketDue was the index of waiting jobs by slot (slot + id -> tenant)
@@ -282,6 +286,27 @@ func getJob(tx *bbolt.Tx, id string, withPayload bool) (queue.Job, bool, error) 
 		}
 	}
 	return j, true, nil
+}
+
+// getShown reads a job as Job shows it: its record, its payload and the
+// answer kept of its latest attempt.
+func getShown(tx *bbolt.Tx, id string) (queue.Job, bool, error) {
+	j, found, err := getJob(tx, id, true)
+	if err != nil || !found {
+		return j, found, err
+	}
+	j.Response, err = getResponse(tx, id)
+	return j, true, err
+}
+
+// getResponse reads the answer kept of job id's latest attempt (nil:
+// none).
+func getResponse(tx *bbolt.Tx, id string) (*queue.Response, error) {
+	raw := tx.Bucket(bucketResponses).Get([]byte(id))
+	if raw == nil {
+		return nil, nil
+	}
+	return decodeResponse(raw)
 }
 
 // putWaiting adds a job to the index of waiting jobs. Its key is the id,

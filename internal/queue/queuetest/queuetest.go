@@ -8,7 +8,7 @@
 //
 // (as River's riverdrivertest). The suite's tests are grouped by topic, a
 // file each: admission, consume, pause, deadlines, windows, ceilings,
-// restart.
+// restart, responses (a job's request and answers kept with it).
 package queuetest
 
 import (
@@ -72,6 +72,7 @@ func Run(t *testing.T, d Driver) {
 		{"CeilingWindowsBoundTheCost", testCeilingWindowsBoundTheCost},
 		{"RetryCountsTheCeiling", testRetryCountsTheCeiling},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
+		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -22,7 +22,8 @@
 --   {code, wait, dispatch_at, attempts, field, value, ...}, code one of
 --   0  drop it: the job is gone, done, or being sent already
 --   1  not yet: come back in wait (a pause moved it)
---   2  claimed: its dispatch time, its attempts now, and its hash
+--   2  claimed: its dispatch time, its attempts now, and its hash (but
+--      'resp', the answer kept of the last attempt)
 --   3  expired: its deadline comes first
 --   5  its tenant is held: look again in wait
 
@@ -84,7 +85,14 @@ for i = 8, #ARGV, 3 do
         t.claimed = t.claimed + 1
         t.next = at_least(t.next, dispatch_at + interval * at_least(tonumber(j.cost) or 1, 1))
         reply = {2, 0, dispatch_at, attempts}
-        for f = 1, #all do reply[#reply + 1] = all[f] end
+        -- The hash but the answer kept of the last attempt (up to 1 MiB),
+        -- which the attempt does not need.
+        for f = 1, #all, 2 do
+          if all[f] ~= 'resp' then
+            reply[#reply + 1] = all[f]
+            reply[#reply + 1] = all[f + 1]
+          end
+        end
       end
     end
   end

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -111,8 +112,21 @@ func (s *Store) newAdmitCall(k partKeys, tenant string, p leaky.Policy, ceiling 
 // (its hash's again if none) and its id.
 func (c *admitCall) add(jobKey, idemKey, id string, nj queue.NewJob) {
 	c.keys = append(c.keys, jobKey, idemKey)
-	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline))
+	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline), requestArg(nj.Request))
 	c.ids = append(c.ids, id)
+}
+
+// requestArg is a job's request as enqueue.lua keeps it: its JSON, ""
+// for none.
+func requestArg(r *queue.JobRequest) []byte {
+	if r == nil {
+		return nil
+	}
+	raw, err := json.Marshal(r)
+	if err != nil { // maps of strings: cannot fail
+		panic(err)
+	}
+	return raw
 }
 
 func (c *admitCall) run(ctx context.Context, s *Store) (admitReplies, error) {
@@ -203,6 +217,7 @@ func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id str
 		ID: id, Tenant: tenant, State: queue.StateQueued, Payload: nj.Payload,
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: r.Now, DispatchAt: r.DispatchAt, Slot: r.Slot,
 		AdmitDelay: r.Delay, AdmitDepth: r.Depth + 1, Prompt: r.Prompt, Deadline: nj.Deadline,
+		Request: nj.Request,
 	}
 	if c := max(nj.Cost, 1); c > 1 {
 		j.Cost = c
@@ -243,7 +258,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	if r.Code == admitNotFailed { // another retry took it meanwhile
 		return queue.Admission{}, &queue.StateError{ID: id, State: queue.JobState(r.Job["state"]), Op: "retry"}
 	}
-	a := s.admission(j.Tenant, p, queue.NewJob{Payload: j.Payload, IdempotencyKey: j.IdempotencyKey, Cost: j.Cost, Deadline: j.Deadline}, id, r)
+	a := s.admission(j.Tenant, p, queue.NewJob{Payload: j.Payload, IdempotencyKey: j.IdempotencyKey, Cost: j.Cost, Deadline: j.Deadline, Request: j.Request}, id, r)
 	if r.Code == admitAdmitted {
 		a.Job.EnqueuedAt, a.Job.Attempts = j.EnqueuedAt, 0
 	}

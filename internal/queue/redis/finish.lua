@@ -16,9 +16,11 @@
 -- ARGV[4]  idle ttl (ms)
 -- ARGV[5]  the partition's key prefix (partKeys.tag)
 -- ARGV[6..] per job: id, tenant, state ('succeeded' | 'failed'), sent at
---          (0: not sent), status, error, idempotency key ('' none), and
+--          (0: not sent), status, error, idempotency key ('' none),
 --          the earliest the tenant's next send may go after it (its real
---          write plus its cost in intervals; 0: not sent)
+--          write plus its cost in intervals; 0: not sent), and the answer
+--          kept of the attempt (JSON, field 'resp'; '' none: the one
+--          before stays)
 --
 -- The tenant's next (claim.lua's: the last claim's dispatch time plus its
 -- cost in intervals) moves on to the last of those: a write comes when it
@@ -36,10 +38,11 @@ local tenant_of, tenants = tenant_batch(prefix,
   function(t) t.after, t.delivered, t.failed, t.last_slot = 0, 0, 0, 0 end)
 
 local out = {}
-for i = 6, #ARGV, 8 do
+for i = 6, #ARGV, 9 do
   local id, tname, state = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local sent, status, err, key = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
   local after = tonumber(ARGV[i + 7]) or 0
+  local resp = ARGV[i + 8]
   local jk = prefix .. 'job:' .. id
   local j = redis.call('HMGET', jk, 'state', 'slot', 'sent', 'status')
   if j[1] ~= 'dispatching' then
@@ -48,6 +51,7 @@ for i = 6, #ARGV, 8 do
     if sent == '0' then sent = j[3] or '0' end
     if status == '0' then status = j[4] or '0' end
     redis.call('HSET', jk, 'state', state, 'fin', now, 'sent', sent, 'status', status, 'err', err)
+    if resp ~= '' then redis.call('HSET', jk, 'resp', resp) end
     redis.call('ZREM', KEYS[3], id)
     redis.call('PEXPIRE', jk, retention)
     if key ~= '' then redis.call('PEXPIRE', idem_key(prefix, tname, key), retention) end

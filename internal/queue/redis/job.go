@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"strconv"
 	"time"
 
@@ -76,7 +77,35 @@ func jobFromHash(h map[string]string) queue.Job {
 	if j.DispatchAt.IsZero() {
 		j.DispatchAt = j.EnqueuedAt.Add(j.AdmitDelay)
 	}
+	// Hashes written before these fields were kept have neither. One that
+	// does not decode (never written so) is left out rather than failing
+	// the whole job.
+	if raw := h["request"]; raw != "" {
+		var r queue.JobRequest
+		if json.Unmarshal([]byte(raw), &r) == nil {
+			j.Request = &r
+		}
+	}
+	if raw := h["resp"]; raw != "" {
+		var r queue.Response
+		if json.Unmarshal([]byte(raw), &r) == nil {
+			j.Response = &r
+		}
+	}
 	return j
+}
+
+// responseArg is the answer kept of an attempt as a job's hash keeps it
+// (field "resp"): its JSON, "" for none.
+func responseArg(r *queue.Response) []byte {
+	if r == nil {
+		return nil
+	}
+	raw, err := json.Marshal(r)
+	if err != nil { // strings, an int and a bool: cannot fail
+		panic(err)
+	}
+	return raw
 }
 
 // deadlineOf is a job's stored deadline: "" for none. "0" is none too:

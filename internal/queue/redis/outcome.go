@@ -41,7 +41,7 @@ func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs
 			state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
 		}
 		args = append(args, j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey,
-			sentNext(j, o, s.policy(j.Tenant)))
+			sentNext(j, o, s.policy(j.Tenant)), responseArg(o.Response))
 	}
 	var r finishReplies
 	if err := finishScript.Run(ctx, s.rdb, []string{f.Key(), k.active(), k.sending()}, args, &r); err != nil {
@@ -81,6 +81,7 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 		}
 		rec := st.rec
 		next, pausedNow := queue.ApplyOutcome(&rec, j, o, st.now, p)
+		next.Response = o.Response // nil: the answer before stays in the hash
 		_, err = tx.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
 			s.writeOutcome(ctx, pipe, k, next, st, rec, p)
 			if after := sentNext(j, o, p); after > st.next {
@@ -186,6 +187,9 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k part
 	pipe.HSet(ctx, jk, "state", string(cur.State), "attempts", cur.Attempts, "failures", cur.Failures,
 		"slot", microsOf(cur.Slot), "dispatch", microsOf(cur.DispatchAt), "sent", microsOf(cur.SentAt),
 		"fin", microsOf(cur.FinishedAt), "err", cur.LastError, "status", cur.ResponseStatus)
+	if cur.Response != nil {
+		pipe.HSet(ctx, jk, "resp", responseArg(cur.Response))
+	}
 	pipe.ZRem(ctx, k.sending(), cur.ID)
 	s.leaveClaimed(ctx, pipe, k, cur, st)
 	pipe.HIncrBy(ctx, tk, "inflight", -1)
