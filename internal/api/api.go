@@ -60,6 +60,8 @@ type server struct {
 	metrics *metrics.Metrics
 	clock   clock.Clock
 	memos   memos // what the RateLimit fields need beyond the store's answers
+	// outbound gives a downstream's request rules (nil: none checked).
+	outbound func(downstream string) *outbound.Downstream
 }
 
 // MaxBatchJobs is the most jobs one jobs:batch request may carry.
@@ -72,7 +74,7 @@ const envelopeBytes = 64 << 10
 func New(opts Options) http.Handler {
 	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger,
 		slots: make(chan struct{}, opts.Config().Server.MaxConcurrentRequests), metrics: opts.Metrics,
-		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{})}
+		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{}), outbound: opts.Outbound}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

@@ -65,7 +65,7 @@ func FuzzDecodeJob(f *testing.F) {
 		err := decode(strings.NewReader(body), &req)
 		if err == nil {
 			var nj queue.NewJob
-			nj, err = s.validate("t", req, headerKey, 1<<10, "")
+			nj, err = s.validate("t", req, headerKey, 1<<10, "", false)
 			if err == nil {
 				// What is accepted is one valid JSON value, and the key is sane.
 				if !json.Valid(nj.Payload) || bytes.Equal(nj.Payload, []byte("null")) || !validKey(nj.IdempotencyKey) {

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
+	"throttler/internal/config"
+	"throttler/internal/outbound"
 	"throttler/internal/queue"
 )
 
@@ -19,6 +22,9 @@ type jobRequest struct {
 	Cost           *int            `json:"cost"`
 	Deadline       string          `json:"deadline"`
 	ExpiresIn      string          `json:"expires_in"`
+	// Request is what the job asks of its downstream's request (DESIGN.md
+	// section 6a), checked against the downstream before it is queued.
+	Request *queue.JobRequest `json:"request"`
 }
 
 // decode reads exactly one JSON value from body into v, refusing unknown
@@ -52,19 +58,41 @@ func decodeError(err error) error {
 	case errors.As(err, &syn), errors.Is(err, io.ErrUnexpectedEOF):
 		return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid JSON: %v", err)
 	case errors.As(err, &typ):
-		return errorf(http.StatusBadRequest, "invalid_json", "field %q must be %s, not %s", typ.Field, typ.Type, typ.Value)
+		return errorf(http.StatusBadRequest, "invalid_json", "field %q must be %s, not %s", typ.Field, kindName(typ.Type), typ.Value)
 	case strings.HasPrefix(msg, "json: unknown field "):
 		field := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\" or \"expires_in\"", field)
+		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\", \"expires_in\" or \"request\" (with \"method\", \"path\", \"query\" and \"headers\")", field)
 	}
 	return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid: %v", err)
 }
 
+// kindName says what JSON a Go type takes, for a type error's message.
+func kindName(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		return "a whole number"
+	case reflect.Bool:
+		return "true or false"
+	}
+	return t.String()
+}
+
 // validate checks one job of tenant and turns it into a queue.NewJob.
-// headerKey is the Idempotency-Key header ("" for batch items).
-func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayload int64, where string) (queue.NewJob, error) {
+// headerKey is the Idempotency-Key header ("" for batch items); bodiless
+// says the job's request sends no body (GET, DELETE), so that its payload
+// may be absent or null (it is then stored as null).
+func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayload int64, where string, bodiless bool) (queue.NewJob, error) {
 	if len(j.Payload) == 0 || string(j.Payload) == "null" {
-		return queue.NewJob{}, errorf(http.StatusBadRequest, "missing_payload", "%s\"payload\" is required: it is the JSON body sent to the downstream", where)
+		if !bodiless {
+			return queue.NewJob{}, errorf(http.StatusBadRequest, "missing_payload", "%s\"payload\" is required: it is the body sent to the downstream (only a GET or DELETE request goes without one)", where)
+		}
+		j.Payload = json.RawMessage("null")
 	}
 	if int64(len(j.Payload)) > maxPayload {
 		return queue.NewJob{}, errorf(http.StatusRequestEntityTooLarge, "payload_too_large", "%spayload is %d bytes, more than max_body_bytes (%d)", where, len(j.Payload), maxPayload)
@@ -79,7 +107,7 @@ func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayl
 	if !validKey(key) {
 		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_idempotency_key", "%sidempotency key must be 1 to 256 printable ASCII characters", where)
 	}
-	nj := queue.NewJob{Payload: j.Payload, IdempotencyKey: key}
+	nj := queue.NewJob{Payload: j.Payload, IdempotencyKey: key, Request: normalRequest(j.Request)}
 	if j.Cost != nil {
 		if *j.Cost < 1 || *j.Cost > 1_000_000 {
 			return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_cost", "%s\"cost\" must be a whole number from 1 to 1000000, got %d", where, *j.Cost)
@@ -150,10 +178,13 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	nj, err := s.validate(tenant, req, r.Header.Get("Idempotency-Key"), limit, "")
+	nj, err := s.validate(tenant, req, r.Header.Get("Idempotency-Key"), limit, "", s.bodiless(ts, req.Request))
 	var late *queue.ImpossibleError
 	if errors.As(err, &late) {
 		s.counted(tenant, []queue.Admission{{Impossible: late}})
+	}
+	if err == nil {
+		err = s.checkRequest(ts, nj)
 	}
 	if err != nil {
 		s.fail(w, r, err)
@@ -200,10 +231,10 @@ func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errorf(http.StatusBadRequest, "invalid_batch", "a batch holds 1 to %d jobs in \"jobs\", got %d", MaxBatchJobs, len(req.Jobs)))
 		return
 	}
-	jobs, late, err := s.validateBatch(tenant, req.Jobs, cfg.Server.MaxBodyBytes)
+	jobs, refused, err := s.validateBatch(tenant, ts, req.Jobs, cfg.Server.MaxBodyBytes)
 	if err != nil {
-		// Nothing of a batch with a bad job is queued: fix it and send the
-		// whole batch again.
+		// Nothing of a batch with a malformed job is queued: fix it and
+		// send the whole batch again.
 		s.fail(w, r, err)
 		return
 	}
@@ -214,50 +245,61 @@ func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	out := withLate(stored, late, len(req.Jobs))
+	results, out := batchResults(stored, refused, len(req.Jobs))
 	s.counted(tenant, out)
 	s.setRateLimit(w, r, tenant, ts, out)
-	results := make([]map[string]any, len(out))
-	for i, a := range out {
-		results[i] = batchResultJSON(a)
-	}
 	writeJSON(w, http.StatusOK, map[string]any{"results": results})
 }
 
-// validateBatch checks every job of a batch: the jobs for the store, and
-// the answers of those already past their deadline, by place in the batch.
-func (s *server) validateBatch(tenant string, reqs []jobRequest, maxPayload int64) ([]queue.NewJob, map[int]*queue.ImpossibleError, error) {
+// validateBatch checks every job of a batch: the jobs for the store, and,
+// by place in the batch, the refusals of the others (a deadline already
+// passed, a request the downstream does not allow), which are those jobs'
+// answers while the rest proceed.
+func (s *server) validateBatch(tenant string, ts config.TenantSettings, reqs []jobRequest, maxPayload int64) ([]queue.NewJob, map[int]error, error) {
 	jobs := make([]queue.NewJob, 0, len(reqs))
-	late := map[int]*queue.ImpossibleError{}
+	refused := map[int]error{}
 	for i, j := range reqs {
-		nj, err := s.validate(tenant, j, "", maxPayload, fmt.Sprintf("jobs[%d]: ", i))
+		nj, err := s.validate(tenant, j, "", maxPayload, fmt.Sprintf("jobs[%d]: ", i), s.bodiless(ts, j.Request))
+		if err == nil {
+			err = s.checkRequest(ts, nj)
+		}
 		var imp *queue.ImpossibleError
+		var na *outbound.NotAllowedError
 		switch {
 		case errors.As(err, &imp):
-			late[i] = imp
+			refused[i] = imp
+		case errors.As(err, &na):
+			refused[i] = na
 		case err != nil:
 			return nil, nil, err
 		default:
 			jobs = append(jobs, nj)
 		}
 	}
-	return jobs, late, nil
+	return jobs, refused, nil
 }
 
-// withLate puts the answers of the late jobs back in their places among the
-// store's answers (stored, in order, for the others of n).
-func withLate(stored []queue.Admission, late map[int]*queue.ImpossibleError, n int) []queue.Admission {
-	if len(late) == 0 {
-		return stored
-	}
-	out := make([]queue.Admission, 0, n)
+// batchResults are the answers of a batch of n jobs, in order: the store's
+// (stored, in order, for the jobs not refused) and the refusals in their
+// places; out are the admissions among them, for the metrics and the
+// RateLimit fields (a request not allowed decides nothing of the queue).
+func batchResults(stored []queue.Admission, refused map[int]error, n int) (results []map[string]any, out []queue.Admission) {
+	results = make([]map[string]any, n)
+	out = make([]queue.Admission, 0, n)
 	for i := range n {
-		if imp, ok := late[i]; ok {
-			out = append(out, queue.Admission{Impossible: imp})
+		var na *outbound.NotAllowedError
+		var imp *queue.ImpossibleError
+		switch err := refused[i]; {
+		case errors.As(err, &na):
+			results[i] = batchNotAllowedJSON(na)
 			continue
+		case errors.As(err, &imp):
+			out = append(out, queue.Admission{Impossible: imp})
+		default:
+			out = append(out, stored[0])
+			stored = stored[1:]
 		}
-		out = append(out, stored[0])
-		stored = stored[1:]
+		results[i] = batchResultJSON(out[len(out)-1])
 	}
-	return out
+	return results, out
 }

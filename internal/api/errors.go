@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"throttler/internal/outbound"
 	"throttler/internal/queue"
 )
 
@@ -40,6 +41,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var rej *queue.RejectedError
 	var imp *queue.ImpossibleError
 	var se *queue.StateError
+	var na *outbound.NotAllowedError
 	switch {
 	case errors.As(err, &ae):
 		writeError(w, ae.status, ae.code, ae.message, ae.fields)
@@ -48,6 +50,8 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusTooManyRequests, rej.Reason, rejectionMessage(rej), rejectionFields(rej))
 	case errors.As(err, &imp):
 		writeError(w, http.StatusUnprocessableEntity, imp.Reason, imp.Error(), impossibleFields(imp))
+	case errors.As(err, &na):
+		writeError(w, http.StatusUnprocessableEntity, na.Code, notAllowedMessage(na), notAllowedFields(na))
 	case errors.As(err, &se):
 		writeError(w, http.StatusConflict, "not_cancellable", se.Error()+": only queued or retrying jobs can be cancelled", map[string]any{"id": se.ID, "state": se.State})
 	case errors.Is(err, queue.ErrNotFound):
@@ -69,6 +73,19 @@ func rejectionMessage(r *queue.RejectedError) string {
 		return fmt.Sprintf("tenant %s has no token left; retry after %v", r.Tenant, r.RetryAfter.Round(time.Millisecond))
 	}
 	return fmt.Sprintf("tenant %s has %d jobs waiting, its capacity; retry after %v", r.Tenant, r.Capacity, r.RetryAfter.Round(time.Millisecond))
+}
+
+// notAllowedMessage says what of the job its downstream does not allow
+// and what it does (the config key); it never holds a header's value or a
+// secret (outbound.NotAllowedError holds neither).
+func notAllowedMessage(e *outbound.NotAllowedError) string {
+	return e.Error() + "; nothing was queued"
+}
+
+// notAllowedFields name the job's part that was refused: "payload",
+// "request.path", "request.headers.X-Foo"...
+func notAllowedFields(e *outbound.NotAllowedError) map[string]any {
+	return map[string]any{"part": e.Part}
 }
 
 // impossibleFields say what a 422 would have needed.

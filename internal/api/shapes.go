@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"throttler/internal/config"
+	"throttler/internal/outbound"
 	"throttler/internal/queue"
 )
 
@@ -153,7 +154,7 @@ func jobJSON(j queue.Job) map[string]any {
 	if j.ResponseStatus != 0 {
 		status = j.ResponseStatus
 	}
-	return map[string]any{
+	m := map[string]any{
 		"id":              j.ID,
 		"tenant":          j.Tenant,
 		"state":           j.State,
@@ -167,6 +168,72 @@ func jobJSON(j queue.Job) map[string]any {
 		"cost":            max(j.Cost, 1),
 		"deadline":        deadline,
 	}
+	if j.Request != nil {
+		m["request"] = requestJSON(j.Request)
+	}
+	if j.Response != nil {
+		m["response"] = responseJSON(j.Response)
+	}
+	return m
+}
+
+// requestJSON is what a job asked of its downstream's request, the parts
+// it gave: its method, path, query (each name's values, in order) and the
+// headers its downstream allows a job to set. Nothing of the downstream's
+// own request (its auth, its static headers) is on the job to show.
+func requestJSON(r *queue.JobRequest) map[string]any {
+	m := map[string]any{}
+	if r.Method != "" {
+		m["method"] = r.Method
+	}
+	if r.Path != "" {
+		m["path"] = r.Path
+	}
+	if len(r.Query) > 0 {
+		q := make(map[string][]string, len(r.Query))
+		for name, values := range r.Query {
+			q[name] = append([]string{}, values...)
+		}
+		m["query"] = q
+	}
+	if len(r.Headers) > 0 {
+		h := make(map[string]string, len(r.Headers))
+		for name, v := range r.Headers {
+			h[name] = v
+		}
+		m["headers"] = h
+	}
+	return m
+}
+
+// responseJSON is what was kept of the downstream's answer to the latest
+// attempt: its status, the headers its downstream keeps, the start of its
+// body (as text, or in base64 when it is not UTF-8) and whether the body
+// was longer. It never holds anything of the request.
+func responseJSON(r *queue.Response) map[string]any {
+	h := make(map[string]string, len(r.Headers))
+	for name, v := range r.Headers {
+		h[name] = v
+	}
+	m := map[string]any{"status": r.Status, "headers": h, "truncated": r.Truncated}
+	switch {
+	case r.BodyBase64 != "":
+		m["body_base64"] = r.BodyBase64
+	default:
+		m["body"] = r.Body
+	}
+	return m
+}
+
+// batchNotAllowedJSON is the answer of a job of a batch whose request (or
+// payload) its downstream does not allow: what the single endpoint would
+// have answered (422), with its status beside it.
+func batchNotAllowedJSON(e *outbound.NotAllowedError) map[string]any {
+	m := notAllowedFields(e)
+	m["status"] = http.StatusUnprocessableEntity
+	m["error"] = e.Code
+	m["message"] = notAllowedMessage(e)
+	return m
 }
 
 // batchResultJSON is one job's answer in a batch: what the single endpoint

@@ -186,10 +186,40 @@ function renderLookup(j, who, err) {
   const tenant = el("button", { className: "link", type: "button", textContent: j.tenant, on: { click: () => selectTenant(j.tenant) } });
   const dl = el("dl", {}, ...row("id", j.id), ...row("tenant", tenant), ...row("state", el("span", { className: "badge " + (j.state === "failed" ? "bad" : j.state === "succeeded" ? "ok" : ""), id: "lookupState" }, j.state)),
     ...row("attempts", String(j.attempts)), ...row("enqueued", fmtWhen(j.enqueued_at)), ...row("dispatch at", fmtWhen(j.dispatch_at)),
-    ...row("finished", fmtWhen(j.finished_at)), ...row("response", j.response_status ? String(j.response_status) : null), ...row("last error", j.last_error));
+    ...row("finished", fmtWhen(j.finished_at)), ...row("request", requestView(j.request)),
+    ...row("response", j.response ? responseView(j.response) : j.response_status ? String(j.response_status) : null), ...row("last error", j.last_error));
   const kids = [el("h2", {}, "Job ", close), dl];
   if (j.state === "failed" && who && who.can_retry) {
     kids.push(el("div", { className: "actions" }, el("button", { className: "retry primary", type: "button", textContent: "Retry", on: { click: () => retryJob(j.id) } })));
   }
   box.replaceChildren(...kids);
+}
+
+// headerList shows headers as "Name: value" lines.
+function headerList(h, cls) {
+  const names = Object.keys(h || {}).sort();
+  if (names.length === 0) return null;
+  return el("div", { className: "headers " + cls }, ...names.map((n) => el("div", {}, n + ": " + h[n])));
+}
+
+// requestView is what a job asked of its downstream's request (null: the
+// downstream's own): method, path and query, then its headers.
+function requestView(r) {
+  if (!r) return null;
+  const q = Object.entries(r.query || {}).flatMap(([k, vs]) => vs.map((v) => encodeURIComponent(k) + "=" + encodeURIComponent(v))).join("&");
+  const line = (r.method || "(its method)") + " " + (r.path || "(its url)") + (q ? "?" + q : "");
+  return el("div", { className: "job-request" }, el("code", { className: "line" }, line), headerList(r.headers, "request-headers"));
+}
+
+// responseView is what was kept of the downstream's latest answer: its
+// status, headers and body (text, or base64 for bytes), and whether the
+// body was cut.
+function responseView(r) {
+  const status = el("b", { className: "status", dataset: { status: String(r.status) } }, String(r.status));
+  const kids = [el("div", {}, status, r.truncated ? el("span", { className: "badge warn truncated" }, "body truncated") : "")];
+  const h = headerList(r.headers, "response-headers");
+  if (h) kids.push(h);
+  if (r.body_base64) kids.push(el("pre", { className: "body", dataset: { encoding: "base64" } }, "(not UTF-8, base64) " + r.body_base64));
+  else if (r.body) kids.push(el("pre", { className: "body" }, r.body));
+  return el("div", { className: "job-response" }, ...kids);
 }

@@ -1,0 +1,53 @@
+package api
+
+import (
+	"strings"
+
+	"throttler/internal/config"
+	"throttler/internal/queue"
+)
+
+// A job's "request" (DESIGN.md section 6a): what it asks of its
+// downstream's request, checked here against the downstream's rules
+// (Options.Outbound) before the job reaches the store, so that a job that
+// could never be sent is refused at once (422) and nothing is queued.
+
+// normalRequest is the job's request as it is kept: nil when it asks for
+// nothing, its method in capitals.
+func normalRequest(r *queue.JobRequest) *queue.JobRequest {
+	if r == nil || (r.Method == "" && r.Path == "" && len(r.Query) == 0 && len(r.Headers) == 0) {
+		return nil
+	}
+	c := *r
+	c.Method = strings.ToUpper(c.Method)
+	return &c
+}
+
+// bodiless reports whether a job of a tenant with settings ts and request
+// r sends no body: its method (its own, else its downstream's) is GET or
+// DELETE. Its payload may then be absent.
+func (s *server) bodiless(ts config.TenantSettings, r *queue.JobRequest) bool {
+	method := ""
+	if r != nil {
+		method = strings.ToUpper(r.Method)
+	}
+	if method == "" {
+		method = s.config().Downstreams[ts.Downstream].Method
+	}
+	return method == "GET" || method == "DELETE"
+}
+
+// checkRequest checks the job's payload and request against its tenant's
+// downstream: nil, or the *outbound.NotAllowedError that fail answers
+// (422). Without Options.Outbound, or for a downstream it does not know,
+// nothing is checked here (the dispatcher refuses what it cannot build).
+func (s *server) checkRequest(ts config.TenantSettings, nj queue.NewJob) error {
+	if s.outbound == nil {
+		return nil
+	}
+	o := s.outbound(ts.Downstream)
+	if o == nil {
+		return nil
+	}
+	return o.Check(nj.Payload, nj.Request)
+}
