@@ -7,9 +7,10 @@
 // carries what the server said: *QueueFullError and *RateLimitedError (429:
 // no room now, with its RetryAfter, Depth and Capacity), *WouldExpireError
 // and *CostTooLargeError (422: no room ever), *UnavailableError (503),
-// *NotFoundError (404), *AuthError (401, 403), and *APIError for the rest.
-// Each of them unwraps to the *APIError (status, code, message) it came
-// from; a request that got no answer at all is an *UnreachableError.
+// *NotAllowedError (422: a request or payload the job's downstream cannot
+// send), *NotFoundError (404), *AuthError (401, 403), and *APIError for the
+// rest. Each of them unwraps to the *APIError (status, code, message) it
+// came from; a request that got no answer at all is an *UnreachableError.
 //
 // Enqueue answers carry the RateLimit fields (draft-ietf-httpapi-
 // ratelimit-headers): Admission.RateLimit and Batch.RateLimit say how much
@@ -144,7 +145,8 @@ func jobPath(id string) string        { return "/v1/jobs/" + url.PathEscape(id) 
 // Enqueue sends one job for tenant. A job over the tenant's rate waits its
 // turn: the Admission says when it goes. A refusal is a *QueueFullError or
 // *RateLimitedError (no room now: try again after RetryAfter) or a
-// *WouldExpireError or *CostTooLargeError (no room ever).
+// *WouldExpireError, *CostTooLargeError or *NotAllowedError (never as it
+// is).
 func (c *Client) Enqueue(ctx context.Context, tenant string, job Job) (Admission, error) {
 	var adm Admission
 	a, err := c.do(ctx, http.MethodPost, tenantPath(tenant)+"/jobs", job, &adm)

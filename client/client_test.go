@@ -120,6 +120,8 @@ func TestTypedErrors(t *testing.T) {
 		"/v1/tenants/nobody/jobs":  jsonAnswer(404, `{"error":"unknown_tenant","message":"m"}`),
 		"/v1/tenants/secret/jobs":  jsonAnswer(403, `{"error":"forbidden","message":"m"}`),
 		"/v1/tenants/garbled/jobs": jsonAnswer(400, `{"error":"invalid_json","message":"m"}`),
+		"/v1/tenants/vendor/jobs":  jsonAnswer(422, `{"error":"request_not_allowed","message":"m","part":"request.path"}`),
+		"/v1/tenants/form/jobs":    jsonAnswer(422, `{"error":"payload_not_encodable","message":"m","part":"payload"}`),
 	})
 	ctx := context.Background()
 	enqueue := func(tenant string) error {
@@ -143,6 +145,16 @@ func TestTypedErrors(t *testing.T) {
 	if err := enqueue("big"); !errors.As(err, &big) || big.Cost != 50 || big.MaxCost != 11 {
 		t.Errorf("cost_too_large: %#v", err)
 	}
+	var na *NotAllowedError
+	if err := enqueue("vendor"); !errors.As(err, &na) || na.Part != "request.path" || na.Code != "request_not_allowed" || !strings.Contains(err.Error(), "request.path") {
+		t.Errorf("request_not_allowed: %#v", err)
+	}
+	if err := enqueue("form"); !errors.As(err, &na) || na.Part != "payload" || na.Code != "payload_not_encodable" {
+		t.Errorf("payload_not_encodable: %#v", err)
+	}
+	if _, retry := (RetryPolicy{}).Delay(na, 1); retry {
+		t.Errorf("a job its downstream cannot send is retried as it is")
+	}
 	var down *UnavailableError
 	if err := enqueue("down"); !errors.As(err, &down) || down.RetryAfter != time.Second {
 		t.Errorf("unavailable: %#v", err)
@@ -155,7 +167,7 @@ func TestTypedErrors(t *testing.T) {
 	if err := enqueue("secret"); !errors.As(err, &auth) || !auth.Forbidden() {
 		t.Errorf("forbidden: %#v", err)
 	}
-	for _, tenant := range []string{"full", "token", "late", "big", "down", "nobody", "secret", "garbled"} {
+	for _, tenant := range []string{"full", "token", "late", "big", "down", "nobody", "secret", "garbled", "vendor", "form"} {
 		var api *APIError
 		if err := enqueue(tenant); !errors.As(err, &api) || api.Code == "" || api.Message != "m" {
 			t.Errorf("%s: %v does not unwrap to its *APIError", tenant, err)
@@ -179,18 +191,21 @@ func TestBatchResults(t *testing.T) {
 			{"status":202,"id":"a","tenant":"acme","state":"queued","dispatch_at":"2026-03-01T12:00:00Z","expected_delay_ms":0,"queue_depth":1,"capacity":1},
 			{"status":200,"id":"b","tenant":"acme","state":"queued","dispatch_at":"2026-03-01T12:01:00Z","expected_delay_ms":60000,"queue_depth":2,"capacity":1},
 			{"status":429,"error":"queue_full","message":"m","retry_after_ms":60000,"queue_depth":2,"capacity":1},
-			{"status":422,"error":"cost_too_large","message":"m","cost":3,"max_cost":2}]}`,
+			{"status":422,"error":"cost_too_large","message":"m","cost":3,"max_cost":2},
+			{"status":422,"error":"request_not_allowed","message":"m","part":"request.headers.Authorization"}]}`,
 			"RateLimit-Policy", `"leaky";q=2;w=120`, "RateLimit", `"leaky";r=0;t=60`),
 	})
-	b, err := c.EnqueueBatch(context.Background(), "acme", make([]Job, 4))
+	b, err := c.EnqueueBatch(context.Background(), "acme", make([]Job, 5))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var full *QueueFullError
 	var big *CostTooLargeError
+	var na *NotAllowedError
 	r := b.Results
 	if r[0].Admission.ID != "a" || r[1].Admission.ExpectedDelay() != time.Minute || !r[1].Admission.Repeated ||
-		!errors.As(r[2].Err, &full) || full.RetryAfter != time.Minute || full.Tenant != "acme" || !errors.As(r[3].Err, &big) {
+		!errors.As(r[2].Err, &full) || full.RetryAfter != time.Minute || full.Tenant != "acme" || !errors.As(r[3].Err, &big) ||
+		!errors.As(r[4].Err, &na) || na.Part != "request.headers.Authorization" || r[4].Status != 422 {
 		t.Fatalf("results %+v", r)
 	}
 	if n, wait := b.RateLimit.Next(); n != 0 || wait != time.Minute {
@@ -256,10 +271,51 @@ func TestJobMarshal(t *testing.T) {
 		{Job{Payload: []byte(`{"a":1}`)}, `{"payload":{"a":1}}`},
 		{Job{Payload: []byte(`1`), IdempotencyKey: "k", Cost: 2, ExpiresIn: 30 * time.Second}, `{"payload":1,"idempotency_key":"k","cost":2,"expires_in":"30s"}`},
 		{Job{Payload: []byte(`1`), Deadline: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}, `{"payload":1,"deadline":"2026-03-01T12:00:00Z"}`},
+		{Job{Payload: []byte(`{"charge":"ch_1"}`), Request: &Request{Path: "/v1/refunds", Headers: map[string]string{"Stripe-Account": "acct_1"}}},
+			`{"payload":{"charge":"ch_1"},"request":{"path":"/v1/refunds","headers":{"Stripe-Account":"acct_1"}}}`},
+		{Job{Request: &Request{Method: "GET", Path: "/v1/charges/ch_1", Query: map[string][]string{"expand[]": {"customer", "invoice"}}}},
+			`{"request":{"method":"GET","path":"/v1/charges/ch_1","query":{"expand[]":["customer","invoice"]}}}`},
 	} {
 		raw, err := c.job.MarshalJSON()
 		if err != nil || string(raw) != c.want {
 			t.Errorf("%s, want %s (%v)", raw, c.want, err)
 		}
+	}
+}
+
+// A job shows what it asked of its downstream's request and what was kept
+// of the answer, text or bytes.
+func TestJobRequestAndResponse(t *testing.T) {
+	t.Parallel()
+	c := canned(t, map[string]func(http.ResponseWriter){
+		"/v1/jobs/declined": jsonAnswer(200, `{"id":"declined","tenant":"shop","state":"failed","attempts":1,
+			"enqueued_at":"2026-03-01T12:00:00Z","dispatch_at":"2026-03-01T12:00:00Z","sent_at":"2026-03-01T12:00:00Z",
+			"finished_at":"2026-03-01T12:00:01Z","last_error":"402 Payment Required","response_status":402,"cost":1,"deadline":null,
+			"request":{"method":"POST","path":"/v1/refunds","query":{"expand[]":["charge"]},"headers":{"Stripe-Account":"acct_1"}},
+			"response":{"status":402,"headers":{"Content-Type":"application/json"},"body":"{\"error\":{\"code\":\"card_declined\"}}","truncated":false}}`),
+		"/v1/jobs/bytes": jsonAnswer(200, `{"id":"bytes","tenant":"shop","state":"succeeded","attempts":1,
+			"enqueued_at":"2026-03-01T12:00:00Z","dispatch_at":"2026-03-01T12:00:00Z","sent_at":null,"finished_at":null,
+			"last_error":null,"response_status":200,"cost":1,"deadline":null,
+			"response":{"status":200,"headers":{},"body_base64":"/wA=","truncated":true}}`),
+	})
+	ctx := context.Background()
+	j, err := c.Job(ctx, "declined")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := j.Request; r == nil || r.Method != "POST" || r.Path != "/v1/refunds" || r.Query["expand[]"][0] != "charge" || r.Headers["Stripe-Account"] != "acct_1" {
+		t.Errorf("request %+v", j.Request)
+	}
+	body, err := j.Response.Bytes()
+	if j.Response.Status != 402 || j.Response.Headers["Content-Type"] != "application/json" || err != nil ||
+		string(body) != `{"error":{"code":"card_declined"}}` || j.Response.Truncated {
+		t.Errorf("response %+v (%q %v)", j.Response, body, err)
+	}
+	j, err = c.Job(ctx, "bytes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body, err := j.Response.Bytes(); j.Request != nil || err != nil || string(body) != "\xff\x00" || !j.Response.Truncated {
+		t.Errorf("bytes: request %+v, response %+v (%q %v)", j.Request, j.Response, body, err)
 	}
 }

@@ -90,6 +90,24 @@ func (e *CostTooLargeError) Error() string {
 }
 func (e *CostTooLargeError) Unwrap() error { return e.APIError }
 
+// NotAllowedError is a job refused for good because its downstream cannot
+// make its request (422): the request asks what the downstream does not
+// allow (request_not_allowed: a path outside its job_paths, a header not in
+// its job_headers or one throttler owns...), or the payload does not fit
+// its body (payload_not_encodable: form needs an object, raw a string, GET
+// and DELETE none). Part names what was refused ("request.path",
+// "request.headers.X-Foo", "payload"). Sending it again does not help: fix
+// the job, or the downstream's config.
+type NotAllowedError struct {
+	*APIError
+	Part string
+}
+
+func (e *NotAllowedError) Error() string {
+	return fmt.Sprintf("tenant %s: %s: %s (fix the job's %s; sending it again as it is does not help)", e.Tenant, e.Code, e.Message, e.Part)
+}
+func (e *NotAllowedError) Unwrap() error { return e.APIError }
+
 // UnavailableError is a 503: the store cannot be reached
 // (store_unavailable), the server is past its limit of requests at once
 // (overloaded), or it does not take work (not_ready). Try again after
@@ -153,6 +171,7 @@ func typedError(e *APIError, body []byte, retryAfter time.Duration) error {
 		Deadline      time.Time `json:"deadline"`
 		Cost          int       `json:"cost"`
 		MaxCost       int       `json:"max_cost"`
+		Part          string    `json:"part"`
 	}
 	_ = json.Unmarshal(body, &f)
 	e.Code, e.Message = cmp.Or(e.Code, f.Error), cmp.Or(e.Message, f.Message)
@@ -169,6 +188,8 @@ func typedError(e *APIError, body []byte, retryAfter time.Duration) error {
 		return &WouldExpireError{APIError: e, ExpectedDelay: millis(f.ExpectedDelay), Deadline: f.Deadline}
 	case e.Code == "cost_too_large":
 		return &CostTooLargeError{APIError: e, Cost: f.Cost, MaxCost: f.MaxCost}
+	case e.Code == "request_not_allowed", e.Code == "payload_not_encodable":
+		return &NotAllowedError{APIError: e, Part: f.Part}
 	case e.Status == http.StatusServiceUnavailable:
 		return &UnavailableError{e}
 	case e.Status == http.StatusNotFound:

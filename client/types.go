@@ -1,6 +1,7 @@
 package client
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -8,9 +9,11 @@ import (
 
 // Job is one job to enqueue.
 type Job struct {
-	// Payload is any JSON value but null: the body of the POST to the
-	// tenant's downstream.
-	Payload json.RawMessage `json:"payload"`
+	// Payload is the body of the request to the tenant's downstream, as
+	// the downstream's body key says: any JSON value for "json", an object
+	// for "form" (written as application/x-www-form-urlencoded), a string
+	// for "raw". Nil only for a GET or DELETE, which sends no body.
+	Payload json.RawMessage `json:"payload,omitempty"`
 	// IdempotencyKey (optional, 1 to 256 printable ASCII characters): a
 	// repeat gets the first answer (Admission.Repeated) and queues nothing.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
@@ -22,6 +25,52 @@ type Job struct {
 	// ExpiresIn is a deadline from the server's now instead (0: none; not
 	// with Deadline).
 	ExpiresIn time.Duration `json:"-"`
+	// Request (optional) is what the job asks of its downstream's request:
+	// a method, a path, query parameters, headers, each only as far as the
+	// downstream allows; anything else is refused (*NotAllowedError).
+	Request *Request `json:"request,omitempty"`
+}
+
+// Request is what a job asks of its downstream's request (nil: the
+// downstream's own method and url). The server refuses (*NotAllowedError)
+// what the downstream's job_paths, job_methods and job_headers do not
+// allow, and the headers throttler owns (Authorization, Content-Type, the
+// idempotency header, X-Throttler-*, webhook-*...).
+type Request struct {
+	// Method is GET, POST, PUT, PATCH or DELETE ("": the downstream's).
+	Method string `json:"method,omitempty"`
+	// Path is an absolute path under the downstream url's scheme://host,
+	// such as "/v1/refunds" ("": the url's own).
+	Path string `json:"path,omitempty"`
+	// Query is sent after the url's own query, each name's values in order.
+	Query map[string][]string `json:"query,omitempty"`
+	// Headers are sent as they are (one line each, 8 KiB in all).
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// Response is what was kept of the downstream's answer to a job's latest
+// attempt: its status, the headers the downstream keeps (Content-Type,
+// Location, Retry-After and its keep_response_headers), and the start of
+// its body (keep_response_bytes).
+type Response struct {
+	Status int `json:"status"`
+	// Headers by canonical name, several values of one name joined with
+	// ", ".
+	Headers map[string]string `json:"headers"`
+	// Body is the body kept when it is UTF-8 text; BodyBase64 (standard
+	// encoding) when it is not. Bytes gives either.
+	Body       string `json:"body,omitempty"`
+	BodyBase64 string `json:"body_base64,omitempty"`
+	// Truncated: the body was longer than what was kept.
+	Truncated bool `json:"truncated"`
+}
+
+// Bytes is the body kept, decoded from base64 if it came so.
+func (r Response) Bytes() ([]byte, error) {
+	if r.BodyBase64 != "" {
+		return base64.StdEncoding.DecodeString(r.BodyBase64)
+	}
+	return []byte(r.Body), nil
 }
 
 // MarshalJSON writes ExpiresIn as the API's duration text ("30s").
@@ -70,7 +119,8 @@ type Batch struct {
 
 // Result is one job's answer in a batch: Status 202 or 200 with its
 // Admission, or 429 or 422 with Err (a *QueueFullError, *RateLimitedError,
-// *WouldExpireError or *CostTooLargeError), as Enqueue would have answered.
+// *WouldExpireError, *CostTooLargeError or *NotAllowedError), as Enqueue
+// would have answered.
 type Result struct {
 	Status    int
 	Admission Admission
@@ -117,6 +167,12 @@ type JobStatus struct {
 	ResponseStatus int        `json:"response_status"`
 	Cost           int        `json:"cost"`
 	Deadline       *time.Time `json:"deadline"`
+	// Request is what the job asked of its downstream's request (nil: the
+	// downstream's own).
+	Request *Request `json:"request"`
+	// Response is what was kept of the downstream's answer to the latest
+	// attempt (nil: none yet).
+	Response *Response `json:"response"`
 }
 
 // Finished reports whether the job is done for good.
