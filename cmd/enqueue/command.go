@@ -37,6 +37,7 @@ type options struct {
 	cost                  int
 	expiresIn             time.Duration
 	deadline              time.Time // now + expiresIn, fixed before the first try
+	request               string    // --request: what every job asks of its downstream's request
 }
 
 func newCommand(stdin io.Reader, stdout, stderr io.Writer, env []string) *cobra.Command {
@@ -59,6 +60,12 @@ A job refused with 429 is sent again after its Retry-After plus a little
 jitter; errors and 503 back off exponentially; each job is tried at most
 --max-attempts times.
 
+--request gives every job the same request of its downstream (a path, a
+method, query parameters, headers), as far as the downstream allows; a job
+whose request or payload its downstream cannot send is refused for good.
+With --wait, the summary then lists how jobs ended (failed ones first), each
+with its downstream's answer: the status and the start of the body kept.
+
 The server and token come from --server/--token, then THROTTLER_SERVER and
 THROTTLER_TOKEN, then the config file (--config or THROTTLER_CONFIG), then
 http://127.0.0.1:8080.
@@ -66,8 +73,8 @@ http://127.0.0.1:8080.
 Exit status: 0 all accepted (with --wait: all delivered); 1 the server
 refused the request; 2 bad input; 3 server unreachable; 4 jobs still
 refused after --max-attempts, or refused for good (422: past their
-deadline, or too costly); 5 with --wait, jobs not delivered; 130
-interrupted.`,
+deadline, too costly, or a request their downstream does not allow); 5
+with --wait, jobs not delivered; 130 interrupted.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -102,6 +109,7 @@ interrupted.`,
 	f.BoolVar(&o.asJSON, "json", false, "print the summary as JSON")
 	f.IntVar(&o.cost, "cost", 0, "slots of the schedule each job takes (e.g. SMS segments; default 1)")
 	f.DurationVar(&o.expiresIn, "expires-in", 0, "each job is worthless this long from now: refused (not retried) if it cannot be sent by then")
+	f.StringVar(&o.request, "request", "", `what each job asks of its downstream's request, as JSON: {"method":"POST","path":"/v1/refunds","query":{...},"headers":{...}} (only what the downstream allows)`)
 	f.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	_ = c.MarkFlagRequired("tenant")
 	return c
@@ -136,6 +144,9 @@ type summary struct {
 	Exit        int      `json:"exit"`
 	Error       string   `json:"error,omitempty"`
 	IDs         []string `json:"ids"`
+	// Outcomes (--wait): how each job that ended ended, and its
+	// downstream's answer.
+	Outcomes []outcome `json:"outcomes,omitempty"`
 }
 
 func readItems(o options, stdin io.Reader) ([]*item, error) {
@@ -237,7 +248,12 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 	if err != nil {
 		return bad(err)
 	}
+	request, err := parseRequest(o.request)
+	if err != nil {
+		return bad(err)
+	}
 	for _, it := range items {
+		it.job.Request = request
 		it.job.Cost = o.cost
 		if !o.deadline.IsZero() {
 			it.job.Deadline = o.deadline.UTC()
@@ -272,7 +288,7 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 		s.Exit = exitRejected
 		msg := fmt.Sprintf("%d job(s) still refused after %d attempts each", s.Rejected-s.Impossible, o.maxAttempts)
 		if s.Impossible > 0 {
-			msg = fmt.Sprintf("%d job(s) refused for good (422: they would be sent after their deadline, or cost more than the tenant's bucket holds)", s.Impossible)
+			msg = fmt.Sprintf("%d job(s) refused for good (422: they would be sent after their deadline, cost more than the tenant's bucket holds, or ask for a request their downstream does not allow)%s", s.Impossible, firstRefusal(items))
 			if s.Rejected > s.Impossible {
 				msg += fmt.Sprintf("; %d still refused after %d attempts each", s.Rejected-s.Impossible, o.maxAttempts)
 			}
@@ -284,6 +300,9 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 	}
 	if runErr != nil {
 		s.Error = runErr.Error()
+	}
+	if o.wait {
+		s.Outcomes = outcomes(items)
 	}
 	printSummary(stdout, o, s)
 	return runErr
@@ -308,4 +327,5 @@ func printSummary(w io.Writer, o options, s *summary) {
 		}
 	}
 	fmt.Fprintln(w, b.String())
+	printOutcomes(w, s.Outcomes)
 }

@@ -10,8 +10,9 @@
 // Exit status: 0 every job accepted (and, with --wait, delivered); 1 the
 // server refused the request (unknown tenant, auth, ...); 2 bad input; 3
 // server unreachable; 4 jobs still refused after --max-attempts, or refused
-// for good (422); 5 with
-// --wait, jobs that failed or were not delivered in time; 130 interrupted.
+// for good (422); 5 with --wait, jobs that failed or were not delivered in
+// time; 130 interrupted. With --wait, the summary shows how jobs ended and
+// what their downstream answered.
 package main
 
 import (
