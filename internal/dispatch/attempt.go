@@ -1,18 +1,17 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptrace"
-	"strconv"
 	"sync"
 	"time"
 
 	"throttler/internal/clock"
+	"throttler/internal/outbound"
 	"throttler/internal/queue"
 )
 
@@ -34,14 +33,22 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// first in its tenant's queue, and uses up none of its attempts.
 		return queue.Outcome{Result: queue.Released, PauseUntil: until}, ""
 	}
-	a := d.newAttempt(stop, job, r)
-	defer a.end()
-	req, err := a.request()
+	o, err := d.outbound(r)
 	if err != nil {
 		br.report(now, probe, unsent)
 		return queue.Outcome{Result: queue.Failed, Error: fmt.Sprintf("cannot build the request to %s: %v", r.Downstream, err)}, ""
 	}
-	return d.classify(job, r, br, probe, a.send(req))
+	a := d.newAttempt(stop, job, r, o)
+	defer a.end()
+	req, body, err := a.request()
+	if err != nil {
+		// Nothing is sent: the job asks what its downstream's config no
+		// longer allows (a reload since its admission), which no retry
+		// can change. The error names the config key.
+		br.report(now, probe, unsent)
+		return queue.Outcome{Result: queue.Failed, Error: fmt.Sprintf("cannot build the request to %s (its config changed since the job was admitted): %v", r.Downstream, err)}, ""
+	}
+	return d.classify(job, r, br, probe, a.send(req, body))
 }
 
 // attempt is one job's attempt in progress: what its steps share. It
@@ -53,6 +60,8 @@ type attempt struct {
 	d      *Dispatcher
 	job    queue.Job
 	route  Route
+	out    *outbound.Downstream // builds, signs and keeps the answer
+	client *http.Client         // the transport of out's TLS config
 	lanes  []Lane
 	remote RemoteGate // the gate a shared store's processes pass too; nil: none
 
@@ -102,11 +111,12 @@ type sent struct {
 type answer struct {
 	status     int
 	retryAfter string
-	body       []byte // its first MaxResponseBytes
+	body       []byte          // its first bytes (attempt.read)
+	kept       *queue.Response // what the job keeps of it
 }
 
-func (d *Dispatcher) newAttempt(stop context.Context, job queue.Job, r Route) *attempt {
-	a := &attempt{d: d, job: job, route: r, lanes: r.lanes(job.Tenant, job.Cost), stop: stop}
+func (d *Dispatcher) newAttempt(stop context.Context, job queue.Job, r Route, o *outbound.Downstream) *attempt {
+	a := &attempt{d: d, job: job, route: r, out: o, client: d.clients.forTLS(o), lanes: r.lanes(job.Tenant, job.Cost), stop: stop}
 	if d.shared != nil {
 		req := queue.GateRequest{Downstream: r.Downstream, Tenant: job.Tenant, Policy: r.Policy, Ceiling: r.Ceiling, Cost: job.Cost, Slack: remoteSlack}
 		a.remote = func(ctx context.Context) (queue.GateAnswer, error) { return d.shared(ctx, req) }
@@ -132,20 +142,15 @@ func (a *attempt) end() {
 	a.grant.resolve(a.ctx, time.Time{}) // a grant its request never used
 }
 
-// request builds the downstream request (DESIGN.md section 6), with the
-// hook that arms the gate once a connection is ready.
-func (a *attempt) request() (*http.Request, error) {
+// request builds the downstream request as its config says (DESIGN.md
+// sections 6 and 6a, internal/outbound), with the hook that arms the gate
+// once a connection is ready, and returns its body (for Sign). The error
+// is an *outbound.NotAllowedError.
+func (a *attempt) request() (*http.Request, []byte, error) {
 	trace := &httptrace.ClientTrace{GotConn: a.gotConn}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(a.ctx, trace), http.MethodPost, a.route.URL, bytes.NewReader(a.job.Payload))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", "throttler")
-	req.Header.Set("Idempotency-Key", a.job.ID)
-	req.Header.Set("X-Throttler-Tenant", a.job.Tenant)
-	req.Header.Set("X-Throttler-Attempt", strconv.Itoa(a.job.Attempts))
-	return req, nil
+	j := a.job
+	return a.out.Build(httptrace.WithClientTrace(a.ctx, trace), outbound.BuildJob{
+		ID: j.ID, Tenant: j.Tenant, Attempt: j.Attempts, Payload: j.Payload, Request: j.Request})
 }
 
 // gotConn runs once the connection is ready, before the request is written
@@ -255,10 +260,15 @@ func (a *attempt) wrote(at time.Time) {
 	a.grant.resolve(a.ctx, at)
 }
 
-// send sends the request and reads the answer, all within the timeout but
-// for the wait at the gate.
-func (a *attempt) send(req *http.Request) sent {
-	resp, err := a.d.client.Do(req)
+// send signs the request, sends it and reads the answer, all within the
+// timeout but for the wait at the gate.
+func (a *attempt) send(req *http.Request, body []byte) sent {
+	// Signed as late as it can be: the wait at the gate happens inside the
+	// connection's first Write, after the headers are serialized, so the
+	// timestamp is the later of now and the job's dispatch time (the slot
+	// the gate waits for), not the time it was handed over, a lead before.
+	a.out.Sign(req.Header, a.job.ID, body, clock.Later(a.d.clock.Now(), a.job.DispatchAt))
+	resp, err := a.client.Do(req)
 	var ans *answer
 	if err == nil {
 		a.mu.Lock()
@@ -267,13 +277,26 @@ func (a *attempt) send(req *http.Request) sent {
 		if pw != nil {
 			<-pw.done // an answer means the write was made: wait until it is told
 		}
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes))
-		resp.Body.Close()
-		ans = &answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: body}
+		ans = a.read(resp)
 	}
 	timedOut := a.timeout.end()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.over = true
 	return sent{at: a.sentAt, answer: ans, err: err, refused: a.refused, timedOut: timedOut}
+}
+
+// read reads the answer: at most MaxResponseBytes of its body, or
+// keep_response_bytes if more (and one byte beyond, to know whether it was
+// cut short), and what the job keeps of it.
+func (a *attempt) read(resp *http.Response) *answer {
+	limit := max(MaxResponseBytes, a.out.Config().KeepBytes())
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
+	resp.Body.Close()
+	truncated := len(body) > limit
+	if truncated {
+		body = body[:limit]
+	}
+	return &answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: body,
+		kept: a.out.Keep(resp.StatusCode, resp.Header, body, truncated)}
 }

@@ -34,6 +34,9 @@ func (d *Dispatcher) classify(job queue.Job, r Route, br *breaker, probe bool, s
 		if s.at.IsZero() {
 			class = "connection_error" // nothing was written
 		}
+		if tp := tlsProblem(s.err, r); tp != "" {
+			what += ": " + tp // a TLS failure is a connection error, said so
+		}
 		return d.failure(job, r, br, probe, queue.Outcome{SentAt: s.at}, now, fmt.Sprintf("%s: %v", what, unwrapURL(s.err))), class
 	}
 	return d.classifyAnswer(job, r, br, probe, s, now)
@@ -66,7 +69,7 @@ func unsentOutcome(refused error) queue.Outcome {
 // 5xx and 408 are failures, retried; redirects and other 4xx fail the job.
 func (d *Dispatcher) classifyAnswer(job queue.Job, r Route, br *breaker, probe bool, s sent, now time.Time) (queue.Outcome, string) {
 	st, body := s.answer.status, s.answer.body
-	out := queue.Outcome{SentAt: s.at, Status: st}
+	out := queue.Outcome{SentAt: s.at, Status: st, Response: s.answer.kept}
 	wait, hasWait := retryAfter(s.answer.retryAfter, now)
 	switch {
 	case st >= 200 && st < 300:

@@ -14,14 +14,21 @@ import (
 	"time"
 
 	"throttler/internal/clock"
+	"throttler/internal/config"
 	"throttler/internal/leaky"
+	"throttler/internal/outbound"
 	"throttler/internal/queue"
 )
 
 // Route is where and how a tenant's jobs go.
 type Route struct {
 	Downstream string
-	URL        string
+	// Outbound builds, signs and keeps the answers of the downstream's
+	// requests (its config as last compiled: a reload swaps it). Nil: a
+	// POST of the payload as JSON to URL, throttler's headers only.
+	Outbound *outbound.Downstream
+	// URL is where requests go when Outbound is nil.
+	URL string
 	// Timeout bounds an attempt's connection setup, write and answer; never
 	// its wait at the gate (for its slot, its rate, a window, a ceiling),
 	// however long.
@@ -53,7 +60,9 @@ type Options struct {
 	Routes func(tenant string) Route
 	// Clock paces sends. Default clock.Real.
 	Clock clock.Clock
-	// Client sends requests. Default NewClient(1024).
+	// Client sends requests to downstreams with the system's TLS
+	// defaults; a downstream with TLS settings of its own gets a copy of
+	// its *http.Transport with them (see clients). Default NewClient(1024).
 	Client *http.Client
 	// OnAttempt, if set, is told of every attempt: its outcome, the answer's
 	// class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error; "" if
@@ -66,10 +75,12 @@ type Options struct {
 
 // Dispatcher is a queue.Handler. Safe for concurrent use.
 type Dispatcher struct {
-	routes func(string) Route
-	clock  clock.Clock
-	client *http.Client
-	gate   *Gate
+	routes  func(string) Route
+	clock   clock.Clock
+	clients *clients
+	gate    *Gate
+	// plain are the Outbound of routes that have none, by URL.
+	plain sync.Map
 	// onAttempt is Options.OnAttempt; shared, Options.Shared.
 	onAttempt func(queue.Job, queue.Outcome, string, time.Duration)
 	shared    func(context.Context, queue.GateRequest) (queue.GateAnswer, error)
@@ -87,7 +98,7 @@ func New(opts Options) *Dispatcher {
 	return &Dispatcher{
 		routes:    opts.Routes,
 		clock:     clk,
-		client:    cmp.Or(opts.Client, NewClient(1024)),
+		clients:   newClients(cmp.Or(opts.Client, NewClient(1024))),
 		gate:      NewGate(clk),
 		onAttempt: opts.OnAttempt,
 		shared:    opts.Shared,
@@ -97,8 +108,10 @@ func New(opts Options) *Dispatcher {
 	}
 }
 
-// MaxResponseBytes is how much of a response body is read: enough for an
-// error excerpt and to reuse the connection, never a downstream's whole 1 GB.
+// MaxResponseBytes is how much of a response body is read (or the
+// downstream's keep_response_bytes, if more): enough for an error excerpt,
+// the answer kept and to reuse the connection, never a downstream's whole
+// 1 GB.
 const MaxResponseBytes = 64 << 10
 
 // NewClient returns the HTTP client for downstreams: HTTP/1.1 only (pacing
@@ -138,6 +151,23 @@ func (d *Dispatcher) Handle(stop context.Context, job queue.Job) queue.Outcome {
 		d.onAttempt(job, o, class, latency)
 	}
 	return o
+}
+
+// outbound is r's Outbound, or for a route without one, a POST of the
+// payload as JSON to r.URL (compiled once per URL).
+func (d *Dispatcher) outbound(r Route) (*outbound.Downstream, error) {
+	if r.Outbound != nil {
+		return r.Outbound, nil
+	}
+	if o, ok := d.plain.Load(r.URL); ok {
+		return o.(*outbound.Downstream), nil
+	}
+	o, err := outbound.Compile(cmp.Or(r.Downstream, "default"), config.Downstream{URL: r.URL})
+	if err != nil {
+		return nil, err
+	}
+	d.plain.Store(r.URL, o)
+	return o, nil
 }
 
 func (d *Dispatcher) breaker(downstream string) *breaker {

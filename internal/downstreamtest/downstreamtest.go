@@ -12,6 +12,7 @@ package downstreamtest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -56,9 +57,28 @@ func New(t testing.TB) *Server {
 	return s
 }
 
+// NewTLS is New over HTTPS, with cfg the server's TLS config (its
+// certificate, and a client certificate it requires, if any).
+func NewTLS(t testing.TB, cfg *tls.Config) *Server {
+	t.Helper()
+	s, err := StartTLS("127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
 // Start starts a recording downstream on addr (a loopback address); Close
 // stops it.
-func Start(addr string) (*Server, error) {
+func Start(addr string) (*Server, error) { return start(addr, nil) }
+
+// StartTLS is Start over HTTPS (see NewTLS). An arrival's time is still
+// that of the request's first bytes: those of the TLS handshake before
+// them are not counted. (Handlers see no r.TLS: the connection is wrapped.)
+func StartTLS(addr string, cfg *tls.Config) (*Server, error) { return start(addr, cfg) }
+
+func start(addr string, cfg *tls.Config) (*Server, error) {
 	s := &Server{}
 	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
 	l, err := net.Listen("tcp", addr)
@@ -75,11 +95,60 @@ func Start(addr string) (*Server, error) {
 	}
 	s.Server.Listener.Close()
 	s.Server.Listener = stampListener{l}
+	if cfg != nil {
+		s.Server.Listener = tlsListener{stampListener{l}, cfg}
+	}
 	s.Server.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		return context.WithValue(ctx, connKey{}, c)
 	}
 	s.Start()
+	if cfg != nil {
+		s.URL = "https://" + l.Addr().String()
+	}
 	return s, nil
+}
+
+// stamper is a connection that knows when a request's first bytes came.
+type stamper interface {
+	takeStamp() (time.Time, bool)
+}
+
+// tlsListener serves TLS on stamped connections.
+type tlsListener struct {
+	stampListener
+	cfg *tls.Config
+}
+
+func (l tlsListener) Accept() (net.Conn, error) {
+	c, err := l.stampListener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	sc, _ := c.(*stampConn)
+	return &tlsStampConn{Conn: tls.Server(c, l.cfg), raw: sc}, nil
+}
+
+// tlsStampConn is a TLS connection whose stamps start after the handshake.
+type tlsStampConn struct {
+	*tls.Conn
+	raw  *stampConn // nil: no stamps (handler time is used)
+	once sync.Once
+}
+
+func (c *tlsStampConn) Read(p []byte) (int, error) {
+	c.once.Do(func() {
+		if c.Conn.Handshake() == nil {
+			c.takeStamp() // the handshake's bytes are not a request's
+		}
+	})
+	return c.Conn.Read(p)
+}
+
+func (c *tlsStampConn) takeStamp() (time.Time, bool) {
+	if c.raw == nil {
+		return time.Time{}, false
+	}
+	return c.raw.takeStamp()
 }
 
 // Answer sets how the downstream answers from now on (nil: 200).
@@ -103,7 +172,7 @@ func ArrivalTime(r *http.Request) time.Time {
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	handled := time.Now()
 	at := handled
-	if c, ok := r.Context().Value(connKey{}).(*stampConn); ok {
+	if c, ok := r.Context().Value(connKey{}).(stamper); ok {
 		if stamp, ok := c.takeStamp(); ok {
 			at = stamp
 		}
