@@ -56,13 +56,20 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	r := &running{cfg: opts.Config, log: opts.Logger, role: role}
+	// Secrets and TLS files are read now: one that cannot be is refused
+	// before anything starts, naming its key.
+	out, err := compileOutbound(opts.Config)
+	if err != nil {
+		return err
+	}
+	r.out.Store(out)
 	r.live.Store(opts.Config)
 	if err := r.openStore(ctx); err != nil {
 		return err
 	}
 	r.startDispatcher()
 	r.keepRecent(ctx)
-	defer r.client.CloseIdleConnections()
+	defer r.dispatcher.CloseIdleConnections()
 	ln, err := r.listen()
 	if err != nil {
 		r.stopRecent()
@@ -84,11 +91,14 @@ type running struct {
 	role string
 	// live is the config as reloaded: tenants, tenant defaults, downstreams.
 	live atomic.Pointer[config.Config]
+	// out is live with its downstreams compiled (secrets and TLS files
+	// read), swapped with it at a reload: one snapshot, so a send never
+	// pairs one config's tenant with another's downstream.
+	out atomic.Pointer[outboundSet]
 
 	store      queue.Store
 	metrics    *metrics.Metrics // made once the store is open; used from the dispatcher on
 	recent     *metrics.Recent  // the last minutes, for the status page (nil: --role worker)
-	client     *http.Client
 	dispatcher *dispatch.Dispatcher
 	srv        *http.Server
 
@@ -145,14 +155,13 @@ func (r *running) namedTenants() []string {
 // startDispatcher makes the dispatcher (it sends only once consume starts).
 func (r *running) startDispatcher() {
 	store, m := r.store, r.metrics
-	r.client = dispatch.NewClient(r.cfg.Dispatch.Concurrency)
 	var shared func(context.Context, queue.GateRequest) (queue.GateAnswer, error)
 	if g, ok := store.(queue.SharedGate); ok {
 		shared = g.PassGate
 	}
 	r.dispatcher = dispatch.New(dispatch.Options{
 		Shared:    shared,
-		Client:    r.client,
+		Client:    dispatch.NewClient(r.cfg.Dispatch.Concurrency),
 		OnAttempt: m.Attempt,
 		Routes:    r.route,
 	})
@@ -161,10 +170,12 @@ func (r *running) startDispatcher() {
 
 // route is where a tenant's jobs go, by the live config.
 func (r *running) route(tenant string) dispatch.Route {
-	c := r.live.Load()
+	set := r.out.Load()
+	c := set.cfg
 	ts, _ := c.Tenant(tenant)
 	ds := c.Downstreams[ts.Downstream]
-	return dispatch.Route{Downstream: ts.Downstream, URL: ds.URL, Timeout: ds.Timeout.Std(), MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling()}
+	return dispatch.Route{Downstream: ts.Downstream, Outbound: set.byName[ts.Downstream], URL: ds.URL, Timeout: ds.Timeout.Std(),
+		MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling()}
 }
 
 // keepRecent starts the samples of the last minutes that the status page
@@ -193,6 +204,7 @@ func (r *running) listen() (net.Listener, error) {
 			Store:      holdingStore{r.store, r.dispatcher},
 			WorkerOnly: r.role == RoleWorker,
 			Config:     r.live.Load,
+			Outbound:   r.outbound,
 			Logger:     r.log,
 			Metrics:    r.metrics,
 			Ready:      r.ready,
@@ -276,7 +288,7 @@ func (r *running) wait(ctx context.Context, reloads <-chan *config.Config) error
 		case err := <-r.serveErr:
 			return fmt.Errorf("http server: %w", err)
 		case next := <-reloads:
-			reload(r.log, &r.live, next)
+			r.reload(next)
 		}
 	}
 }
@@ -316,17 +328,27 @@ func (r *running) stop() {
 	}
 }
 
-// reload takes a new config's tenants, tenant defaults and downstreams. The
+// reload takes a new config's tenants, tenant defaults and downstreams,
+// its downstreams' secrets and TLS files read again; one that cannot be
+// read refuses the whole reload and the running config is kept. The
 // schedule of jobs already admitted stands; the next slots, and the spacing
 // of every send from now on, follow the new settings.
-func reload(log *slog.Logger, live *atomic.Pointer[config.Config], next *config.Config) {
-	cur := live.Load()
+func (r *running) reload(next *config.Config) {
+	log, cur := r.log, r.live.Load()
 	merged := *next
+	out, err := compileOutbound(&merged)
+	if err != nil {
+		// The error names the key and the variable or file, never a value.
+		log.Error("config reload refused; the running config is kept", "key", errorKey(err), "err", err)
+		return
+	}
 	if keys := cur.NeedsRestart(next); len(keys) > 0 {
 		log.Warn("config reloaded, but these sections need a restart and keep their running values", "sections", keys)
 		merged.Server, merged.Store, merged.Dispatch, merged.Auth, merged.Log = cur.Server, cur.Store, cur.Dispatch, cur.Auth, cur.Log
 	}
-	live.Store(&merged)
+	r.out.Store(out)
+	r.live.Store(&merged)
+	r.dispatcher.UseTLS(out.all())
 	log.Info("config reloaded", "config", next.File, "tenants", len(next.Tenants), "downstreams", len(next.Downstreams))
 }
 
