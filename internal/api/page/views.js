@@ -207,7 +207,7 @@ function headerList(h, cls) {
 function requestView(r) {
   if (!r) return null;
   const q = Object.entries(r.query || {}).flatMap(([k, vs]) => vs.map((v) => encodeURIComponent(k) + "=" + encodeURIComponent(v))).join("&");
-  const line = (r.method || "(its method)") + " " + (r.path || "(its url)") + (q ? "?" + q : "");
+  const line = (r.method || "(downstream's method)") + " " + (r.path || "(downstream's url)") + (q ? "?" + q : "");
   return el("div", { className: "job-request" }, el("code", { className: "line" }, line), headerList(r.headers, "request-headers"));
 }
 

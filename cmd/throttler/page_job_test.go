@@ -1,0 +1,66 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"throttler/internal/downstreamtest"
+	"throttler/internal/testutil"
+)
+
+// The status page's job view shows what the job asked of its downstream's
+// request (path, query, headers) and what was kept of the answer: its
+// status, its kept headers and its body, here a card decline.
+func TestStatusPageShowsRequestAndResponse(t *testing.T) {
+	bin := chromium(t)
+	ds := downstreamtest.New(t)
+	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Request-Id", "req_page_1")
+		w.WriteHeader(http.StatusPaymentRequired)
+		io.WriteString(w, `{"error":{"code":"card_declined","message":"Your card was declined."}}`)
+	})
+	// The lines before [tenant_defaults] are the test downstream's keys.
+	base := startServer(t, writeConfig(t, `job_paths = ["/v1/*"]
+job_headers = ["Stripe-Account"]
+keep_response_headers = ["Request-Id"]
+[tenant_defaults]
+rate = "10/s"
+`, ds))
+	st, _, adm := call(t, "POST", base+"/v1/tenants/shop/jobs",
+		`{"payload":{"charge":"ch_1"},"request":{"path":"/v1/refunds","query":{"expand[]":"charge"},"headers":{"Stripe-Account":"acct_page"}}}`)
+	if st != 202 {
+		t.Fatalf("enqueue: %d %v", st, adm)
+	}
+	id := adm["id"].(string)
+	testutil.WaitFor(t, 10*time.Second, "the job failed with the decline", atMostEvery(100*time.Millisecond, func() bool {
+		return jobState(t, base, id)["state"] == "failed"
+	}))
+	plan := []map[string]any{{"do": "live"}, {"do": "lookup", "job": id, "expect": "card_declined"}}
+	dom := headlessFor(t, bin, pageProxy(t, base, plan, nil)+"/", 10*time.Second, "--dump-dom")
+	driven(t, dom)
+	for _, want := range []string{
+		`(downstream's method) /v1/refunds?expand%5B%5D=charge`,
+		`Stripe-Account: acct_page`,
+		`data-status="402"`,
+		`Request-Id: req_page_1`,
+		`Content-Type: application/json`,
+		`{"error":{"code":"card_declined","message":"Your card was declined."}}`,
+	} {
+		if !strings.Contains(dom, want) && !strings.Contains(dom, htmlEscape(want)) {
+			t.Errorf("the job view lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		i := strings.Index(dom, `id="lookupResult"`)
+		t.Logf("job view:\n%s", dom[max(0, i):min(len(dom), i+3000)])
+	}
+}
+
+// htmlEscape is s as --dump-dom writes it in text.
+func htmlEscape(s string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace(s)
+}
