@@ -71,13 +71,15 @@ func testWindowsKeepTheQueueBound(t *testing.T, d Driver) {
 			}
 		}
 		got, _ := HandOver(t, s, clk, 100*time.Millisecond, 10, func(ctx context.Context, j queue.Job) queue.Outcome {
-			// As the dispatcher does: the request is written at its slot.
+			// As the dispatcher does: the request is written at its slot
+			// (at the slot exactly: the test may have moved the clock on
+			// by the time this goroutine runs again).
 			select {
 			case <-clk.After(j.DispatchAt.Sub(clk.Now())):
 			case <-ctx.Done():
 				return queue.Outcome{Result: queue.Released}
 			}
-			return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: clk.Now()}
+			return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
 		})
 		WaitHanded(t, clk, got, time.Millisecond) // slot 0
 		WaitHanded(t, clk, got, time.Millisecond) // slot 100 ms, handed a lead early

@@ -8,7 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"throttler/internal/luascript"
 	"throttler/internal/queue"
@@ -26,6 +29,10 @@ type consumer struct {
 	loading chan struct{}   // bounds the partitions loading at once (owned.load)
 	stop    context.Context // Consume's
 	mgr     *owner.Manager
+
+	// polling: a poll of the arrivals is under way (lines taken from
+	// Redis may not be scheduled yet).
+	polling atomic.Bool
 
 	mu     sync.Mutex
 	parts  map[int]*owned // the partitions owned now
@@ -151,7 +158,9 @@ func (c *consumer) pollArrivals(ctx context.Context) {
 		parts := c.owned()
 		found, full := false, false
 		if len(parts) > 0 {
+			c.polling.Store(true)
 			found, full = c.pollOnce(ctx, parts)
+			c.polling.Store(false)
 		}
 		if full {
 			continue
@@ -228,22 +237,90 @@ func parseArrival(line string) (id string, at time.Time, tenant string, ok bool)
 // Redis has never seen is held vacant for one lease). Tests and readiness
 // probes ask it.
 func (s *Store) Ready(ctx context.Context) bool {
+	_, ok := s.tenures(ctx)
+	return ok
+}
+
+// tenures is this process's tenures of the partitions, all loaded; ok is
+// false while a partition has no owner, or one this worker holds in Redis
+// is not a loaded tenure here yet (its acquired callback has not run, or
+// its takeover is still reading it). Partitions of other workers are
+// theirs to answer for.
+func (s *Store) tenures(ctx context.Context) (parts []*owned, ok bool) {
 	leases, err := owner.ReadLeases(ctx, s.rdb, s.partitions)
 	if err != nil {
+		return nil, false
+	}
+	s.consumersMu.Lock()
+	mine := map[int]*owned{}
+	ids := map[string]bool{} // this process's workers (one per Consume)
+	for c := range s.consumers {
+		ids[c.mgr.ID()] = true
+		for _, o := range c.owned() {
+			mine[o.fence.Partition] = o
+		}
+	}
+	s.consumersMu.Unlock()
+	for _, l := range leases {
+		o := mine[l.Partition]
+		switch {
+		case l.Worker == "":
+			return nil, false // nobody sends its jobs yet
+		case ids[l.Worker] && (o == nil || o.fence.Epoch != l.Epoch || !o.isLoaded()):
+			return nil, false
+		case o != nil:
+			parts = append(parts, o)
+		}
+	}
+	return parts, true
+}
+
+// Handed is how many times this store's consumers have called their
+// handler: a test that moves a fake clock waits until every call has read
+// it (see CaughtUp).
+func (s *Store) Handed() int64 { return s.handed.Load() }
+
+// CaughtUp reports whether this store's consumers have read every arrival
+// of the partitions they own and handed over every job due by now (the
+// store's clock) plus the lead. A test that moves a fake clock asks it
+// before each move, so that the clock never runs ahead of work that takes
+// real time here (a poll, a claim's round trip): on a busy machine that
+// work is slow, and a clock moved meanwhile would make a job handed over
+// on time look late.
+func (s *Store) CaughtUp(ctx context.Context) bool {
+	parts, ok := s.tenures(ctx)
+	if !ok {
 		return false
 	}
-	for _, l := range leases {
-		if l.Worker == "" {
+	pipe := s.rdb.Pipeline()
+	lens := make([]*goredis.IntCmd, len(parts))
+	for i, o := range parts {
+		if !o.caughtUp() {
+			return false
+		}
+		lens[i] = pipe.LLen(ctx, o.k.arrivals())
+	}
+	if _, err := pipe.Exec(ctx); err != nil && len(parts) > 0 {
+		return false
+	}
+	for _, n := range lens {
+		if n.Val() > 0 {
 			return false
 		}
 	}
+	// Asked again after the arrivals were counted: lines a poll took
+	// before that are scheduled by now, or the poll is still under way.
 	s.consumersMu.Lock()
-	defer s.consumersMu.Unlock()
 	for c := range s.consumers {
-		for _, o := range c.owned() {
-			if !o.isLoaded() {
-				return false
-			}
+		if c.polling.Load() {
+			s.consumersMu.Unlock()
+			return false
+		}
+	}
+	s.consumersMu.Unlock()
+	for _, o := range parts {
+		if !o.caughtUp() {
+			return false
 		}
 	}
 	return true

@@ -35,6 +35,13 @@ type owned struct {
 	wake  chan struct{}
 	// lastHanded is closed once the job claimed last is handed over.
 	lastHanded chan struct{}
+	// claiming: due entries are popped and their claim has not returned
+	// (they are in neither the schedule nor the handler's hands).
+	claiming bool
+
+	// recording counts attempts that did not end their job and whose
+	// outcome is being written: the job is back in the schedule after.
+	recording atomic.Int64
 
 	loaded   atomic.Bool    // load has read the partition
 	sends    sync.WaitGroup // the claimed jobs' goroutines
@@ -99,6 +106,26 @@ func (o *owned) closeOutcomes() { o.drained.Do(func() { close(o.outcomes) }) }
 
 func (o *owned) isLoaded() bool { return o.loaded.Load() }
 
+// caughtUp reports whether every job the tenure knows of and that is due
+// by now plus the lead has been handed over (arrivals not yet read are
+// the caller's to ask about).
+func (o *owned) caughtUp() bool {
+	if !o.isLoaded() || o.recording.Load() > 0 {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if next, any := o.sched.next(); o.claiming || (any && !next.After(o.s.localNow().Add(o.c.lead))) {
+		return false
+	}
+	select {
+	case <-o.lastHanded:
+		return true
+	default:
+		return false
+	}
+}
+
 // holds is whether the tenure still holds, by this worker's clock.
 func (o *owned) holds() bool { return o.c.mgr.Holds(o.fence.Partition, o.fence.Epoch) }
 
@@ -112,6 +139,7 @@ func (o *owned) run() {
 		o.mu.Lock()
 		due := o.paced(o.sched.popDue(o.s.localNow().Add(o.c.lead), claimBatchMax))
 		next, any := o.sched.next()
+		o.claiming = len(due) > 0
 		o.mu.Unlock()
 		if len(due) == 0 {
 			wait := time.Hour
@@ -121,7 +149,11 @@ func (o *owned) run() {
 			o.s.sleep(o.ctx, max(wait, 0), o.wake)
 			continue
 		}
-		if err := o.claim(due); err != nil {
+		err := o.claim(due)
+		o.mu.Lock()
+		o.claiming = false
+		o.mu.Unlock()
+		if err != nil {
 			if errors.Is(err, owner.ErrFenced) {
 				o.s.log.Warn("the partition's lease is another worker's now: stopping", "partition", o.fence.Partition)
 				o.cancel()
@@ -352,6 +384,7 @@ func (o *owned) startSend(j queue.Job) {
 		}
 		select {
 		case o.c.sending <- struct{}{}:
+			o.c.s.handed.Add(1)
 			close(handed)
 			out = o.c.h(o.send, j)
 			<-o.c.sending
@@ -371,6 +404,8 @@ func (o *owned) record(j queue.Job, out queue.Outcome) {
 		o.outcomes <- ended{job: j, out: out}
 		return
 	}
+	o.recording.Add(1)
+	defer o.recording.Add(-1)
 	o.retrying(j.ID, func(ctx context.Context) error {
 		cur, ok, paused, err := o.s.finishByRule(ctx, o.fence, o.k, j, out)
 		if err != nil {

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -61,6 +62,7 @@ type Store struct {
 
 	consumersMu sync.Mutex
 	consumers   map[*consumer]struct{} // this process's Consume calls
+	handed      atomic.Int64           // handler calls begun (Handed)
 }
 
 // Timing is how a worker learns of jobs and holds its partitions. Zero
