@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,7 +21,10 @@ import (
 // everything.
 var server string
 
-const exampleTenants = `
+// The first lines are the downstream's (tenants' downstream, "test"): a job
+// may ask for a path under /v1/ and set Stripe-Account.
+const exampleTenants = `job_paths = ["/v1/*"]
+job_headers = ["Stripe-Account"]
 [tenants.example-enqueue]
 rate = "1/m"
 capacity = 1
@@ -34,11 +38,19 @@ burst = 1
 [tenants.example-pace]
 rate = "1/m"
 capacity = 2
+[tenants.example-request]
+rate = "10/s"
 `
 
 func TestMain(m *testing.M) {
 	os.Exit(func() int {
-		downstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+		downstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/refunds" && r.Header.Get("Stripe-Account") == "acct_1" {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, `{"id":"re_1","status":"succeeded"}`)
+			}
+		}))
 		defer downstream.Close()
 		dir, err := os.MkdirTemp("", "throttler-client-")
 		if err != nil {
@@ -146,4 +158,41 @@ func ExampleRateLimit_Next() {
 	// job 2: 202
 	// job 3: 202
 	// send 0 now, the next in 1m0s
+}
+
+// A job asks its downstream for a path and a header, as far as the
+// downstream allows (its job_paths and job_headers); what the vendor
+// answered is kept on the job. A request the downstream does not allow is
+// refused before anything is queued.
+func ExampleRequest() {
+	ctx := context.Background()
+	c, _ := client.New(server)
+	a, err := c.Enqueue(ctx, "example-request", client.Job{
+		Payload: json.RawMessage(`{"payment_intent":"pi_1","amount":1000}`),
+		Request: &client.Request{Path: "/v1/refunds", Headers: map[string]string{"Stripe-Account": "acct_1"}},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	j, err := c.Job(ctx, a.ID)
+	for deadline := time.Now().Add(10 * time.Second); err == nil && !j.Finished() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond) // or come back later: the job keeps its answer
+		j, err = c.Job(ctx, a.ID)
+	}
+	if err != nil || j.Response == nil {
+		fmt.Println(err, j.State)
+		return
+	}
+	body, _ := j.Response.Bytes()
+	fmt.Println(j.State, j.Request.Path, j.Response.Status, string(body))
+
+	_, err = c.Enqueue(ctx, "example-request", client.Job{Payload: json.RawMessage(`{}`), Request: &client.Request{Path: "/admin"}})
+	var na *client.NotAllowedError
+	if errors.As(err, &na) {
+		fmt.Println("refused:", na.Code, na.Part)
+	}
+	// Output:
+	// succeeded /v1/refunds 201 {"id":"re_1","status":"succeeded"}
+	// refused: request_not_allowed request.path
 }
