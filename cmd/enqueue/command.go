@@ -273,6 +273,20 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 			s.IDs[i] = it.result.Admission.ID
 		}
 	}
+	runErr = conclude(ctx, o, items, s, runErr)
+	if runErr != nil {
+		s.Error = runErr.Error()
+	}
+	if o.wait {
+		s.Outcomes = outcomes(items)
+	}
+	printSummary(stdout, o, s)
+	return runErr
+}
+
+// conclude sets the run's exit status in s from how it went (runErr, and
+// the jobs' answers) and returns the run's error: nil for exit 0.
+func conclude(ctx context.Context, o options, items []*item, s *summary, runErr error) error {
 	s.Exit = exitOK
 	var ee exitError
 	switch {
@@ -298,13 +312,6 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 		s.Exit = exitNotDelivered
 		runErr = exitError{code: exitNotDelivered, err: fmt.Errorf("%d of %d job(s) not delivered (%d failed)", s.Accepted-s.Delivered, s.Accepted, s.Failed)}
 	}
-	if runErr != nil {
-		s.Error = runErr.Error()
-	}
-	if o.wait {
-		s.Outcomes = outcomes(items)
-	}
-	printSummary(stdout, o, s)
 	return runErr
 }
 
