@@ -30,6 +30,9 @@ func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Po
 	case Failed:
 		cur.State = StateFailed
 		cur.FinishedAt = now
+	case Cancelled: // the handler ran and said not to do it
+		cur.State = StateCancelled
+		cur.FinishedAt = now
 	case Released: // with a pause: nothing was sent
 		cur.Attempts--
 		cur.State = StateQueued

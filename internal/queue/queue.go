@@ -99,6 +99,10 @@ type Job struct {
 	// Response is the downstream's answer to the latest attempt, as much
 	// of it as the downstream keeps (nil: no answer yet).
 	Response *Response `json:"response,omitempty"`
+	// Type is the job's kind, for a downstream that is a Go handler (an
+	// asynq task's type); "" for none. Kept with the job, never sent over
+	// HTTP.
+	Type string `json:"type,omitempty"`
 }
 
 // EffectiveCost is the job's cost, 1 by default.
@@ -117,6 +121,8 @@ type NewJob struct {
 	// downstream's own). The API checks it against the downstream before
 	// the job reaches the store.
 	Request *JobRequest
+	// Type: the job's kind for a Go handler ("": none; Job.Type).
+	Type string
 }
 
 // Admission is the answer to one NewJob: admitted (Job set, Rejected and
@@ -176,6 +182,10 @@ const (
 	Released
 	// Expired: nothing was sent, the job's deadline came first.
 	Expired
+	// Cancelled: the downstream (a Go handler returning asynq.RevokeTask,
+	// or the handler package's Cancel) says the job is not to be done:
+	// it ends cancelled, as a cancel on request would, and is not retried.
+	Cancelled
 )
 
 // Outcome is what a Handler reports for one job.

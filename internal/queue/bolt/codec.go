@@ -28,9 +28,13 @@ import (
 // rare, and small) after Prompt; version 1 records are still read. The
 // answer kept of the latest attempt is not in the record, which every
 // change rewrites: it is written once per answer in bucketResponses.
+//
+// Version 3 adds the job's type (Job.Type, for a Go handler; "" for none)
+// after the request; versions 1 and 2 are still read, with none.
 const (
 	jobRecordV1 = 1
 	jobRecordV2 = 2
+	jobRecordV3 = 3
 )
 
 // inlinePayload is the largest payload kept in the job's record: an
@@ -56,7 +60,7 @@ func stateCode(st queue.JobState) (byte, bool) {
 // payload inline (nil: none there; it is in bucketPayloads).
 func encodeJob(b []byte, j queue.Job, payload []byte) []byte {
 	code, ok := stateCode(j.State)
-	b = append(b, jobRecordV2, code)
+	b = append(b, jobRecordV3, code)
 	b = appendString(b, j.Tenant)
 	if !ok {
 		b = appendString(b, string(j.State)) // never written today; kept readable
@@ -83,6 +87,7 @@ func encodeJob(b []byte, j queue.Job, payload []byte) []byte {
 	}
 	b = append(b, prompt)
 	b = appendRequest(b, j.Request)
+	b = appendString(b, j.Type)
 	if payload == nil {
 		return append(b, 0)
 	}
@@ -101,7 +106,7 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 	}
 	d := decoder{b: raw}
 	version := d.byte()
-	if version != jobRecordV1 && version != jobRecordV2 {
+	if version < jobRecordV1 || version > jobRecordV3 {
 		return j, nil, errBadRecord
 	}
 	code := d.byte()
@@ -131,6 +136,9 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 		if j.Request, err = decodeRequest(d.bytes()); err != nil {
 			return queue.Job{}, nil, err
 		}
+	}
+	if version >= jobRecordV3 {
+		j.Type = d.string()
 	}
 	if d.byte() == 1 {
 		inline = d.bytes()

@@ -209,6 +209,8 @@ func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
 		tm.rec.Failed++
 	case queue.StateExpired:
 		tm.rec.Expired++
+	case queue.StateCancelled: // the handler said not to do it
+		tm.rec.Cancelled++
 	default:
 		tm.depth++
 	}

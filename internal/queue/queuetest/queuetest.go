@@ -8,7 +8,8 @@
 //
 // (as River's riverdrivertest). The suite's tests are grouped by topic, a
 // file each: admission, consume, pause, deadlines, windows, ceilings,
-// restart, responses (a job's request and answers kept with it).
+// restart, responses (a job's request and answers kept with it), handlers
+// (a job's type, and a Go handler's cancel).
 package queuetest
 
 import (
@@ -73,6 +74,7 @@ func Run(t *testing.T, d Driver) {
 		{"RetryCountsTheCeiling", testRetryCountsTheCeiling},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
+		{"TypesAndHandlerCancels", testTypesAndHandlerCancels},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -112,7 +112,7 @@ func (s *Store) newAdmitCall(k partKeys, tenant string, p leaky.Policy, ceiling 
 // (its hash's again if none) and its id.
 func (c *admitCall) add(jobKey, idemKey, id string, nj queue.NewJob) {
 	c.keys = append(c.keys, jobKey, idemKey)
-	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline), requestArg(nj.Request))
+	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline), requestArg(nj.Request), nj.Type)
 	c.ids = append(c.ids, id)
 }
 
@@ -217,7 +217,7 @@ func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id str
 		ID: id, Tenant: tenant, State: queue.StateQueued, Payload: nj.Payload,
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: r.Now, DispatchAt: r.DispatchAt, Slot: r.Slot,
 		AdmitDelay: r.Delay, AdmitDepth: r.Depth + 1, Prompt: r.Prompt, Deadline: nj.Deadline,
-		Request: nj.Request,
+		Request: nj.Request, Type: nj.Type,
 	}
 	if c := max(nj.Cost, 1); c > 1 {
 		j.Cost = c
@@ -258,7 +258,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	if r.Code == admitNotFailed { // another retry took it meanwhile
 		return queue.Admission{}, &queue.StateError{ID: id, State: queue.JobState(r.Job["state"]), Op: "retry"}
 	}
-	a := s.admission(j.Tenant, p, queue.NewJob{Payload: j.Payload, IdempotencyKey: j.IdempotencyKey, Cost: j.Cost, Deadline: j.Deadline, Request: j.Request}, id, r)
+	a := s.admission(j.Tenant, p, queue.NewJob{Payload: j.Payload, IdempotencyKey: j.IdempotencyKey, Cost: j.Cost, Deadline: j.Deadline, Request: j.Request, Type: j.Type}, id, r)
 	if r.Code == admitAdmitted {
 		a.Job.EnqueuedAt, a.Job.Attempts = j.EnqueuedAt, 0
 	}

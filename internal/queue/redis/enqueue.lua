@@ -28,7 +28,7 @@
 -- ARGV[13..]   n and length per window
 -- then per job id, payload, idempotency key ('' none), cost, deadline
 --              ('' none), request (its JSON, '' none: then the hash has
---              no 'request' field)
+--              no 'request' field), type ('' none: no 'type' field)
 --
 -- Returns one reply per job, each
 --   {code, slot, dispatch_at, delay, retry_after, depth, now, prompt,
@@ -52,7 +52,7 @@ for i = 1, nw do akeys[#akeys + 1] = KEYS[6 + i] end
 
 -- What a repeated key is answered with: the first job as Job reads it.
 local job_fields = {'id', 'tenant', 'state', 'key', 'cost', 'deadline', 'enq', 'slot', 'dispatch',
-  'delay', 'depth', 'prompt', 'attempts', 'failures', 'sent', 'fin', 'err', 'status', 'request'}
+  'delay', 'depth', 'prompt', 'attempts', 'failures', 'sent', 'fin', 'err', 'status', 'request', 'type'}
 local function repeat_reply(jk)
   local v = redis.call('HMGET', jk, unpack(job_fields))
   if not v[3] then return nil end -- gone (past retention): the key is stale
@@ -69,10 +69,11 @@ local longest = 0 -- the latest dispatch time admitted, and its cost
 -- Counted over the batch, written once at the end (one command, not one
 -- per job).
 local admitted, accepted, rejected = 0, 0, 0
-for j = 0, (#ARGV - a + 1) / 6 - 1 do
-  local b = a + j * 6
+for j = 0, (#ARGV - a + 1) / 7 - 1 do
+  local b = a + j * 7
   local id, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 2]
   local cost, deadline, request = tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5]
+  local jtype = ARGV[b + 6]
   local jk, ik = KEYS[7 + nw + j * 2], KEYS[8 + nw + j * 2]
   local r
   local first = key ~= '' and redis.call('GET', ik)
@@ -103,6 +104,7 @@ for j = 0, (#ARGV - a + 1) / 6 - 1 do
         'cost', cost, 'deadline', deadline, 'enq', now, 'slot', slot,
         'delay', delay, 'depth', depth + 1, 'prompt', r[8], 'attempts', 0, 'failures', 0)
       if request ~= '' then redis.call('HSET', jk, 'request', request) end
+      if jtype ~= '' then redis.call('HSET', jk, 'type', jtype) end
       -- Kept while the job is, and store.retention after it finishes.
       if key ~= '' then redis.call('SET', ik, id) end
       accepted = accepted + 1

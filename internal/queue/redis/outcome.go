@@ -208,6 +208,8 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k part
 		pipe.PExpire(ctx, k.failed(cur.Tenant), s.retain)
 	case queue.StateExpired:
 		pipe.HIncrBy(ctx, tk, "expired", 1)
+	case queue.StateCancelled: // the handler said not to do it (queue.Cancelled)
+		pipe.HIncrBy(ctx, tk, "cancelled", 1)
 	default:
 		pipe.HIncrBy(ctx, tk, "depth", 1)
 	}
