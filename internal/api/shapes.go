@@ -115,25 +115,30 @@ func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map
 	if !st.PausedUntil.IsZero() {
 		pausedUntil = st.PausedUntil.UTC().Format(time.RFC3339Nano)
 	}
+	var ownerAt any // null: its partition has an owner (always, on the embedded store)
+	if !st.OwnerAt.IsZero() {
+		ownerAt = st.OwnerAt.UTC().Format(time.RFC3339Nano)
+	}
 	return map[string]any{
-		"tenant":            st.Tenant,
-		"mode":              ts.Mode,
-		"rate_per_second":   ts.Rate.PerSecond(),
-		"burst":             p.Burst,
-		"capacity":          p.Capacity,
-		"downstream":        ts.Downstream,
-		"queue_depth":       st.QueueDepth,
-		"in_flight":         st.InFlight,
-		"expected_delay_ms": ceilMillis(st.ExpectedDelay),
-		"paused":            st.Paused,
-		"paused_until":      pausedUntil,
-		"held":              st.Held,
-		"accepted_total":    st.Accepted,
-		"rejected_total":    st.Rejected,
-		"delivered_total":   st.Delivered,
-		"failed_total":      st.Failed,
-		"cancelled_total":   st.Cancelled,
-		"expired_total":     st.Expired,
+		"tenant":               st.Tenant,
+		"mode":                 ts.Mode,
+		"rate_per_second":      ts.Rate.PerSecond(),
+		"burst":                p.Burst,
+		"capacity":             p.Capacity,
+		"downstream":           ts.Downstream,
+		"queue_depth":          st.QueueDepth,
+		"in_flight":            st.InFlight,
+		"expected_delay_ms":    ceilMillis(st.ExpectedDelay),
+		"paused":               st.Paused,
+		"paused_until":         pausedUntil,
+		"held":                 st.Held,
+		"awaiting_owner_until": ownerAt,
+		"accepted_total":       st.Accepted,
+		"rejected_total":       st.Rejected,
+		"delivered_total":      st.Delivered,
+		"failed_total":         st.Failed,
+		"cancelled_total":      st.Cancelled,
+		"expired_total":        st.Expired,
 	}
 }
 

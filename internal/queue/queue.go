@@ -161,6 +161,11 @@ type TenantStatus struct {
 	Paused      bool
 	PausedUntil time.Time
 	Held        bool
+	// OwnerAt, on a store many workers share (Redis): the tenant's
+	// partition has no owner until then (held vacant on a new Redis), so
+	// nothing of it is sent before; ExpectedDelay counts it. Zero: it has
+	// one.
+	OwnerAt time.Time
 }
 
 // Result is how an attempt ended.

@@ -28,6 +28,8 @@
 -- ARGV[10]   the downstream ceiling's interval (0: no ceiling)
 -- ARGV[11]   the downstream ceiling's burst
 -- ARGV[12..] n and length of each window
+-- OWNER_AT   (enqueue.lua's third argument; 0 when run alone) when the
+--            tenant's partition gets an owner, 0 if it has one
 --
 -- Returns {admitted, slot, dispatch_at, retry_after, depth, now, prompt,
 -- delay}: admitted 1, 0, or 3 (it would be sent after its deadline:
@@ -153,10 +155,16 @@ if not admitted then
   return {0, 0, 0, real(tnow + retry) - now, depth, now, 0, 0}
 end
 -- queue.CeilingDelay: the jobs ahead go no faster than the ceiling.
-local delay = real(slot) - now
+local dispatch = real(slot)
+-- A partition without an owner sends nothing until OWNER_AT; its owner
+-- then sends the overdue jobs from then on, one interval apart, in order
+-- (takeover.lua), those ahead of this one first (each counted at cost 1).
+-- A paused tenant is moved by its pause, not by the takeover.
+if OWNER_AT > 0 and not paused then dispatch = at_least(dispatch, OWNER_AT + depth * T) end
+local delay = dispatch - now
 if ceiling_T > 0 and depth > 0 then delay = at_least(delay, at_least(0, depth + 1 - ceiling_burst) * ceiling_T) end
 if deadline and now + delay > deadline then
-  return {3, slot, real(slot), 0, depth, now, 0, delay}
+  return {3, slot, dispatch, 0, depth, now, 0, delay}
 end
 if commit then
   redis.call('HSET', KEYS[1], 'tat', newtat, 'depth', depth + 1)
@@ -178,5 +186,5 @@ if commit then
   end
 end
 local prompt = 0
-if slot <= arrival and held == 0 and now >= untl then prompt = 1 end
-return {1, slot, real(slot), 0, depth, now, prompt, delay}
+if slot <= arrival and held == 0 and now >= untl and dispatch == real(slot) then prompt = 1 end
+return {1, slot, dispatch, 0, depth, now, prompt, delay}

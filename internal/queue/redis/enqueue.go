@@ -13,7 +13,14 @@ import (
 	"throttler/internal/leaky"
 	"throttler/internal/luascript"
 	"throttler/internal/queue"
+	"throttler/internal/queue/redis/owner"
 )
+
+// ownerLag is how long after a partition's lease is taken its new owner
+// sends a job overdue: the take at the vacancy's end, the takeover's and
+// the claim's round trips, the hand-over. Admission promises a tenant of a
+// partition without an owner its owner's start plus this.
+const ownerLag = 20 * time.Millisecond
 
 var (
 	// admitLua is the admission decision as one Redis script, the same
@@ -26,10 +33,10 @@ var (
 	enqueueLua string
 
 	// admitScript is admit.lua alone, as the agreement tests run it.
-	admitScript = newScript("admit.lua", admitLua, false)
+	admitScript = newScript("admit.lua", "local OWNER_AT = 0\n"+admitLua, false)
 	// enqueueScript admits and keeps a batch; admit.lua is its decision,
 	// loaded as a function (its KEYS and ARGV become the function's own).
-	enqueueScript = newScript("enqueue.lua", "local function admit_decision(KEYS, ARGV)\n"+admitLua+"\nend\n"+enqueueLua, true)
+	enqueueScript = newScript("enqueue.lua", "local function admit_decision(KEYS, ARGV, OWNER_AT)\n"+admitLua+"\nend\n"+enqueueLua, true)
 )
 
 // enqueue.lua's codes (its header).
@@ -97,9 +104,10 @@ func (s *Store) newAdmitCall(k partKeys, tenant string, p leaky.Policy, ceiling 
 		ceilingT, ceilingBurst = usCeil(ceiling.Interval), ceiling.Burst
 	}
 	c := &admitCall{
-		keys: []string{k.tenant(tenant), k.arrivals(), k.active(), k.failed(tenant), k.waiting(tenant), k.claimed(tenant)},
+		keys: []string{k.tenant(tenant), k.arrivals(), k.active(), k.failed(tenant), k.waiting(tenant), k.claimed(tenant),
+			owner.LeaseKey(k.part), owner.EpochKey(k.part)},
 		args: []any{s.now(), usCeil(s.lag), usCeil(p.Interval), p.Burst, p.Capacity, ceilingT, ceilingBurst,
-			s.idle.Milliseconds(), mode, tenant, k.tag, len(p.Windows)},
+			s.idle.Milliseconds(), mode, tenant, k.tag, len(p.Windows), usCeil(s.timing.Lease), usCeil(ownerLag)},
 	}
 	for _, w := range p.Windows {
 		c.keys = append(c.keys, k.window(tenant, w))

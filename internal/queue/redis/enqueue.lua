@@ -11,7 +11,9 @@
 -- KEYS[4]      the tenant's failed zset
 -- KEYS[5]      the tenant's waiting jobs (zset: id -> slot)
 -- KEYS[6]      the tenant's claimed jobs (zset: id -> slot)
--- KEYS[7..]    one list per window (nw of them), then per job: its hash,
+-- KEYS[7]      the partition's lease (owner.LeaseKey)
+-- KEYS[8]      the partition's epoch (owner.EpochKey)
+-- KEYS[9..]    one list per window (nw of them), then per job: its hash,
 --              and its idempotency key's key (its hash again if none)
 -- ARGV[1]      now (0: the server's TIME)
 -- ARGV[2]      lag
@@ -25,7 +27,9 @@
 -- ARGV[10]     the tenant's name
 -- ARGV[11]     the partition's key prefix (partKeys.tag)
 -- ARGV[12]     nw, the number of windows
--- ARGV[13..]   n and length per window
+-- ARGV[13]     the lease: how long a partition new to Redis is held vacant
+-- ARGV[14]     how long after its lease is taken a new owner sends
+-- ARGV[15..]   n and length per window
 -- then per job id, payload, idempotency key ('' none), cost, deadline
 --              ('' none), request (its JSON, '' none: then the hash has
 --              no 'request' field), type ('' none: no 'type' field)
@@ -43,12 +47,27 @@
 local T = tonumber(ARGV[3])
 local idle_ms, mode, tenant, prefix = tonumber(ARGV[8]), ARGV[9], ARGV[10], ARGV[11]
 local nw = tonumber(ARGV[12])
-local a = 13 + 2 * nw -- the first job's arguments
+local a = 15 + 2 * nw -- the first job's arguments
 
 local now = server_now(ARGV[1])
 
 local akeys = {KEYS[1], KEYS[5], KEYS[6]}
-for i = 1, nw do akeys[#akeys + 1] = KEYS[6 + i] end
+for i = 1, nw do akeys[#akeys + 1] = KEYS[8 + i] end
+
+-- When the partition's owner starts sending (0: it has one, as far as
+-- Redis can tell): a partition held vacant (new to Redis, or Redis lost
+-- its data) at the vacancy's end; one Redis has never seen a lease after
+-- its first worker's look, which is now for a worker running. Its owner
+-- then sends the jobs overdue from then on (takeover.lua), and
+-- admit_decision promises that (DESIGN.md section 6c). An owner that died
+-- is not known here: its heartbeat lapses with its lease.
+local owner_at = 0
+local lease = redis.call('GET', KEYS[7])
+if lease == '' then
+  owner_at = now + at_least(redis.call('PTTL', KEYS[7]), 0) * 1000 + tonumber(ARGV[14])
+elseif not lease and redis.call('EXISTS', KEYS[8]) == 0 then
+  owner_at = now + tonumber(ARGV[13]) + tonumber(ARGV[14])
+end
 
 -- What a repeated key is answered with: the first job as Job reads it.
 local job_fields = {'id', 'tenant', 'state', 'key', 'cost', 'deadline', 'enq', 'slot', 'dispatch',
@@ -74,7 +93,7 @@ for j = 0, (#ARGV - a + 1) / 7 - 1 do
   local id, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 2]
   local cost, deadline, request = tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5]
   local jtype = ARGV[b + 6]
-  local jk, ik = KEYS[7 + nw + j * 2], KEYS[8 + nw + j * 2]
+  local jk, ik = KEYS[9 + nw + j * 2], KEYS[10 + nw + j * 2]
   local r
   local first = key ~= '' and redis.call('GET', ik)
   -- (The first job's hash: in the partition's hash tag, the same slot as KEYS.)
@@ -85,8 +104,8 @@ for j = 0, (#ARGV - a + 1) / 7 - 1 do
     r = {4, 0, 0, 0, 0, 0, now, 0, 0, 0, 0, 'state', redis.call('HGET', jk, 'state') or ''}
   else
     local aargv = {now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], cost, -1, '1', deadline, ARGV[6], ARGV[7]}
-    for i = 1, 2 * nw do aargv[#aargv + 1] = ARGV[12 + i] end
-    local d = admit_decision(akeys, aargv)
+    for i = 1, 2 * nw do aargv[#aargv + 1] = ARGV[14 + i] end
+    local d = admit_decision(akeys, aargv, owner_at)
     -- admit.lua's {admitted, slot, dispatch_at, retry_after, depth, now, prompt, delay}
     r = {d[1], d[2], d[3], d[8], d[4], d[5], d[6], d[7], 0, 0, 0}
   end
@@ -132,7 +151,7 @@ else
 end
 if longest > 0 then
   for i = 1, nw do
-    keep(KEYS[6 + i], math.floor((longest + tonumber(ARGV[12 + 2 * i])) / 1000) + idle_ms)
+    keep(KEYS[8 + i], math.floor((longest + tonumber(ARGV[14 + 2 * i])) / 1000) + idle_ms)
   end
 end
 return out

@@ -95,6 +95,14 @@ func (k *modelKeyspaces) take() (*modelSlot, error) {
 				sl.clients = nil
 				c := goredis.NewClient(&goredis.Options{Addr: sl.addr, DB: sl.db, PoolSize: 2})
 				err := c.FlushDB(context.Background()).Err()
+				// A Redis that has seen the partitions (seenPartitions):
+				// the first worker takes them at once, and admission does
+				// not promise the wait of a vacancy the model does not know.
+				for p := range modelPartitions {
+					if err == nil {
+						err = c.Set(context.Background(), owner.KeyPrefix(p)+"epoch", 1, 0).Err()
+					}
+				}
 				c.Close()
 				if err != nil {
 					k.mu.Unlock()

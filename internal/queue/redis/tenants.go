@@ -3,20 +3,24 @@ package redis
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"throttler/internal/clock"
 	"throttler/internal/leaky"
 	"throttler/internal/queue"
+	"throttler/internal/queue/redis/owner"
 )
 
 // tenantState is a tenant's hash, read.
 type tenantState struct {
 	rec             queue.TenantRecord // without its windows (lists of their own)
 	depth, inFlight int
+	ownerAt         time.Time // when its partition gets an owner (zero: it has one)
 }
 
 // tenantFields are the fields of a tenant's hash that parseTenant reads.
@@ -56,7 +60,8 @@ func parseRecent(list []string) leaky.Recent {
 
 // Tenant implements queue.Store.
 func (s *Store) Tenant(ctx context.Context, tenant string) (queue.TenantStatus, error) {
-	v, err := s.rdb.HMGet(ctx, keysOf(s.partOf(tenant)).tenant(tenant), tenantFields...).Result()
+	part := s.partOf(tenant)
+	v, err := s.rdb.HMGet(ctx, keysOf(part).tenant(tenant), tenantFields...).Result()
 	if err != nil {
 		return queue.TenantStatus{}, queue.Unavailable(err)
 	}
@@ -64,7 +69,32 @@ func (s *Store) Tenant(ctx context.Context, tenant string) (queue.TenantStatus, 
 	if err != nil {
 		return queue.TenantStatus{}, err
 	}
-	return s.status(ctx, tenant, parseTenant(v), now)
+	ts := parseTenant(v)
+	if ts.ownerAt, err = s.ownerAt(ctx, part, now); err != nil {
+		return queue.TenantStatus{}, err
+	}
+	return s.status(ctx, tenant, ts, now)
+}
+
+// ownerAt is when partition part gets an owner, as enqueue.lua reckons
+// it (zero: it has one): the end of a vacancy, or a lease after now for
+// a partition Redis has never seen; plus ownerLag.
+func (s *Store) ownerAt(ctx context.Context, part int, now time.Time) (time.Time, error) {
+	pipe := s.rdb.Pipeline()
+	lease := pipe.Get(ctx, owner.LeaseKey(part))
+	ttl := pipe.PTTL(ctx, owner.LeaseKey(part))
+	epoch := pipe.Exists(ctx, owner.EpochKey(part))
+	_, err := pipe.Exec(ctx)
+	if err != nil && !errors.Is(err, goredis.Nil) {
+		return time.Time{}, queue.Unavailable(err)
+	}
+	switch v, err := lease.Result(); {
+	case err == nil && v == "":
+		return now.Add(max(ttl.Val(), 0) + ownerLag), nil
+	case errors.Is(err, goredis.Nil) && epoch.Val() == 0:
+		return now.Add(s.timing.Lease + ownerLag), nil
+	}
+	return time.Time{}, nil
 }
 
 // status is what ts says of tenant name at now. Its expected delay counts
@@ -89,9 +119,13 @@ func (s *Store) status(ctx context.Context, name string, ts tenantState, now tim
 	_, ceiling := s.ceiling(name)
 	depth := max(ts.depth, 0)
 	paused, until := pz.Paused(now)
+	at := queue.DispatchAt(pz, slot, now)
+	if !ts.ownerAt.IsZero() && !paused { // as admit.lua promises
+		at = clock.Later(at, ts.ownerAt.Add(time.Duration(depth)*p.Interval))
+	}
 	return queue.TenantStatus{
-		Tenant: name, QueueDepth: depth, InFlight: max(ts.inFlight, 0),
-		ExpectedDelay: max(queue.DispatchAt(pz, slot, now).Sub(now), queue.CeilingDelay(ceiling, depth)),
+		Tenant: name, QueueDepth: depth, InFlight: max(ts.inFlight, 0), OwnerAt: ts.ownerAt,
+		ExpectedDelay: max(at.Sub(now), queue.CeilingDelay(ceiling, depth)),
 		Paused:        paused, PausedUntil: until, Held: !pz.Held.IsZero(),
 		Accepted: ts.rec.Accepted, Rejected: ts.rec.Rejected, Delivered: ts.rec.Delivered,
 		Failed: ts.rec.Failed, Cancelled: ts.rec.Cancelled, Expired: ts.rec.Expired,
@@ -121,8 +155,18 @@ func (s *Store) Tenants(ctx context.Context, offset, limit int) ([]queue.TenantS
 		return nil, err
 	}
 	out := make([]queue.TenantStatus, 0, len(page))
+	owners := map[int]time.Time{}
 	for i, name := range page {
-		st, err := s.status(ctx, name, parseTenant(cmds[i].Val()), now)
+		ts, part := parseTenant(cmds[i].Val()), s.partOf(name)
+		at, ok := owners[part]
+		if !ok {
+			if at, err = s.ownerAt(ctx, part, now); err != nil {
+				return nil, err
+			}
+			owners[part] = at
+		}
+		ts.ownerAt = at
+		st, err := s.status(ctx, name, ts, now)
 		if err != nil {
 			return nil, err
 		}

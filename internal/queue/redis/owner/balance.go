@@ -13,6 +13,8 @@ import (
 // this worker's share, then take free partitions up to it or give the
 // surplus back.
 func (m *Manager) balance(ctx context.Context) {
+	m.lockPass()
+	defer m.unlockPass()
 	P := m.o.Partitions
 	rep, err := members(ctx, m.rdb, P, m.o.WorkerID, m.o.HeartbeatTTL)
 	if ctx.Err() != nil {
@@ -127,28 +129,37 @@ func (m *Manager) handOver(h Held) {
 // take tries n free partitions, looking from partition from on (workers
 // start at different places, so that those looking at once mostly try
 // different partitions). Held ones are never taken: their owner gives
-// them back, or they lapse.
+// them back, or they lapse. One held vacant is taken the moment its
+// vacancy ends (retakeAt), if this worker is under its share then.
 func (m *Manager) take(ctx context.Context, n, from int) {
-	free, err := freePartitions(ctx, m.rdb, m.o.Partitions)
+	free, vacant, err := freePartitions(ctx, m.rdb, m.o.Partitions)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.trouble.report(m.log, "read the partition leases", err)
 		}
 		return
 	}
+	read := time.Now()
+	for p, left := range vacant {
+		m.retakeAt(p, read.Add(left))
+	}
 	i, _ := slices.BinarySearch(free, from)
 	free = slices.Concat(free[i:], free[:i])
-	free = free[:min(n, len(free))]
-	if len(free) == 0 {
+	m.acquire(ctx, free[:min(n, len(free))])
+}
+
+// acquire tries to take each of the partitions ps.
+func (m *Manager) acquire(ctx context.Context, ps []int) {
+	if len(ps) == 0 {
 		return
 	}
-	calls := make([]luascript.Call, len(free))
-	for i, p := range free {
+	calls := make([]luascript.Call, len(ps))
+	for i, p := range ps {
 		calls[i] = luascript.Call{Keys: []string{leaseKey(p), epochKey(p)}, Args: []any{m.o.WorkerID, ms(m.o.Lease)}}
 	}
 	sent := time.Now()
 	reps, errs := luascript.RunEachInto[acquireReply](ctx, acquireScript, m.rdb, calls)
-	for i, p := range free {
+	for i, p := range ps {
 		switch {
 		case errs[i] != nil:
 			if ctx.Err() == nil {
@@ -158,6 +169,9 @@ func (m *Manager) take(ctx context.Context, n, from int) {
 			m.adopt(p, reps[i].Epoch, sent)
 		case reps[i].Code == acquireVacated:
 			m.log.Info("a partition new to Redis (or whose keys Redis lost) is held vacant for one lease", "partition", p, "epoch", reps[i].Epoch)
+			// Redis set it at or after sent; its answer came now, no
+			// earlier than that.
+			m.retakeAt(p, time.Now().Add(m.o.Lease))
 		}
 	}
 }

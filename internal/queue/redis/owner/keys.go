@@ -42,3 +42,9 @@ const (
 	partitionsKey = metaPrefix + "partitions"
 	workersKey    = metaPrefix + "workers"
 )
+
+// LeaseKey is partition p's lease (a string: "worker:epoch", "" while held
+// vacant, none while free) and EpochKey its epoch, for a script of the
+// partition that must know whether it has an owner (admission).
+func LeaseKey(p int) string { return leaseKey(p) }
+func EpochKey(p int) string { return epochKey(p) }

@@ -139,23 +139,33 @@ func ReadLeases(ctx context.Context, rdb goredis.UniversalClient, p int) ([]Leas
 	return out, nil
 }
 
-// freePartitions lists the partitions no lease holds, read in one round
-// trip (GET only: the balancer's cheap look).
-func freePartitions(ctx context.Context, rdb goredis.UniversalClient, p int) ([]int, error) {
+// freePartitions lists the partitions no lease holds, and those held
+// vacant with how long their vacancy has left, read in one round trip
+// (GET and PTTL: the balancer's cheap look).
+func freePartitions(ctx context.Context, rdb goredis.UniversalClient, p int) (free []int, vacant map[int]time.Duration, err error) {
 	gets := make([]*goredis.StringCmd, p)
+	ttls := make([]*goredis.DurationCmd, p)
 	pipe := rdb.Pipeline()
 	for i := range p {
 		gets[i] = pipe.Get(ctx, leaseKey(i))
+		ttls[i] = pipe.PTTL(ctx, leaseKey(i))
 	}
 	_, _ = pipe.Exec(ctx)
-	var free []int
 	for i, g := range gets {
-		switch err := g.Err(); {
+		v, err := g.Result()
+		switch {
 		case errors.Is(err, goredis.Nil):
 			free = append(free, i)
 		case err != nil:
-			return nil, queue.Unavailable(err)
+			return nil, nil, queue.Unavailable(err)
+		case v == "":
+			if d, err := ttls[i].Result(); err == nil && d > 0 {
+				if vacant == nil {
+					vacant = map[int]time.Duration{}
+				}
+				vacant[i] = d
+			}
 		}
 	}
-	return free, nil
+	return free, vacant, nil
 }

@@ -252,6 +252,9 @@ type Manager struct {
 	cancel           context.CancelFunc
 
 	hooks hooks
+
+	passMu sync.Mutex // the balancer's passes and the takes at a vacancy's end
+	vacant vacancies
 }
 
 // tenure is one partition held: its epoch and when it counts as lost.
@@ -319,6 +322,10 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.log.Info("joined the partition owners", "partitions", m.o.Partitions, "live", len(rep.Live))
 	go m.watch(m.ctx)
 	m.renewer.Start(m.ctx)
+	// A first pass now, not a Balance from now: on a new Redis the
+	// vacancies begin (and end) that much sooner, and admission, which
+	// promises an owner a lease after it finds a partition new, is nearer.
+	m.unlessFrozen(m.balance)(m.ctx)
 	m.balancer.Start(m.ctx)
 	return nil
 }
@@ -335,6 +342,9 @@ func (m *Manager) Stop() {
 	}
 	m.stopped = true
 	m.balancer.Stop()
+	m.stopRetakes()
+	m.lockPass() // a take at a vacancy's end under way ends first
+	m.unlockPass()
 	if m.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), m.o.Renew)
 		if err := m.rdb.ZRem(ctx, workersKey, m.o.WorkerID).Err(); err != nil {
