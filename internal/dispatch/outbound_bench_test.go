@@ -37,8 +37,8 @@ func BenchmarkVendorRequest(b *testing.B) {
 	defer srv.Close()
 	plain := compileDS(b, srv.URL+"/send", config.Downstream{})
 	vendor := compileDS(b, srv.URL+"/2010-04-01/Accounts/AC0123/Messages.json", config.Downstream{
-		Body: config.BodyForm,
-		Auth: config.DownstreamAuth{Type: config.AuthBasic, Username: "AC0123", PasswordFile: secretFile(b, "tw-bench-token")},
+		Body:              config.BodyForm,
+		Auth:              config.DownstreamAuth{Type: config.AuthBasic, Username: "AC0123", PasswordFile: secretFile(b, "tw-bench-token")},
 		SigningSecretFile: secretFile(b, outbound.SecretPrefix+base64.StdEncoding.EncodeToString(hookKey)),
 	})
 	payload := []byte(`{"To":"+15550100","From":"+15550199","Body":"Your code is 123456","MediaUrl":["https://x.example/1.png","https://x.example/2.png"]}`)
