@@ -139,9 +139,16 @@ func (m *Manager) take(ctx context.Context, n, from int) {
 		}
 		return
 	}
-	read := time.Now()
+	// Vacancies read together mostly began together (one worker's
+	// vacating pass): taken together, at the end of the last of them.
+	var ps []int
+	var last time.Duration
 	for p, left := range vacant {
-		m.retakeAt(p, read.Add(left))
+		ps, last = append(ps, p), max(last, left)
+	}
+	if len(ps) > 0 {
+		slices.Sort(ps)
+		m.retakeAt(ps, time.Now().Add(last))
 	}
 	i, _ := slices.BinarySearch(free, from)
 	free = slices.Concat(free[i:], free[:i])
@@ -159,6 +166,7 @@ func (m *Manager) acquire(ctx context.Context, ps []int) {
 	}
 	sent := time.Now()
 	reps, errs := luascript.RunEachInto[acquireReply](ctx, acquireScript, m.rdb, calls)
+	var vacated []int
 	for i, p := range ps {
 		switch {
 		case errs[i] != nil:
@@ -169,10 +177,13 @@ func (m *Manager) acquire(ctx context.Context, ps []int) {
 			m.adopt(p, reps[i].Epoch, sent)
 		case reps[i].Code == acquireVacated:
 			m.log.Info("a partition new to Redis (or whose keys Redis lost) is held vacant for one lease", "partition", p, "epoch", reps[i].Epoch)
-			// Redis set it at or after sent; its answer came now, no
-			// earlier than that.
-			m.retakeAt(p, time.Now().Add(m.o.Lease))
+			vacated = append(vacated, p)
 		}
+	}
+	if len(vacated) > 0 {
+		// Redis set them at or after sent; their answers came now, no
+		// earlier than that.
+		m.retakeAt(vacated, time.Now().Add(m.o.Lease))
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 // partition has no owner.
 type vacancies struct {
 	mu     sync.Mutex
-	timers map[int]*time.Timer // by partition: a take at its vacancy's end
+	timers map[int]*time.Timer // by partition: a take at its vacancy's end (one timer for those that end together)
 	done   bool
 }
 
@@ -22,33 +22,47 @@ type vacancies struct {
 func (m *Manager) lockPass()   { m.passMu.Lock() }
 func (m *Manager) unlockPass() { m.passMu.Unlock() }
 
-// retakeAt takes partition p, if this worker is still under its share,
-// once its vacancy ends at ends (this worker's clock; a little after, so
-// that Redis has expired it). A take already set for p stands.
-func (m *Manager) retakeAt(p int, ends time.Time) {
+// retakeAt takes the partitions ps, as many as this worker's share
+// allows, once their vacancy ends at ends (this worker's clock; a little
+// after, so that Redis has expired them), in one acquire: partitions
+// taken together keep one deadline, as a balancer's pass gives them. A
+// take already set for a partition stands.
+func (m *Manager) retakeAt(ps []int, ends time.Time) {
 	v := &m.vacant
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.done || v.timers[p] != nil {
+	var mine []int
+	for _, p := range ps {
+		if v.timers[p] == nil {
+			mine = append(mine, p)
+		}
+	}
+	if v.done || len(mine) == 0 {
 		return
 	}
 	if v.timers == nil {
 		v.timers = map[int]*time.Timer{}
 	}
-	v.timers[p] = time.AfterFunc(time.Until(ends)+time.Millisecond, func() {
+	t := time.AfterFunc(time.Until(ends)+time.Millisecond, func() {
 		v.mu.Lock()
-		delete(v.timers, p)
+		for _, p := range mine {
+			delete(v.timers, p)
+		}
 		done := v.done
 		v.mu.Unlock()
 		if !done && !m.hooks.frozen.Load() {
-			m.takeVacated(m.ctx, p)
+			m.takeVacated(m.ctx, mine)
 		}
 	})
+	for _, p := range mine {
+		v.timers[p] = t
+	}
 }
 
-// takeVacated is a balancer's pass narrowed to partition p: taken if this
-// worker holds less than its share of the live workers it saw last.
-func (m *Manager) takeVacated(ctx context.Context, p int) {
+// takeVacated is a balancer's pass narrowed to the partitions ps: as many
+// taken as keep this worker within its share of the live workers it saw
+// last.
+func (m *Manager) takeVacated(ctx context.Context, ps []int) {
 	m.lockPass()
 	defer m.unlockPass()
 	if ctx.Err() != nil || m.mismatch {
@@ -61,12 +75,15 @@ func (m *Manager) takeVacated(ctx context.Context, p int) {
 			held++
 		}
 	}
-	_, mine := m.held[p]
-	m.mu.Unlock()
-	if mine || held >= shareOf(m.o.WorkerID, m.live, m.o.Partitions) {
-		return
+	var want []int
+	for _, p := range ps {
+		if _, mine := m.held[p]; !mine {
+			want = append(want, p)
+		}
 	}
-	m.acquire(ctx, []int{p})
+	m.mu.Unlock()
+	room := shareOf(m.o.WorkerID, m.live, m.o.Partitions) - held
+	m.acquire(ctx, want[:max(0, min(room, len(want)))])
 }
 
 // stopRetakes cancels the takes not yet made (Stop).
@@ -76,7 +93,7 @@ func (m *Manager) stopRetakes() {
 	defer v.mu.Unlock()
 	v.done = true
 	for p, t := range v.timers {
-		t.Stop()
+		t.Stop() // more than once for a timer of several: harmless
 		delete(v.timers, p)
 	}
 }
