@@ -13,6 +13,7 @@ package api
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -148,6 +149,11 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.store.Ping(ctx); err != nil {
+		var full *queue.StoreFullError
+		if errors.As(err, &full) { // reachable, but takes no new jobs: say why
+			writeError(w, http.StatusServiceUnavailable, "store_full", full.Error(), storeFullFields(full))
+			return
+		}
 		writeError(w, http.StatusServiceUnavailable, "store_unavailable", err.Error(), nil)
 		return
 	}

@@ -42,6 +42,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var imp *queue.ImpossibleError
 	var se *queue.StateError
 	var na *outbound.NotAllowedError
+	var full *queue.StoreFullError
 	switch {
 	case errors.As(err, &ae):
 		writeError(w, ae.status, ae.code, ae.message, ae.fields)
@@ -54,6 +55,10 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusUnprocessableEntity, na.Code, notAllowedMessage(na), notAllowedFields(na))
 	case errors.As(err, &se):
 		writeError(w, http.StatusConflict, "not_cancellable", se.Error()+": only queued or retrying jobs can be cancelled", map[string]any{"id": se.ID, "state": se.State})
+	case errors.As(err, &full):
+		// Not logged per request: the store logs the change of state once.
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(full.RetryAfter), 10))
+		writeError(w, http.StatusInsufficientStorage, "store_full", full.Error(), storeFullFields(full))
 	case errors.Is(err, queue.ErrNotFound):
 		writeError(w, http.StatusNotFound, "job_not_found", "no job with this id", nil)
 	case errors.Is(err, queue.ErrUnavailable):
@@ -105,4 +110,9 @@ func rejectionFields(r *queue.RejectedError) map[string]any {
 
 func retryAfterSeconds(d time.Duration) int64 {
 	return max(1, int64(math.Ceil(d.Seconds())))
+}
+
+// storeFullFields say how full: the room left and the reserve, in bytes.
+func storeFullFields(e *queue.StoreFullError) map[string]any {
+	return map[string]any{"retry_after_ms": ceilMillis(e.RetryAfter), "free_bytes": e.Free, "reserve_bytes": e.Reserve}
 }

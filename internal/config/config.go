@@ -12,7 +12,10 @@ package config
 import (
 	"fmt"
 	"reflect"
+	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"throttler/internal/leaky"
 )
@@ -99,6 +102,14 @@ type Store struct {
 	// Retention is how long finished jobs (and their idempotency keys) are
 	// kept. Default 72h.
 	Retention Duration `toml:"retention"`
+	// Reserve (embedded) is the room kept on the store's filesystem for
+	// deliveries' outcomes, cancels and the maintainer: while less is free
+	// (counting the pages the store's file has free for reuse), new jobs
+	// are refused with 507 store_full and come back by themselves once
+	// there is room (DESIGN.md 6c). Bytes, or "64MiB", "512KiB", "1GiB".
+	// Default 64MiB; "0" turns it off (a write that fails for room is
+	// still answered 507).
+	Reserve Bytes `toml:"reserve"`
 }
 
 // Dispatch is the part that sends jobs to downstreams.
@@ -119,6 +130,26 @@ func (d *Duration) UnmarshalText(b []byte) error {
 		return fmt.Errorf("%q is not a duration: write it like \"5s\", \"250ms\" or \"1h30m\"", b)
 	}
 	*d = Duration(v)
+	return nil
+}
+
+// Bytes is a size written as a number of bytes or as "64MiB" in the file
+// (B, KiB, MiB, GiB, TiB; KB, MB, GB, TB are powers of 1000).
+type Bytes int64
+
+func (b Bytes) MarshalText() ([]byte, error) { return []byte(strconv.FormatInt(int64(b), 10)), nil }
+
+func (b *Bytes) UnmarshalText(text []byte) error {
+	s := strings.TrimSpace(string(text))
+	num := strings.TrimRightFunc(s, unicode.IsLetter)
+	units := map[string]float64{"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+		"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+	unit, ok := units[strings.TrimSpace(s[len(num):])]
+	v, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if !ok || err != nil || v < 0 || v*unit > 1<<62 {
+		return fmt.Errorf("%q is not a size: write it like \"64MiB\", \"512KiB\" or a number of bytes", text)
+	}
+	*b = Bytes(v * unit)
 	return nil
 }
 
@@ -169,6 +200,7 @@ func Default() *Config {
 			RedisPartitions: 32,
 			RedisLease:      Duration(5 * time.Second),
 			Retention:       Duration(72 * time.Hour),
+			Reserve:         64 << 20,
 		},
 		Dispatch: Dispatch{Concurrency: 1024},
 		Log:      Log{Level: "info", Format: "auto"},

@@ -122,6 +122,9 @@ func (c *Config) checkStore() error {
 	default:
 		return c.bad("store.backend", "%q is not a backend: use \"embedded\" or \"redis\"", c.Store.Backend)
 	}
+	if c.Store.Reserve < 0 {
+		return c.bad("store.reserve", "must not be negative, got %d: write it like \"64MiB\" (\"0\" turns it off)", c.Store.Reserve)
+	}
 	if c.Store.Retention < Duration(time.Minute) {
 		return c.bad("store.retention", "must be at least 1m, got %v", c.Store.Retention.Std())
 	}

@@ -84,6 +84,9 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 	}
 	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.pushbacks, m.dispatchError, m.queueWait, m.latency,
 		&queueCollector{store: store, labels: labels, named: named}, breakerCollector{m})
+	if sp, ok := store.(queue.Space); ok {
+		reg.MustRegister(spaceCollector{sp})
+	}
 	m.perDownstream = prometheus.NewRegistry()
 	m.perDownstream.MustRegister(m.attempts, m.pushbacks)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -251,4 +254,27 @@ func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(delayDesc, prometheus.GaugeValue, a.delay.Seconds(), k.ds, k.tenant)
 		ch <- prometheus.MustNewConstMetric(pauseDesc, prometheus.GaugeValue, float64(a.paused), k.ds, k.tenant)
 	}
+}
+
+var (
+	storeFullDesc = prometheus.NewDesc("throttler_store_full", "1 while the store's disk has less room than store.reserve: new jobs are refused (507 store_full), deliveries go on.", nil, nil)
+	storeFreeDesc = prometheus.NewDesc("throttler_store_free_bytes", "Room left to the store: its filesystem's free bytes and the pages its file has free for reuse.", nil, nil)
+)
+
+// spaceCollector reads a store's room at scrape time (queue.Space).
+type spaceCollector struct{ store queue.Space }
+
+func (c spaceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- storeFullDesc
+	ch <- storeFreeDesc
+}
+
+func (c spaceCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.store.Room()
+	full := 0.0
+	if st.Full {
+		full = 1
+	}
+	ch <- prometheus.MustNewConstMetric(storeFullDesc, prometheus.GaugeValue, full)
+	ch <- prometheus.MustNewConstMetric(storeFreeDesc, prometheus.GaugeValue, float64(max(st.Free, 0)))
 }

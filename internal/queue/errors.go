@@ -87,3 +87,52 @@ func Unavailable(err error) error {
 	}
 	return fmt.Errorf("%w: %v", ErrUnavailable, err)
 }
+
+// StoreFullError is a job refused because the store's disk has less room
+// than the reserve kept for what must go on when it is full: outcomes,
+// cancels, the maintainer (DESIGN.md 6c). Nothing of the call happened.
+// Admissions come back by themselves once there is room again: deliveries
+// free their jobs' payloads, or an operator frees the disk.
+type StoreFullError struct {
+	Path       string // where the store is
+	Free       int64  // bytes of room when refused
+	Reserve    int64  // store.reserve
+	RetryAfter time.Duration
+}
+
+func (e *StoreFullError) Error() string {
+	return fmt.Sprintf("the job store is full: %s has %s of room, under store.reserve (%s) kept for deliveries' outcomes; new jobs are refused until there is room again (delivered jobs free theirs)",
+		e.Path, Bytes(e.Free), Bytes(e.Reserve))
+}
+
+// Bytes formats a size for people: "63.9 MiB".
+func Bytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, suffix := float64(n)/unit, "KiB"
+	for _, s := range []string{"MiB", "GiB", "TiB"} {
+		if v < unit {
+			break
+		}
+		v, suffix = v/unit, s
+	}
+	return fmt.Sprintf("%.1f %s", v, suffix)
+}
+
+// Space is what a store whose room can run out (the embedded store's
+// disk) says of it: an optional capability, read by /readyz and /metrics.
+type Space interface {
+	// Room is the store's room now; Full means admissions are refused.
+	Room() SpaceStatus
+}
+
+// SpaceStatus is a store's room: free bytes (the filesystem's, and what
+// the store's file has free for reuse), the reserve, and whether
+// admissions are refused for it (then Err says why).
+type SpaceStatus struct {
+	Free, Reserve int64
+	Full          bool
+	Err           *StoreFullError
+}

@@ -400,6 +400,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *
 		return bolt.Open(cfg.Store.Path, bolt.Options{
 			OnExpired: onExpired, Policy: policy, Ceiling: ceiling,
 			Retention: cfg.Store.Retention.Std(), Logger: log,
+			Reserve: cmp.Or(int64(cfg.Store.Reserve), -1), // 0: not enforced
 			// A first guess at how long a send takes to start, measured
 			// from then on: a commit, a hand-over and a connection.
 			InitialStartLag: 10 * time.Millisecond,

@@ -299,6 +299,10 @@ func (s *Store) logGroup(group []commitReq) error {
 	s.mu.Unlock()
 	if s.loggedJobs >= walApplyJobs || s.wal.off >= walApplyBytes {
 		if err := s.applyNow(); err != nil {
+			if isNoSpace(err) {
+				s.space.noSpace(s.clock.Now())
+				s.space.releaseBallast()
+			}
 			s.log.Error("cannot write the write-ahead log into the store; trying again with the next write", "err", err)
 		}
 	}

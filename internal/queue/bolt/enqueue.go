@@ -37,6 +37,10 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, newJobs []queue.NewJ
 			c.out[i] = queue.Repeat(prev, c.policy.Capacity)
 		}
 	}
+	if err := s.roomFor(newJobs, plan.Decide); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
 	for _, i := range plan.Decide {
 		if err := s.decide(c, i, newJobs[i]); err != nil {
 			// Nothing of this call is admitted (the slots taken so far
@@ -214,6 +218,9 @@ func (s *Store) settle(c *call, commitErr error) error {
 		s.lag.failed()
 		s.undoAdmitted(c)
 		s.mu.Unlock()
+		if isNoSpace(commitErr) {
+			return s.space.noSpace(s.clock.Now())
+		}
 		return queue.Unavailable(commitErr)
 	}
 	c.settled()
@@ -369,4 +376,20 @@ func (s *Store) jobByKey(tenant, key string) (queue.Job, bool, error) {
 		j.State, j.Attempts = queue.StateDispatching, c.Attempts
 	}
 	return j, found, queue.Unavailable(err)
+}
+
+// roomFor refuses the jobs of decide (new admissions: a repeated key is
+// answered whatever the room) while the store is full (space.go).
+func (s *Store) roomFor(jobs []queue.NewJob, decide []int) error {
+	if len(decide) == 0 {
+		return nil
+	}
+	var n int64
+	for _, i := range decide {
+		n += admissionBytes(jobs[i : i+1])
+	}
+	if err := s.space.admit(s.clock.Now(), n); err != nil {
+		return err
+	}
+	return nil
 }

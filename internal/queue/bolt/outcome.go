@@ -107,6 +107,12 @@ func (s *Store) writeOutcomes(group []finishReq) error {
 		return err
 	})
 	if err != nil {
+		if isNoSpace(err) {
+			// The outcome's room is the reserve's: the disk was filled past
+			// it. The ballast gives it back for the retry.
+			s.space.noSpace(now)
+			s.space.releaseBallast()
+		}
 		return queue.Unavailable(err)
 	}
 	s.mu.Lock()
@@ -152,7 +158,7 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 		paused[j.Tenant] = true
 	}
 	s.mu.Unlock()
-	if err := putJob(tx, cur); err != nil {
+	if err := putOutcome(tx, cur); err != nil {
 		return queue.Job{}, err
 	}
 	if o.Response != nil {
@@ -215,4 +221,19 @@ func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
 		tm.depth++
 	}
 	return at, waits
+}
+
+// putOutcome writes a job after an attempt. A delivered job's payload is
+// freed at once (DESIGN.md 6c): nothing reads it again (a retry is of a
+// failed job), and on a full disk it is the room that comes back. Its
+// record stays for the retention.
+func putOutcome(tx *bbolt.Tx, j queue.Job) error {
+	if j.State != queue.StateSucceeded {
+		return putJob(tx, j)
+	}
+	if err := tx.Bucket(bucketPayloads).Delete([]byte(j.ID)); err != nil {
+		return err
+	}
+	j.Payload = nil
+	return tx.Bucket(bucketJobs).Put([]byte(j.ID), encodeJob(make([]byte, 0, 128), j, nil))
 }

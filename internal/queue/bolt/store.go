@@ -68,6 +68,11 @@ type Options struct {
 	// wait to be durable is measured from the first call). Default 0.
 	InitialStartLag time.Duration
 	Logger          *slog.Logger
+	// Reserve is the room (bytes) kept for outcomes, cancels and the
+	// maintainer: under it new jobs are refused with a
+	// *queue.StoreFullError (DESIGN.md 6c). Default DefaultReserve; a
+	// negative value does not enforce it.
+	Reserve int64
 
 	// logIdle (tests) replaces walApplyAfter: crash tests keep admissions
 	// in the write-ahead log only, however slow the machine.
@@ -131,9 +136,13 @@ type Store struct {
 	committerDone chan struct{}
 	closeErr      error
 	closed        sync.Once
+	space         *space // room left (space.go)
 }
 
-var _ queue.Store = (*Store)(nil)
+var (
+	_ queue.Store = (*Store)(nil)
+	_ queue.Space = (*Store)(nil)
+)
 
 // Open opens (creating if needed) the store at path. After a crash,
 // jobs whose slot has passed may have been sent just before it: they are
@@ -190,7 +199,13 @@ func Open(path string, opts Options) (*Store, error) {
 	if s.ceiling == nil {
 		s.ceiling = noCeiling
 	}
+	s.space = &space{path: path, reserve: cmp.Or(opts.Reserve, DefaultReserve), db: db, log: s.log}
 	s.lag.send.avg.Store(int64(opts.InitialStartLag))
+	if free, err := fsFree(filepath.Dir(path)); err == nil && free < ballastSize {
+		// The open writes the log's admissions into the file: on a full
+		// disk, the ballast is what makes room for them.
+		s.space.releaseBallast()
+	}
 	if err := s.recover(); err != nil {
 		w.close()
 		db.Close()
@@ -320,15 +335,26 @@ func delWaiting(tx *bbolt.Tx, id string) error {
 	return tx.Bucket(bucketWaiting).Delete([]byte(id))
 }
 
-// Ping implements queue.Store.
+// Ping implements queue.Store. A full store answers its
+// *queue.StoreFullError: it is reachable, but takes no new jobs.
 func (s *Store) Ping(ctx context.Context) error {
-	return queue.Unavailable(s.db.View(func(tx *bbolt.Tx) error {
+	err := queue.Unavailable(s.db.View(func(tx *bbolt.Tx) error {
 		if tx.Bucket(bucketJobs) == nil {
 			return errors.New("jobs bucket missing")
 		}
 		return nil
 	}))
+	if err != nil {
+		return err
+	}
+	if st := s.Room(); st.Full {
+		return st.Err
+	}
+	return nil
 }
+
+// Room implements queue.Space.
+func (s *Store) Room() queue.SpaceStatus { return s.space.room(s.clock.Now()) }
 
 // Close stops maintenance and closes the file. Call it after Consume returned.
 func (s *Store) Close() error {
