@@ -29,6 +29,10 @@ type Job struct {
 	// a method, a path, query parameters, headers, each only as far as the
 	// downstream allows; anything else is refused (*NotAllowedError).
 	Request *Request `json:"request,omitempty"`
+	// Type (optional) is the job's kind for a downstream that is a Go
+	// handler (an asynq task's type, such as "email:welcome"); at most 256
+	// printable ASCII characters.
+	Type string `json:"type,omitempty"`
 }
 
 // Request is what a job asks of its downstream's request (nil: the

@@ -91,6 +91,11 @@ be read, never its value.`,
 // put there by mistake would be).
 func describeDownstream(w io.Writer, name string, d config.Downstream) {
 	key := "downstreams." + name
+	if d.Handler != "" {
+		fmt.Fprintf(w, "downstream %s: Go handler %q, called in-process by the program that registers it (a stock throttler serves this config with --role api only)\n", name, d.Handler)
+		fmt.Fprintf(w, "  a job may ask: %s\n", describeJobRules(d))
+		return
+	}
 	body := d.Body
 	switch d.Body {
 	case config.BodyForm:

@@ -25,6 +25,9 @@ type jobRequest struct {
 	// Request is what the job asks of its downstream's request (DESIGN.md
 	// section 6a), checked against the downstream before it is queued.
 	Request *queue.JobRequest `json:"request"`
+	// Type is the job's kind for a downstream that is a Go handler
+	// (DESIGN.md section 6d: an asynq task's type); "" for none.
+	Type string `json:"type"`
 }
 
 // decode reads exactly one JSON value from body into v, refusing unknown
@@ -61,7 +64,7 @@ func decodeError(err error) error {
 		return errorf(http.StatusBadRequest, "invalid_json", "field %q must be %s, not %s", typ.Field, kindName(typ.Type), typ.Value)
 	case strings.HasPrefix(msg, "json: unknown field "):
 		field := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\", \"expires_in\" or \"request\" (with \"method\", \"path\", \"query\" and \"headers\")", field)
+		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\", \"expires_in\", \"request\" or \"type\" (\"request\" with \"method\", \"path\", \"query\" and \"headers\")", field)
 	}
 	return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid: %v", err)
 }
@@ -107,7 +110,10 @@ func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayl
 	if !validKey(key) {
 		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_idempotency_key", "%sidempotency key must be 1 to 256 printable ASCII characters", where)
 	}
-	nj := queue.NewJob{Payload: j.Payload, IdempotencyKey: key, Request: normalRequest(j.Request)}
+	if !validType(j.Type) {
+		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_type", "%s\"type\" must be at most 256 printable ASCII characters (a Go handler's task type, such as \"email:welcome\")", where)
+	}
+	nj := queue.NewJob{Payload: j.Payload, IdempotencyKey: key, Request: normalRequest(j.Request), Type: j.Type}
 	if j.Cost != nil {
 		if *j.Cost < 1 || *j.Cost > 1_000_000 {
 			return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_cost", "%s\"cost\" must be a whole number from 1 to 1000000, got %d", where, *j.Cost)
@@ -302,4 +308,19 @@ func batchResults(stored []queue.Admission, refused map[int]error, n int) (resul
 		results[i] = batchResultJSON(out[len(out)-1])
 	}
 	return results, out
+}
+
+// validType reports whether t can be a job's type: empty, or up to 256
+// printable ASCII characters (it becomes an asynq task's type, and is
+// shown in GET /v1/jobs/{id}).
+func validType(t string) bool {
+	if len(t) > 256 {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		if t[i] < 0x20 || t[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }

@@ -176,6 +176,9 @@ func jobJSON(j queue.Job) map[string]any {
 	if j.Request != nil {
 		m["request"] = requestJSON(j.Request)
 	}
+	if j.Type != "" {
+		m["type"] = j.Type
+	}
 	if j.Response != nil {
 		m["response"] = responseJSON(j.Response)
 	}

@@ -8,11 +8,18 @@ import (
 	"throttler/internal/leaky"
 )
 
-// Downstream is a named HTTP target.
+// Downstream is a named HTTP target, or a Go handler in the program that
+// runs throttler (Handler, DESIGN.md section 6d).
 type Downstream struct {
 	// URL receives a request per attempt (a POST unless Method says
-	// otherwise). Required.
+	// otherwise). Exactly one of URL and Handler is required.
 	URL string `toml:"url"`
+	// Handler names a Go handler registered by the program that runs
+	// throttler (the public handler package): each attempt calls it
+	// in-process at the job's slot instead of sending a request. A stock
+	// `throttler serve` cannot call it: it runs such a config with
+	// --role api only.
+	Handler string `toml:"handler"`
 	// Timeout bounds one attempt: connecting, writing the request and reading
 	// the answer. A wait at the gate (the rate, a window, a ceiling) is not
 	// part of it: waiting for a turn is never an attempt.
@@ -127,9 +134,22 @@ func (c *Config) checkDownstream(name string, d *Downstream) error {
 	if !ValidName(name) {
 		return c.bad(key, "name must be 1-128 letters, digits or . _ - + @")
 	}
-	u, err := url.Parse(d.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return c.bad(key+".url", "%q must be an http:// or https:// URL", d.URL)
+	var u *url.URL
+	switch {
+	case d.URL != "" && d.Handler != "":
+		return c.bad(key, "set exactly one of url (an HTTP downstream) and handler (a Go handler your program registers), not both")
+	case d.Handler != "":
+		if err := c.checkHandler(key, d); err != nil {
+			return err
+		}
+	case d.URL == "":
+		return c.bad(key+".url", "is required: the URL each attempt is sent to (or, for a Go handler your program registers, set handler = \"NAME\" instead)")
+	default:
+		var err error
+		u, err = url.Parse(d.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return c.bad(key+".url", "%q must be an http:// or https:// URL", d.URL)
+		}
 	}
 	if d.Timeout == 0 {
 		d.Timeout = Duration(5 * time.Second)
@@ -142,6 +162,9 @@ func (c *Config) checkDownstream(name string, d *Downstream) error {
 	}
 	if d.MaxAttempts < 1 || d.MaxAttempts > 100 {
 		return c.bad(key+".max_attempts", "must be from 1 to 100, got %d", d.MaxAttempts)
+	}
+	if u == nil {
+		return c.checkCeiling(key, d) // a handler: checkHandler checked the rest
 	}
 	if err := c.checkOutbound(key, u, d); err != nil {
 		return err

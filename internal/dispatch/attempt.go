@@ -33,6 +33,9 @@ func (d *Dispatcher) attempt(stop context.Context, job queue.Job) (queue.Outcome
 		// first in its tenant's queue, and uses up none of its attempts.
 		return queue.Outcome{Result: queue.Released, PauseUntil: until}, ""
 	}
+	if r.Call != nil {
+		return d.callHandler(stop, job, r, br, probe)
+	}
 	o, err := d.outbound(r)
 	if err != nil {
 		br.report(now, probe, unsent)
@@ -116,7 +119,10 @@ type answer struct {
 }
 
 func (d *Dispatcher) newAttempt(stop context.Context, job queue.Job, r Route, o *outbound.Downstream) *attempt {
-	a := &attempt{d: d, job: job, route: r, out: o, client: d.clients.forTLS(o), lanes: r.lanes(job.Tenant, job.Cost), stop: stop}
+	a := &attempt{d: d, job: job, route: r, out: o, lanes: r.lanes(job.Tenant, job.Cost), stop: stop}
+	if r.Call == nil { // a Go handler sends nothing over HTTP
+		a.client = d.clients.forTLS(o)
+	}
 	if d.shared != nil {
 		req := queue.GateRequest{Downstream: r.Downstream, Tenant: job.Tenant, Policy: r.Policy, Ceiling: r.Ceiling, Cost: job.Cost, Slack: remoteSlack}
 		a.remote = func(ctx context.Context) (queue.GateAnswer, error) { return d.shared(ctx, req) }

@@ -37,6 +37,11 @@ type Route struct {
 	Policy      leaky.Policy
 	// Ceiling is the downstream's own limit across its tenants (nil: none).
 	Ceiling *leaky.Policy
+	// Call, if set, is the Go handler the downstream is (config's
+	// handler): attempts call it in-process instead of sending a request
+	// (handler.go). Outbound then checks nothing at the send, and keeps
+	// what the handler returns.
+	Call Call
 }
 
 // lanes are the gate's rules for a send of tenant on r: the tenant's rate,

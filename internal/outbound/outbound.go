@@ -68,6 +68,9 @@ func Compile(name string, d config.Downstream) (*Downstream, error) {
 	if err := config.CheckDownstream(name, &d); err != nil {
 		return nil, err
 	}
+	if d.Handler != "" {
+		return compileHandler(name, d), nil
+	}
 	base, err := url.Parse(d.URL)
 	if err != nil { // CheckDownstream parsed it already
 		return nil, &config.Error{Key: "downstreams." + name + ".url", Reason: err.Error()}
@@ -105,6 +108,29 @@ func Compile(name string, d config.Downstream) (*Downstream, error) {
 	}
 	return o, nil
 }
+
+// compileHandler compiles a downstream that is a Go handler (DESIGN.md
+// section 6d): no request is built for it, but a job's request is checked
+// against its job_* lists as for a url (the handler gets it), and Keep
+// keeps what the handler returns. Its base is a placeholder that no
+// request is ever sent to: a job's path is checked, never dialled.
+func compileHandler(name string, d config.Downstream) *Downstream {
+	o := &Downstream{name: name, key: "downstreams." + name, cfg: d, keep: d.KeepBytes(),
+		base: &url.URL{Scheme: "handler", Host: name}, jobHeaders: map[string]bool{}}
+	for _, m := range d.JobMethods {
+		if !slices.Contains(o.jobMethods, m) {
+			o.jobMethods = append(o.jobMethods, m)
+		}
+	}
+	for _, h := range d.JobHeaders {
+		o.jobHeaders[textproto.CanonicalMIMEHeaderKey(h)] = true
+	}
+	return o
+}
+
+// Handler is the name of the Go handler the downstream calls ("": it is
+// an HTTP downstream).
+func (o *Downstream) Handler() string { return o.cfg.Handler }
 
 // compileAuth reads auth's secret and makes the header it sends.
 func (o *Downstream) compileAuth() error {

@@ -76,6 +76,9 @@ func (o *Downstream) plan(payload json.RawMessage, r *JobRequest) (plan, error) 
 	if p.headers, err = o.jobHeaderList(r.Headers); err != nil {
 		return p, err
 	}
+	if o.cfg.Handler != "" {
+		return p, nil // a Go handler takes the payload as it came: no body to encode
+	}
 	p.sendBody = p.method != "GET" && p.method != "DELETE"
 	p.body, err = o.encodeBody(p.method, p.sendBody, payload)
 	return p, err

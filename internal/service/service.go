@@ -37,6 +37,12 @@ type Options struct {
 	// Role is what this process does: RoleAll (default), RoleAPI or
 	// RoleWorker (the last two need a store processes share: redis).
 	Role string
+	// Handlers are the Go handlers this process can call, by the name a
+	// downstream's handler key gives (DESIGN.md section 6d; the public
+	// handler package fills it). A process that sends (RoleAll,
+	// RoleWorker) refuses to start, and a reload, when the config names
+	// a handler it does not have (handlers.go).
+	Handlers map[string]dispatch.Call
 }
 
 // Roles of a process.
@@ -55,7 +61,10 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	r := &running{cfg: opts.Config, log: opts.Logger, role: role}
+	r := &running{cfg: opts.Config, log: opts.Logger, role: role, handlers: opts.Handlers}
+	if err := r.checkHandlers(opts.Config); err != nil {
+		return err
+	}
 	// Secrets and TLS files are read now: one that cannot be is refused
 	// before anything starts, naming its key.
 	out, err := compileOutbound(opts.Config)
@@ -95,6 +104,8 @@ type running struct {
 	// read), swapped with it at a reload: one snapshot, so a send never
 	// pairs one config's tenant with another's downstream.
 	out atomic.Pointer[outboundSet]
+
+	handlers map[string]dispatch.Call // Options.Handlers
 
 	store      queue.Store
 	metrics    *metrics.Metrics // made once the store is open; used from the dispatcher on
@@ -175,7 +186,7 @@ func (r *running) route(tenant string) dispatch.Route {
 	ts, _ := c.Tenant(tenant)
 	ds := c.Downstreams[ts.Downstream]
 	return dispatch.Route{Downstream: ts.Downstream, Outbound: set.byName[ts.Downstream], URL: ds.URL, Timeout: ds.Timeout.Std(),
-		MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling()}
+		MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling(), Call: r.call(ds)}
 }
 
 // keepRecent starts the samples of the last minutes that the status page
@@ -339,6 +350,10 @@ func (r *running) reload(next *config.Config) {
 	out, err := compileOutbound(&merged)
 	if err != nil {
 		// The error names the key and the variable or file, never a value.
+		log.Error("config reload refused; the running config is kept", "key", errorKey(err), "err", err)
+		return
+	}
+	if err := r.checkHandlers(&merged); err != nil {
 		log.Error("config reload refused; the running config is kept", "key", errorKey(err), "err", err)
 		return
 	}
