@@ -1,0 +1,63 @@
+// Package asynqhandler runs handlers written for asynq (an asynq.Handler,
+// so an *asynq.ServeMux with its middleware too) as throttler handlers,
+// unchanged: throttler gives them what asynq cannot, a bounded queue per
+// tenant, paced across processes, with an expected delay at enqueue.
+//
+// Each attempt calls the asynq handler with an *asynq.Task built from the
+// job: its type is the job's "type" (enqueue with {"payload": ...,
+// "type": "email:welcome"}), or the downstream's name when the job has
+// none; its payload is the job's payload, as enqueued (JSON bytes).
+// The handler's error decides as asynq's would:
+//
+//   - nil: the job succeeded;
+//   - asynq.SkipRetry (errors.Is): the job fails, not retried (asynq
+//     archives it);
+//   - asynq.RevokeTask: the job ends cancelled (asynq drops it);
+//   - a handler.Pushback error: the tenant pauses (asynq has none);
+//   - any other error: retried with backoff, up to the downstream's
+//     max_attempts.
+//
+// What does not carry over from asynq's server: asynq.GetTaskID,
+// GetRetryCount, GetMaxRetry and GetQueueName report ok = false (they
+// read values only asynq's server can put in the context; use
+// handler.JobFromContext for the job's id, tenant and attempt instead);
+// task.ResultWriter() is nil (return the result instead: the handler
+// package keeps a handler's returned bytes, and this adapter returns
+// none, so a job's response is empty); asynq's task options (MaxRetry,
+// Timeout, Deadline, Unique, ProcessAt, Queue) are throttler's config and
+// the job's own fields instead: the downstream's max_attempts and
+// timeout, the job's deadline and idempotency key, the tenant's rate.
+package asynqhandler
+
+import (
+	"context"
+	"errors"
+
+	"github.com/hibiken/asynq"
+
+	"throttler/handler"
+)
+
+// New returns h as a throttler handler.
+func New(h asynq.Handler) handler.Handler {
+	return handler.HandlerFunc(func(ctx context.Context, job *handler.Job) ([]byte, error) {
+		typ := job.Type
+		if typ == "" {
+			typ = job.Downstream
+		}
+		return nil, decide(h.ProcessTask(ctx, asynq.NewTask(typ, job.Payload)))
+	})
+}
+
+// decide maps asynq's sentinel errors onto throttler's outcomes.
+func decide(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, asynq.RevokeTask):
+		return handler.Cancel(err)
+	case errors.Is(err, asynq.SkipRetry):
+		return handler.Permanent(err)
+	}
+	return err
+}

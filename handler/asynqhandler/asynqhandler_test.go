@@ -1,0 +1,188 @@
+package asynqhandler_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"throttler/handler"
+	"throttler/handler/asynqhandler"
+	"throttler/internal/testutil"
+)
+
+// An *asynq.ServeMux with two task types and a logging middleware runs
+// unchanged behind a downstream: each job reaches the handler of its
+// type, through the middleware, with its payload; SkipRetry ends a job
+// failed at once, RevokeTask cancelled, another error is retried.
+func TestServeMuxRunsUnchanged(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var logged []string
+	seen := map[string][]string{} // type -> payloads
+	attempts := map[string]int{}
+	mux := asynq.NewServeMux()
+	mux.Use(func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			err := next.ProcessTask(ctx, task)
+			mu.Lock()
+			logged = append(logged, fmt.Sprintf("%s err=%v", task.Type(), err))
+			mu.Unlock()
+			return err
+		})
+	})
+	handle := func(ctx context.Context, task *asynq.Task) error {
+		var p struct{ To, Do string }
+		if err := json.Unmarshal(task.Payload(), &p); err != nil {
+			return fmt.Errorf("bad payload: %v: %w", err, asynq.SkipRetry)
+		}
+		job, _ := handler.JobFromContext(ctx)
+		mu.Lock()
+		seen[task.Type()] = append(seen[task.Type()], p.To)
+		attempts[p.To]++
+		n := attempts[p.To]
+		mu.Unlock()
+		if _, ok := asynq.GetTaskID(ctx); ok || job == nil || job.Tenant != "acme" {
+			return errors.New("the context is not as the adapter documents it")
+		}
+		switch p.Do {
+		case "skip":
+			return fmt.Errorf("number blocked: %w", asynq.SkipRetry)
+		case "revoke":
+			return asynq.RevokeTask
+		case "flaky":
+			if n == 1 {
+				return errors.New("vendor busy")
+			}
+		}
+		return nil
+	}
+	mux.HandleFunc("email:welcome", handle)
+	mux.HandleFunc("sms:otp", handle)
+	hm := handler.NewMux()
+	hm.Handle("tasks", asynqhandler.New(mux))
+	base := start(t, `
+[downstreams.tasks]
+handler = "tasks"
+max_attempts = 3
+[tenant_defaults]
+downstream = "tasks"
+rate = "50/s"
+`, hm)
+	jobs := []struct{ typ, to, do, want string }{
+		{"email:welcome", "a@x", "", "succeeded"},
+		{"sms:otp", "+1", "", "succeeded"},
+		{"sms:otp", "+2", "flaky", "succeeded"},
+		{"email:welcome", "b@x", "skip", "failed"},
+		{"sms:otp", "+3", "revoke", "cancelled"},
+	}
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
+		status, out := post(t, base+"/v1/tenants/acme/jobs", fmt.Sprintf(`{"type": %q, "payload": {"To": %q, "Do": %q}}`, j.typ, j.to, j.do))
+		if status != http.StatusAccepted {
+			t.Fatalf("enqueue: %d %v", status, out)
+		}
+		ids[i] = out["id"].(string)
+	}
+	for i, j := range jobs {
+		var got map[string]any
+		testutil.WaitFor(t, 10*time.Second, j.to+" ends "+j.want, func() bool {
+			_, got = get(t, base+"/v1/jobs/"+ids[i])
+			return got["state"] == j.want
+		})
+		if j.do == "skip" && got["attempts"].(float64) != 1 {
+			t.Fatalf("SkipRetry: %v attempts, want 1", got["attempts"])
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen["email:welcome"]) != 2 || len(seen["sms:otp"]) != 4 || attempts["+2"] != 2 {
+		t.Fatalf("handled by type %v, attempts %v", seen, attempts)
+	}
+	if len(logged) != 6 {
+		t.Fatalf("the middleware logged %d calls, want 6: %v", len(logged), logged)
+	}
+}
+
+// A job without a type is a task of its downstream's name.
+func TestTypeDefaultsToTheDownstream(t *testing.T) {
+	t.Parallel()
+	types := make(chan string, 1)
+	h := asynqhandler.New(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		types <- task.Type()
+		if task.ResultWriter() != nil {
+			return errors.New("a ResultWriter outside asynq's server")
+		}
+		return nil
+	}))
+	if _, err := h.Handle(context.Background(), &handler.Job{Downstream: "mail", Payload: []byte(`{}`)}); err != nil || <-types != "mail" {
+		t.Fatal(err)
+	}
+	kind, _ := handler.Decide(errorOf(h, fmt.Errorf("wrapped: %w", asynq.SkipRetry)))
+	if kind != handler.Failed {
+		t.Fatalf("a wrapped SkipRetry decides %v, want failed", kind)
+	}
+}
+
+func errorOf(_ handler.Handler, err error) error {
+	_, e := asynqhandler.New(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return err })).Handle(context.Background(), &handler.Job{Type: "x"})
+	return e
+}
+
+// start runs the service with mux on an embedded store in the test's
+// directory until the test ends, and returns the API's base URL.
+func start(t *testing.T, body string, mux *handler.Mux) string {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.toml")
+	cfg := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n[store]\npath = %q\n%s", filepath.Join(dir, "t.db"), body)
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addr, done := make(chan string, 1), make(chan error, 1)
+	go func() {
+		done <- handler.Run(ctx, handler.Options{ConfigFile: file, Handlers: mux, Logger: testLogger(t), Started: func(a string) { addr <- a }})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("handler.Run: %v", err)
+		}
+	})
+	select {
+	case a := <-addr:
+		return "http://" + a
+	case err := <-done:
+		t.Fatalf("handler.Run: %v", err)
+	}
+	return ""
+}
+
+func post(t *testing.T, url, body string) (int, map[string]any) { return do(t, "POST", url, body) }
+func get(t *testing.T, url string) (int, map[string]any)        { return do(t, "GET", url, "") }
+
+func do(t *testing.T, method, url, body string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, bytes.NewReader([]byte(body)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	json.Unmarshal(raw, &out)
+	return resp.StatusCode, out
+}

@@ -1,0 +1,138 @@
+package handler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+)
+
+// Job is one attempt's job as a handler gets it.
+type Job struct {
+	// ID is the job's id, the same on every attempt: a handler that must
+	// not do a job twice uses it as the vendor's idempotency key.
+	ID     string
+	Tenant string
+	// Downstream is the name of the downstream the job goes to (the
+	// config's [downstreams.NAME]).
+	Downstream string
+	// Type is the job's "type" as enqueued ("": none).
+	Type string
+	// Attempt counts attempts, 1 for the first.
+	Attempt int
+	// Payload is the job's payload as enqueued (JSON).
+	Payload json.RawMessage
+	// Request is what the job asked of its downstream's request (nil:
+	// nothing), as far as the downstream's job_paths, job_methods and
+	// job_headers allow.
+	Request *Request
+}
+
+// Request is what a job asked of its downstream's request: the handler
+// decides what each part means.
+type Request struct {
+	Method  string
+	Path    string
+	Query   map[string][]string
+	Headers map[string]string
+}
+
+// Handler handles a job: see the package doc for what its error decides.
+// The bytes it returns are kept as the job's response.
+type Handler interface {
+	Handle(ctx context.Context, job *Job) ([]byte, error)
+}
+
+// HandlerFunc is a function as a Handler.
+type HandlerFunc func(ctx context.Context, job *Job) ([]byte, error)
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, job *Job) ([]byte, error) { return f(ctx, job) }
+
+// Middleware wraps a handler (logging, tracing, metrics), as asynq's
+// MiddlewareFunc does.
+type Middleware func(Handler) Handler
+
+// Mux holds handlers by the name downstreams give (handler = "NAME"),
+// with middleware around each. Register before Run; safe for concurrent
+// use.
+type Mux struct {
+	mu         sync.RWMutex
+	handlers   map[string]Handler
+	middleware []Middleware
+}
+
+// NewMux returns an empty Mux.
+func NewMux() *Mux { return &Mux{handlers: map[string]Handler{}} }
+
+// Handle registers h under name. A name registered twice panics, as
+// net/http's ServeMux does: it is a programming error.
+func (m *Mux) Handle(name string, h Handler) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h == nil {
+		panic("handler: nil handler for " + name)
+	}
+	if _, dup := m.handlers[name]; dup {
+		panic(fmt.Sprintf("handler: %q registered twice", name))
+	}
+	m.handlers[name] = h
+}
+
+// HandleFunc registers f under name.
+func (m *Mux) HandleFunc(name string, f func(ctx context.Context, job *Job) ([]byte, error)) {
+	m.Handle(name, HandlerFunc(f))
+}
+
+// Use adds middleware around every handler, the first added outermost.
+func (m *Mux) Use(mw ...Middleware) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.middleware = append(m.middleware, mw...)
+}
+
+// Names lists the registered names, sorted.
+func (m *Mux) Names() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Sorted(maps.Keys(m.handlers))
+}
+
+// handler is name's handler wrapped in the middleware (nil: none).
+func (m *Mux) handler(name string) Handler {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	h := m.handlers[name]
+	if h == nil {
+		return nil
+	}
+	for i := len(m.middleware) - 1; i >= 0; i-- {
+		h = m.middleware[i](h)
+	}
+	return h
+}
+
+type jobKey struct{}
+
+// JobFromContext is the job a handler's context was made for: what a
+// handler that only gets the context (an asynq handler) reads its id,
+// tenant and attempt from.
+func JobFromContext(ctx context.Context) (*Job, bool) {
+	j, ok := ctx.Value(jobKey{}).(*Job)
+	return j, ok
+}
+
+// JSON is a Handler that decodes each job's payload into a T first (as
+// river's Worker[T]): a payload that does not decode fails the job
+// permanently, since no retry can change it.
+func JSON[T any](f func(ctx context.Context, job *Job, payload T) ([]byte, error)) Handler {
+	return HandlerFunc(func(ctx context.Context, job *Job) ([]byte, error) {
+		var v T
+		if err := json.Unmarshal(job.Payload, &v); err != nil {
+			return nil, Permanent(fmt.Errorf("the payload is not a %T: %w", v, err))
+		}
+		return f(ctx, job, v)
+	})
+}

@@ -1,0 +1,102 @@
+package handler_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"throttler/handler"
+)
+
+// A Go handler is paced as an HTTP downstream is (DESIGN.md invariant 1,
+// section 6d): the handler records the instant it starts, and one tenant's
+// starts are at least T - 2 ms apart across 200 jobs, with retries (errors)
+// and a pushback in the middle. Every job ends succeeded, a retried one
+// after its error, and a job cancelled while it waits is never handed to
+// the handler.
+func TestHandlerStartsArePaced(t *testing.T) {
+	t.Parallel()
+	const T = 40 * time.Millisecond
+	var mu sync.Mutex
+	var starts []time.Time
+	calls := map[string]int{} // job id -> calls
+	mux := handler.NewMux()
+	mux.HandleFunc("rec", func(ctx context.Context, job *handler.Job) ([]byte, error) {
+		now := time.Now()
+		mu.Lock()
+		starts = append(starts, now)
+		calls[job.ID]++
+		mu.Unlock()
+		var n int
+		fmt.Sscanf(string(job.Payload), `{"n":%d}`, &n)
+		switch {
+		case n%25 == 7 && job.Attempt == 1:
+			return nil, errors.New("vendor timeout") // retried
+		case n == 100 && job.Attempt == 1:
+			return nil, handler.Pushback(300*time.Millisecond, errors.New("slow down"))
+		}
+		return fmt.Appendf(nil, "sent %d", n), nil
+	})
+	base := start(t, writeConfig(t, fmt.Sprintf(`
+[downstreams.rec]
+handler = "rec"
+timeout = "2s"
+max_attempts = 3
+[tenant_defaults]
+downstream = "rec"
+rate = "%d/s"
+capacity = 400
+`, int(time.Second/T))), mux)
+
+	var jobs []string
+	for n := range 200 {
+		jobs = append(jobs, fmt.Sprintf(`{"payload": {"n":%d}}`, n))
+	}
+	ids := enqueueBatch(t, base, "acme", jobs)
+	cancelled := ids[len(ids)-1] // due about 8 s from now
+	if status, j := call(t, "DELETE", base+"/v1/jobs/"+cancelled, ""); status != http.StatusOK || j["state"] != "cancelled" {
+		t.Fatalf("cancel: %d %v", status, j)
+	}
+	got := waitStates(t, base, ids, 20*time.Second)
+	for i, id := range ids {
+		want := "succeeded"
+		if id == cancelled {
+			want = "cancelled"
+		}
+		if got[id] != want {
+			t.Fatalf("job %d ended %s, want %s", i, got[id], want)
+		}
+	}
+	_, j := state(t, base, ids[7])
+	if j["attempts"].(float64) != 2 {
+		t.Fatalf("job 7 took %v attempts, want 2 (one error, then success)", j["attempts"])
+	}
+	if r, _ := j["response"].(map[string]any); r == nil || r["body"] != "sent 7" {
+		t.Fatalf("job 7's response is %v, want the bytes its handler returned", j["response"])
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if calls[cancelled] != 0 {
+		t.Fatalf("the cancelled job's handler was called %d times", calls[cancelled])
+	}
+	// 199 successes, 8 errors (n = 7, 32, ..., 182) and one pushback.
+	if want := 199 + 8 + 1; len(starts) != want {
+		t.Fatalf("%d calls, want %d", len(starts), want)
+	}
+	slices.SortFunc(starts, time.Time.Compare)
+	closest := time.Hour
+	for i := 1; i < len(starts); i++ {
+		gap := starts[i].Sub(starts[i-1])
+		closest = min(closest, gap)
+		if gap < T-2*time.Millisecond {
+			t.Fatalf("calls %d and %d started %v apart, want at least T - 2 ms = %v", i-1, i, gap, T-2*time.Millisecond)
+		}
+	}
+	t.Logf("%d starts over %v, closest pair %v apart (T = %v)", len(starts), starts[len(starts)-1].Sub(starts[0]), closest, T)
+}

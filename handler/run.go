@@ -1,0 +1,158 @@
+package handler
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"throttler/internal/config"
+	"throttler/internal/dispatch"
+	"throttler/internal/queue"
+	"throttler/internal/service"
+)
+
+// Roles a program's process can run (Options.Role).
+const (
+	// RoleAll runs the API and the dispatcher: the whole service. The
+	// only role on the embedded store.
+	RoleAll = service.RoleAll
+	// RoleWorker runs the dispatcher only (it serves /healthz, /readyz
+	// and /metrics), beside stock `throttler serve --role api` processes
+	// on one Redis.
+	RoleWorker = service.RoleWorker
+)
+
+// Options configure Run.
+type Options struct {
+	// ConfigFile is the config.toml to load ("": the built-in defaults),
+	// with THROTTLER_<SECTION>_<KEY> variables from the environment over
+	// it, as `throttler serve` loads it.
+	ConfigFile string
+	// Overrides are "section.key=value" settings over the file and the
+	// environment, as serve's flags give (say "server.listen=127.0.0.1:0").
+	Overrides []string
+	// Handlers are the handlers by the names downstreams give. Every
+	// handler the config names must be here.
+	Handlers *Mux
+	// Role is RoleAll (default) or RoleWorker (store.backend = "redis").
+	Role string
+	// Logger receives the service's log. Default: text on stderr.
+	Logger *slog.Logger
+	// Started, if set, is told the address the API (or, for a worker,
+	// /healthz and /metrics) listens on, once it does.
+	Started func(addr string)
+	// Reloads, if set, brings config reloads (as serve's SIGHUP): send
+	// on it to load ConfigFile again. A reload that names a handler the
+	// Mux lacks is refused and the running config kept.
+	Reloads <-chan struct{}
+}
+
+// Run loads the config and runs the service with the handlers until ctx
+// is done, then stops cleanly: attempts already begun finish (within
+// server.shutdown_timeout) and their outcome is recorded; waiting jobs
+// stay in the store. A config that names a handler the Mux does not have
+// is refused before anything starts, with an error naming the key.
+func Run(ctx context.Context, opts Options) error {
+	if opts.Handlers == nil {
+		opts.Handlers = NewMux()
+	}
+	load := func() (*config.Config, error) { return config.Load(opts.ConfigFile, os.Environ(), opts.Overrides) }
+	cfg, err := load()
+	if err != nil {
+		return err
+	}
+	log := cmp.Or(opts.Logger, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	reloads := make(chan *config.Config)
+	go forwardReloads(ctx, opts.Reloads, load, reloads, log)
+	return service.Run(ctx, service.Options{Config: cfg, Logger: log, Started: opts.Started, Role: opts.Role,
+		Handlers: calls(opts.Handlers), Reloads: reloads})
+}
+
+// forwardReloads loads the config at each reload asked for and passes it
+// on; one that does not load is logged, naming the key, and dropped.
+func forwardReloads(ctx context.Context, asked <-chan struct{}, load func() (*config.Config, error), out chan<- *config.Config, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-asked:
+			if !ok {
+				return
+			}
+			cfg, err := load()
+			if err != nil {
+				log.Error("config reload refused; the running config is kept", "err", err)
+				continue
+			}
+			select {
+			case out <- cfg:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// calls are the Mux's handlers as the dispatcher calls them.
+func calls(m *Mux) map[string]dispatch.Call {
+	out := map[string]dispatch.Call{}
+	for _, name := range m.Names() {
+		h := m.handler(name)
+		out[name] = func(ctx context.Context, downstream string, j queue.Job) dispatch.Reply {
+			job := jobOf(downstream, j)
+			body, err := h.Handle(context.WithValue(ctx, jobKey{}, job), job)
+			return reply(body, err)
+		}
+	}
+	return out
+}
+
+// jobOf is the queue's job as a handler gets it.
+func jobOf(downstream string, j queue.Job) *Job {
+	job := &Job{ID: j.ID, Tenant: j.Tenant, Downstream: downstream, Type: j.Type, Attempt: j.Attempts, Payload: j.Payload}
+	if r := j.Request; r != nil {
+		job.Request = &Request{Method: r.Method, Path: r.Path, Query: r.Query, Headers: r.Headers}
+	}
+	return job
+}
+
+// reply is what a handler's return decides, for the dispatcher (Decide).
+func reply(body []byte, err error) dispatch.Reply {
+	kind, after := Decide(err)
+	r := dispatch.Reply{Body: body}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	switch kind {
+	case Succeeded:
+		r.Verdict = dispatch.Done
+	case PushedBack:
+		r.Verdict, r.After = dispatch.Pushback, after
+	case Failed:
+		r.Verdict = dispatch.Permanent
+	case Cancelled:
+		r.Verdict = dispatch.Cancel
+	default:
+		r.Verdict = dispatch.Failure
+	}
+	return r
+}
+
+// String names a Kind.
+func (k Kind) String() string {
+	switch k {
+	case Succeeded:
+		return "succeeded"
+	case Retried:
+		return "retried"
+	case PushedBack:
+		return "pushed back"
+	case Failed:
+		return "failed"
+	case Cancelled:
+		return "cancelled"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
