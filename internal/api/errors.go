@@ -114,5 +114,8 @@ func retryAfterSeconds(d time.Duration) int64 {
 
 // storeFullFields say how full: the room left and the reserve, in bytes.
 func storeFullFields(e *queue.StoreFullError) map[string]any {
+	if e.Redis != "" { // Redis's room is its maxmemory, named in the message
+		return map[string]any{"retry_after_ms": ceilMillis(e.RetryAfter)}
+	}
 	return map[string]any{"retry_after_ms": ceilMillis(e.RetryAfter), "free_bytes": e.Free, "reserve_bytes": e.Reserve}
 }

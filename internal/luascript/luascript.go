@@ -6,13 +6,15 @@
 // names the script and the item, never a zero read in silence or a panic.
 //
 // A script that cannot run (Redis is away, or refuses it) is
-// queue.ErrUnavailable. Times and durations in replies are microseconds,
+// queue.ErrUnavailable; one Redis refuses for its maxmemory is a
+// *queue.StoreFullError. Times and durations in replies are microseconds,
 // the scripts' time unit.
 package luascript
 
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -114,10 +116,18 @@ func RunEachInto[R any, PR interface {
 // runError is why a script did not run: queue.ErrUnavailable, except a
 // fenced write's refusal ("FENCED ..."), which is Redis's error as it came
 // for the writer to read (owner.Fence.Err): Redis answered, and retrying
-// would be refused again.
+// would be refused again; and a refusal for maxmemory ("OOM ..."), a
+// *queue.StoreFullError: Redis is reachable but takes no more data, which
+// admission answers 507 naming maxmemory (DESIGN.md 6c), not "cannot be
+// reached". Redis refuses a script at its first write when over
+// maxmemory, never after one, so nothing of the call happened.
 func runError(err error) error {
-	if goredis.HasErrorPrefix(err, "FENCED") {
+	switch {
+	case goredis.HasErrorPrefix(err, "FENCED"):
 		return err
+	case goredis.HasErrorPrefix(err, "OOM"):
+		msg, _, _ := strings.Cut(err.Error(), ". script:") // the script's sha and line say nothing to an operator
+		return queue.MaxmemoryError(msg)
 	}
 	return queue.Unavailable(err)
 }

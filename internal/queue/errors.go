@@ -98,9 +98,29 @@ type StoreFullError struct {
 	Free       int64  // bytes of room when refused
 	Reserve    int64  // store.reserve
 	RetryAfter time.Duration
+	// Redis, set instead of Path, Free and Reserve, is a Redis's refusal
+	// of a write for its maxmemory (its OOM error, as it said it): on
+	// Redis the room that runs out is memory, and an operator looking at
+	// the answer must be told which setting it is.
+	Redis string
 }
 
+// MaxmemoryError is the refusal of a write by a Redis at its maxmemory:
+// msg is Redis's OOM error. Nothing of the call happened (a script is
+// refused at its first write, never halfway).
+func MaxmemoryError(msg string) *StoreFullError {
+	return &StoreFullError{Redis: msg, RetryAfter: fullRetryAfter}
+}
+
+// fullRetryAfter is how soon a client refused for a full store is told to
+// try again: room comes back as deliveries free it or an operator acts,
+// not within the second a 503 suggests.
+const fullRetryAfter = 2 * time.Second
+
 func (e *StoreFullError) Error() string {
+	if e.Redis != "" {
+		return fmt.Sprintf("the job store is full: Redis refuses writes at its maxmemory (%s); new jobs are refused until it has room: raise maxmemory (CONFIG SET maxmemory), or free memory in Redis", e.Redis)
+	}
 	return fmt.Sprintf("the job store is full: %s has %s of room, under store.reserve (%s) kept for deliveries' outcomes; new jobs are refused until there is room again (delivered jobs free theirs)",
 		e.Path, Bytes(e.Free), Bytes(e.Reserve))
 }
