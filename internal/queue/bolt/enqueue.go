@@ -89,15 +89,20 @@ func (s *Store) newCall(tenant string, tm *tenantMem, n int) *call {
 	_, ceiling := s.ceiling(tenant)
 	paused, _ := tm.rec.Pause.Paused(now)
 	lag, ahead := s.lag.estimate()
+	// Decide as if the job arrived when it can first be sent: a job sent
+	// at once is late by the time a send takes to start (the commit, the
+	// hand-over, the connection), and every job queued behind it inherits
+	// that lateness. Scheduling from there keeps the promises true. All in
+	// tenant time: a paused tenant's clock stands still. A tenant's
+	// arrivals never go back, though the estimate may fall between two of
+	// its calls: the backlog decided from the later arrival would look
+	// deeper than it is to a job decided from the earlier one, which
+	// would be refused short of capacity (invariant 3).
+	arrival := clock.Later(tm.rec.Pause.TenantTime(now).Add(lag), tm.arrived)
+	tm.arrived = arrival
 	return &call{
 		tenant: tenant, tm: tm, policy: s.policy(tenant), ceiling: ceiling, now: now, paused: paused, ahead: ahead,
-		// Decide as if the job arrived when it can first be sent: a job
-		// sent at once is late by the time a send takes to start (the
-		// commit, the hand-over, the connection), and every job queued
-		// behind it inherits that lateness. Scheduling from there keeps the
-		// promises true. All in tenant time: a paused tenant's clock
-		// stands still.
-		arrival: tm.rec.Pause.TenantTime(now).Add(lag),
+		arrival: arrival,
 		out:     make([]queue.Admission, n),
 	}
 }

@@ -2,9 +2,12 @@ package bolt
 
 import (
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"throttler/internal/clock"
+	"throttler/internal/leaky"
 	"throttler/internal/queue"
 	"throttler/internal/queue/queuetest"
 )
@@ -128,5 +131,36 @@ func TestStartLagForgetsJobsNeverSent(t *testing.T) {
 	// forgetDurableAfter are kept.
 	if want := int(forgetDurableAfter/(10*time.Millisecond)) + 1; len(l.durable) != want || len(l.order) != want {
 		t.Fatalf("kept %d durable times (%d in order), want %d", len(l.durable), len(l.order), want)
+	}
+}
+
+// A start lag that falls between a tenant's admissions does not make its
+// queue look deeper than it is: with capacity 2 (one job sent at once, two
+// waiting), the third job is admitted even though the first was decided
+// with a lag 50 ms longer than the third's, and only the fourth is
+// refused (invariant 3). Decided from each call's own arrival (now plus
+// its lag), the backlog behind the first job ran from a later arrival
+// than the third's, and the third was refused with one job waiting.
+func TestFallingStartLagRejectsOnlyWhenFull(t *testing.T) {
+	clk := clock.NewFake(queuetest.T0)
+	s, err := Open(filepath.Join(t.TempDir(), "throttler.db"), Options{Clock: clk,
+		Policy: func(string) leaky.Policy { return leaky.Policy{Interval: time.Hour, Burst: 1, Capacity: 2} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.lag.send.avg.Store(int64(50 * time.Millisecond))
+	if a := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(0)); !a.Admitted() || a.ExpectedDelay < 50*time.Millisecond {
+		t.Fatalf("first job: %+v, want admitted with the 50 ms start lag", a)
+	}
+	s.lag.take() // the estimate falls to nothing
+	clk.Advance(time.Millisecond)
+	for i := 1; i <= 2; i++ {
+		if a := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(i)); !a.Admitted() {
+			t.Fatalf("job %d refused with %d waiting of capacity 2: %+v", i, i-1, a.Rejected)
+		}
+	}
+	if a := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(3)); a.Admitted() {
+		t.Fatalf("a fourth job admitted with two waiting of capacity 2: %+v", a)
 	}
 }

@@ -24,7 +24,10 @@ type tenantMem struct {
 	// unsettled are the slots of jobs admitted by those calls, not yet in
 	// the schedule: with windows they wait like the scheduled ones.
 	unsettled []time.Time
-	dirty     bool
+	// arrived is the latest arrival (now plus the start lag, tenant time)
+	// its admissions were decided from: the next ones are no earlier.
+	arrived time.Time
+	dirty   bool
 }
 
 // loadTenantTx returns the in-memory tenant, reading it from tx if needed.
