@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"net/http/httputil"
 	"net/url"
@@ -212,5 +213,38 @@ func TestJobRequestJSON(t *testing.T) {
 	var back JobRequest
 	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, want) {
 		t.Errorf("round trip: %s %+v %v", b, back, err)
+	}
+}
+
+// A job without a request takes Build's short way (no job_* checks, the
+// url made at Compile): it gives what the full plan gives for the same
+// request spelt out, fragment dropped, and still refuses a body the
+// downstream's method cannot carry.
+func TestBuildWithoutRequestAsSpeltOut(t *testing.T) {
+	t.Parallel()
+	cases := append(goldenCases(), golden{name: "fragment", d: func(*testing.T) config.Downstream {
+		return config.Downstream{URL: "https://x.example/a%20b/c?k=v#frag", Body: "form"}
+	}, job: BuildJob{ID: "j", Tenant: "t", Attempt: 3, Payload: json.RawMessage(`{"a": ["1", "2"]}`)}})
+	for _, c := range cases {
+		if c.job.Request != nil {
+			continue
+		}
+		o := compile(t, c.d(t))
+		short, sbody, err := o.Build(context.Background(), c.job)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		spelt := c.job
+		spelt.Request = &JobRequest{Method: o.Config().Method}
+		long, lbody, err := o.Build(context.Background(), spelt)
+		if err != nil || short.Method != long.Method || short.URL.String() != long.URL.String() ||
+			!reflect.DeepEqual(short.Header, long.Header) || !bytes.Equal(sbody, lbody) || (sbody == nil) != (lbody == nil) {
+			t.Errorf("%s: %s %s %v %q, spelt out %s %s %v %q %v", c.name, short.Method, short.URL, short.Header, sbody, long.Method, long.URL, long.Header, lbody, err)
+		}
+	}
+	o := compile(t, config.Downstream{URL: "https://x.example/", Method: "GET"})
+	var na *NotAllowedError
+	if _, _, err := o.Build(context.Background(), BuildJob{Payload: json.RawMessage(`{"a": 1}`)}); !errors.As(err, &na) || na.Code != CodePayloadNotEncodable {
+		t.Errorf("a body on the downstream's GET: %v", err)
 	}
 }

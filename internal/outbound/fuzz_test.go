@@ -125,3 +125,39 @@ func FuzzCheckAndBuild(f *testing.F) {
 		}
 	})
 }
+
+// FuzzEncodeFormAgainstReference holds EncodeForm (a scanner over the
+// payload's bytes) to encodeFormRef (json.Decoder's tokens): the same
+// bytes for every payload, and the same refusal, word for word, but for
+// the syntax error's own text, which json.Decoder words by how it read.
+func FuzzEncodeFormAgainstReference(f *testing.F) {
+	for _, s := range []string{
+		`{"To": "+1555", "MediaUrl": ["a", "b"], "x": null}`,
+		`{"metadata": {"order_id": "6735"}, "items": [{"price": "p", "quantity": 2}]}`,
+		`{"a": [[1, 2], [3, {"b": true}]], "c": [null, {"": 1}]}`,
+		`{"s": "a&b=c%d\u0000é\ud83d\ude00\ud800x\udc00\"\\\/\b\f\n\r\t", "\u00e9\t": "x"}`,
+		"{\"bad utf-8\": \"\xff\xfe\xe2\x82\", \"\xc3\": [\"\xed\xa0\x80\"]}",
+		`{"a": [1, [2, "]", "[", {"}": "{"}]], "b": ["x,y", -1.5e+3, false]}`,
+		`[1]`, `"x"`, `{"a": 1e400}`, `{"a": {"b": {"c": [null, -0.0]}}}`, `{"a": 1} {}`, `{"a": `, ``, ` {"": {}} `,
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, payload []byte, indexed bool) {
+		arrays := config.FormRepeat
+		if indexed {
+			arrays = config.FormIndexed
+		}
+		got, err := EncodeForm(payload, arrays)
+		want, wantErr := encodeFormRef(payload, arrays)
+		if (err == nil) != (wantErr == nil) || !bytes.Equal(got, want) {
+			t.Fatalf("%q (%s): got %q %v, want %q %v", payload, arrays, got, err, want, wantErr)
+		}
+		if err == nil || strings.HasPrefix(wantErr.Error(), "is not JSON: ") && strings.HasPrefix(err.Error(), "is not JSON: ") {
+			return
+		}
+		if err.Error() != wantErr.Error() {
+			t.Fatalf("%q: refused with %q, want %q", payload, err, wantErr)
+		}
+	})
+}

@@ -25,6 +25,7 @@ import (
 	"net/url"
 	"slices"
 	"sort"
+	"sync"
 
 	"throttler/internal/config"
 	"throttler/internal/secret"
@@ -41,6 +42,7 @@ type Downstream struct {
 	name, key string
 	cfg       config.Downstream // validated; names secrets, holds none
 	base      *url.URL
+	url       string // base as a job without a request or path sends it
 
 	staticHeaders [][2]string // canonical name, value; sorted by name
 	authName      string      // header that auth sets ("": no auth)
@@ -53,6 +55,7 @@ type Downstream struct {
 
 	tls    *tlsSetup
 	keys   []secret.Value // signing keys, decoded
+	macs   []*sync.Pool   // per key, *mac: an HMAC keyed once, reused
 	keep   int
 	keepHs []string // canonical
 }
@@ -77,6 +80,7 @@ func Compile(name string, d config.Downstream) (*Downstream, error) {
 	}
 	o := &Downstream{name: name, key: "downstreams." + name, cfg: d, base: base, keep: d.KeepBytes()}
 	o.baseQuery = base.Query()
+	o.url = noFragment(base)
 	o.idempotency = textproto.CanonicalMIMEHeaderKey(d.Idempotency())
 	for _, k := range sortedKeys(d.Headers) {
 		o.staticHeaders = append(o.staticHeaders, [2]string{textproto.CanonicalMIMEHeaderKey(k), d.Headers[k]})
@@ -91,6 +95,7 @@ func Compile(name string, d config.Downstream) (*Downstream, error) {
 	if o.keys, err = compileSigning(o.key, d.SigningRef()); err != nil {
 		return nil, err
 	}
+	o.macs = macPools(o.keys)
 	o.jobMethods = []string{d.Method}
 	for _, m := range d.JobMethods {
 		if !slices.Contains(o.jobMethods, m) {
