@@ -15,6 +15,7 @@ import (
 // request (path, query, headers) and what was kept of the answer: its
 // status, its kept headers and its body, here a card decline.
 func TestStatusPageShowsRequestAndResponse(t *testing.T) {
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) {

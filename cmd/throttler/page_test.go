@@ -71,6 +71,7 @@ func samples(t *testing.T, base, tenant string, header ...string) int {
 // queues, and each busy tenant's last minutes are drawn from the samples
 // the server keeps.
 func TestStatusPageInABrowser(t *testing.T) {
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 100\n[tenants.alpha]\n", ds))
@@ -170,6 +171,7 @@ func busy(t *testing.T, base string) []string {
 // looks up a failed job, retries it (it is queued again), pauses beta
 // (held) and resumes it (not held).
 func TestStatusPageOperator(t *testing.T) {
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
 	gateway(ds)
@@ -221,6 +223,7 @@ func TestStatusPageOperator(t *testing.T) {
 // With thousands of busy tenants the page shows 50 at a time, deepest
 // first, and pages through them.
 func TestStatusPageThousandsOfTenants(t *testing.T) {
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 100\n", ds))

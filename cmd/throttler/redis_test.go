@@ -28,12 +28,14 @@ func redisConfig(t *testing.T, url, mode, body string, ds *downstreamtest.Server
 
 // Three processes on one Redis, every one an API and a dispatcher.
 func TestThreeProcessesShareOneRedis(t *testing.T) {
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, false)
 	sharedBurst(t, srv.URL(), "standalone", "all", "all", "all")
 }
 
 // One API-only process and two workers.
 func TestAPIAndTwoWorkersShareOneRedis(t *testing.T) {
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, false)
 	sharedBurst(t, srv.URL(), "standalone", "api", "worker", "worker")
 }
@@ -109,6 +111,7 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 // accepted job is still delivered, and a job repeats only with the same
 // Idempotency-Key (a downstream that dedupes carries each out once).
 func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, false)
 	ds := downstreamtest.New(t)
 	inAttempt, carriedOut := stallThirdJob(t, ds)
@@ -160,6 +163,7 @@ func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
 // Retry-After while it is down and /readyz fails, no process exits, and once
 // it is back every job accepted before is delivered, paced, with no burst.
 func TestRedisRestartLosesNothing(t *testing.T) {
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, true)
 	ds := downstreamtest.New(t)
 	file := redisConfig(t, srv.URL(), "standalone", "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
@@ -215,6 +219,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 
 // The same burst on a Redis Cluster of three masters.
 func TestThreeProcessesShareOneRedisCluster(t *testing.T) {
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	c := redistest.StartCluster(t, 3)
 	sharedBurst(t, c.URL(), "cluster", "all", "all", "all")
 }
