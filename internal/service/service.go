@@ -11,10 +11,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync/atomic"
 	"time"
 
 	"throttler/internal/api"
+	"throttler/internal/clock"
 	"throttler/internal/config"
 	"throttler/internal/dispatch"
 	"throttler/internal/leaky"
@@ -170,7 +172,12 @@ func (r *running) startDispatcher() {
 	if g, ok := store.(queue.SharedGate); ok {
 		shared = g.PassGate
 	}
+	var clk clock.Clock // the store's clock, if not the machine's (Redis's TIME)
+	if c, ok := store.(queue.Clocked); ok {
+		clk = c.Clock()
+	}
 	r.dispatcher = dispatch.New(dispatch.Options{
+		Clock:     clk,
 		Shared:    shared,
 		Client:    dispatch.NewClient(r.cfg.Dispatch.Concurrency),
 		OnAttempt: m.Attempt,
@@ -431,10 +438,19 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *
 		Client: rdb, OwnsClient: true, Policy: policy, Ceiling: ceiling, OnExpired: onExpired,
 		Retention: cfg.Store.Retention.Std(), IdleTTL: cfg.Store.RedisIdleTTL.Std(), Logger: log,
 		Partitions: cfg.Store.RedisPartitions, Timing: redis.Timing{Lease: cfg.Store.RedisLease.Std()},
+		ClockSkew: testClockSkew(),
 	})
 	if err != nil {
 		rdb.Close()
 		return nil, fmt.Errorf("cannot reach Redis at store.redis_url (%s mode): %w; is it running?", cfg.Store.RedisMode, err)
 	}
 	return s, nil
+}
+
+// testClockSkew is THROTTLER_TEST_CLOCK_SKEW (a Go duration), for tests
+// only: the process's own clock reads the machine's plus it, as on a
+// machine whose clock is off (redis.Options.ClockSkew). Unset: none.
+func testClockSkew() time.Duration {
+	d, _ := time.ParseDuration(os.Getenv("THROTTLER_TEST_CLOCK_SKEW"))
+	return d
 }

@@ -68,11 +68,18 @@ func (s *Store) Consume(ctx context.Context, h queue.Handler, opts queue.Consume
 	if err := mgr.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	polled := make(chan struct{})
+	polled, measured := make(chan struct{}), make(chan struct{})
 	go func() { defer close(polled); c.pollArrivals(ctx) }()
+	go func() {
+		defer close(measured)
+		if s.rclock != nil {
+			s.rclock.keepMeasuring(ctx, s.rdb)
+		}
+	}()
 	<-ctx.Done()
 	mgr.Stop()
 	<-polled
+	<-measured
 	c.running.Wait()
 	return nil
 }

@@ -51,6 +51,7 @@ type Store struct {
 	policy     queue.PolicyFunc
 	ceiling    queue.CeilingFunc
 	clock      clock.Clock // nil: the Redis server's TIME
+	rclock     *redisClock // with clock nil: this process's reading of Redis's clock
 	log        *slog.Logger
 	retain     time.Duration
 	idle       time.Duration
@@ -110,6 +111,12 @@ type Options struct {
 	// Clock, if set, decides instead of the Redis server's TIME (tests).
 	// Every process must then share it; production leaves it nil.
 	Clock clock.Clock
+	// ClockSkew is for tests only: this process's own clock reads the
+	// machine's plus ClockSkew, as a machine whose clock is off would (a
+	// test cannot move the machine's clock). The store measures its offset
+	// to Redis TIME from round trips and works in Redis's clock, so a skew
+	// must change nothing. Ignored with Clock set.
+	ClockSkew time.Duration
 	// Retention keeps finished jobs this long. Default 24 h.
 	Retention time.Duration
 	// IdleTTL: a tenant's bucket state expires this long after its
@@ -170,6 +177,15 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := s.Ping(ctx); err != nil {
 		return nil, err
 	}
+	if s.clock == nil {
+		s.rclock = &redisClock{own: clock.Real{}}
+		if opts.ClockSkew != 0 {
+			s.rclock.own = skewed(opts.ClockSkew)
+		}
+		if err := s.rclock.calibrate(ctx, s.rdb); err != nil {
+			return nil, queue.Unavailable(err)
+		}
+	}
 	if err := refuseShardedData(ctx, s.rdb); err != nil {
 		return nil, err
 	}
@@ -228,10 +244,18 @@ func (s *Store) serverNow(ctx context.Context) (time.Time, error) {
 	return t, nil
 }
 
-// localNow is this process's time on the store's clock (new job ids).
-func (s *Store) localNow() time.Time {
+// localNow is the store's clock as this process reads it: Redis's, from
+// the offset measured (the schedule in memory holds Redis-clock times).
+func (s *Store) localNow() time.Time { return s.Clock().Now() }
+
+// Clock is the clock the store's times are in (queue.Clocked): Redis's
+// TIME as this process reads it (its own clock plus the offset measured),
+// or Options.Clock. The dispatcher waits for dispatch times and stamps
+// writes on it, so a job's dispatch time and a send's time, which other
+// workers read, are in Redis's clock.
+func (s *Store) Clock() clock.Clock {
 	if s.clock != nil {
-		return s.clock.Now()
+		return s.clock
 	}
-	return time.Now()
+	return s.rclock
 }

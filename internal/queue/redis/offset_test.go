@@ -1,0 +1,55 @@
+package redis
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"throttler/internal/leaky"
+)
+
+// A process whose own clock is off by seconds reads Redis's clock within
+// a round trip: Store.Clock (the schedule's, the dispatcher's) is its own
+// clock plus the offset measured at Open, whichever way it is off.
+func TestStoreClockIsRedisTime(t *testing.T) {
+	rdb := redisClient(t, 0)
+	ctx := context.Background()
+	for _, skew := range []time.Duration{2 * time.Second, -2 * time.Second, 0} {
+		s, err := Open(ctx, Options{Client: rdb, Policy: func(string) leaky.Policy { return leaky.Policy{} }, ClockSkew: skew})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := time.Now()
+		server, err := rdb.Time(ctx).Result()
+		back := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ours := s.Clock().Now()
+		// TIME was answered between sent and back; ours was read after.
+		if early, late := server.Sub(ours), ours.Sub(server.Add(time.Since(sent))); early > 2*time.Millisecond || late > 2*time.Millisecond {
+			t.Errorf("skew %v: the store's clock read %v, Redis said %v (round trip %v)", skew, ours.Format("15:04:05.000000"), server.Format("15:04:05.000000"), back.Sub(sent))
+		}
+		if off := s.rclock.Offset(); (off + skew).Abs() > 2*time.Millisecond {
+			t.Errorf("skew %v: offset to Redis measured %v, want about %v", skew, off, -skew)
+		}
+	}
+}
+
+// The offset in use moves only when a round trip shows it wrong: a slower
+// round trip that agrees within its bounds leaves it (a step would move a
+// send by as much); one that cannot agree moves it.
+func TestOffsetStepsOnlyWhenShownWrong(t *testing.T) {
+	c := &redisClock{own: skewed(0)}
+	at := time.Now()
+	c.add(sample{at: at, offset: 10 * time.Millisecond, rtt: 200 * time.Microsecond})
+	c.add(sample{at: at.Add(time.Second), offset: 10*time.Millisecond + 150*time.Microsecond, rtt: 400 * time.Microsecond})
+	if got := c.Offset(); got != 10*time.Millisecond {
+		t.Errorf("offset %v after a slower round trip within bounds, want 10ms kept", got)
+	}
+	// Past the window, the first sample is gone; a fast one 1 ms off moves it.
+	c.add(sample{at: at.Add(offsetWindow + 2*time.Second), offset: 11 * time.Millisecond, rtt: 100 * time.Microsecond})
+	if got := c.Offset(); got != 11*time.Millisecond {
+		t.Errorf("offset %v after a round trip 1 ms off its bounds, want 11ms", got)
+	}
+}
