@@ -144,6 +144,47 @@ func (s *Server) Restart() {
 	}
 }
 
+// SeenPartitions makes the server a Redis whose first n partitions have
+// had owners that left cleanly (an epoch each, no lease): a worker takes
+// them at once instead of holding them vacant for a lease, as it must on a
+// Redis that never saw them (owner's acquire.lua). For tests about
+// something else than a new Redis.
+func (s *Server) SeenPartitions(t testing.TB, n int) {
+	t.Helper()
+	for p := range n {
+		// owner.KeyPrefix(p) + "epoch", spelt out: package owner's own
+		// tests use this package, which cannot import it.
+		if err := send(s.Addr, "SET", fmt.Sprintf("throttler:{throttler-p%d}:epoch", p), "1", "NX"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// send sends one command and reads a one-line answer (enough for SET).
+func send(addr string, args ...string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	cmd := fmt.Sprintf("*%d\r\n", len(args))
+	for _, a := range args {
+		cmd += fmt.Sprintf("$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.Write([]byte(cmd)); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if strings.HasPrefix(line, "-") {
+		return fmt.Errorf("redis: %s", strings.TrimSpace(line))
+	}
+	return nil
+}
+
 // URL is the server's redis:// URL.
 func (s *Server) URL() string { return "redis://" + s.Addr + "/0" }
 
