@@ -261,7 +261,15 @@ func TestPacingSeenAtTheDownstream(t *testing.T) {
 	ds := downstreamtest.New(t)
 	T := 20 * time.Millisecond
 	d := newDispatcher(t, ds.URL, Route{Policy: leaky.Policy{Interval: T, Burst: 1, Capacity: 100}})
-	start := time.Now().Add(50 * time.Millisecond)
+	sendThirtyPaced(t, d, ds, T, time.Now().Add(50*time.Millisecond))
+}
+
+// sendThirtyPaced hands d 30 jobs of one tenant, due T apart from start,
+// each from a goroutine of its own (in any order), and checks their
+// arrivals at ds: each at or after its slot, none closer than the window
+// rule allows.
+func sendThirtyPaced(t *testing.T, d *Dispatcher, ds *downstreamtest.Server, T time.Duration, start time.Time) {
+	t.Helper()
 	var wg sync.WaitGroup
 	for i := 0; i < 30; i++ {
 		wg.Add(1)

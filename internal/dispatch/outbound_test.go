@@ -23,7 +23,6 @@ import (
 	"throttler/internal/leaky"
 	"throttler/internal/outbound"
 	"throttler/internal/queue"
-	"throttler/internal/testutil"
 	"throttler/internal/tlstest"
 )
 
@@ -278,30 +277,5 @@ func TestHTTPSPacingSeenAtTheDownstream(t *testing.T) {
 	r := routeTo(o)
 	r.Policy = leaky.Policy{Interval: T, Burst: 1, Capacity: 100}
 	d := newOutboundDispatcher(t, func() Route { return r })
-	start := time.Now().Add(100 * time.Millisecond)
-	var wg sync.WaitGroup
-	for i := 0; i < 30; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			id := jobID[:24] + string(rune('a'+i/10)) + string(rune('a'+i%10))
-			if out := d.Handle(context.Background(), job(id, 1, start.Add(time.Duration(i)*T))); out.Result != queue.Succeeded {
-				t.Errorf("job %d: %+v", i, out)
-			}
-		}()
-	}
-	wg.Wait()
-	a := ds.All()
-	if len(a) != 30 {
-		t.Fatalf("%d arrivals, want 30", len(a))
-	}
-	if testutil.Race {
-		t.Skip("spacing is checked without -race")
-	}
-	downstreamtest.CheckWindows(t, a, T, 1)
-	for i, x := range a {
-		if x.At.Before(start.Add(time.Duration(i) * T)) {
-			t.Fatalf("arrival %d before its slot", i)
-		}
-	}
+	sendThirtyPaced(t, d, ds, T, time.Now().Add(100*time.Millisecond))
 }
