@@ -100,10 +100,14 @@ func calls(m *Mux) map[string]dispatch.Call {
 	out := map[string]dispatch.Call{}
 	for _, name := range m.Names() {
 		h := m.handler(name)
-		out[name] = func(ctx context.Context, downstream string, j queue.Job) dispatch.Reply {
+		out[name] = func(ctx context.Context, downstream string, j queue.Job) func() dispatch.Reply {
+			// Built before the gate: after it, only the call.
 			job := jobOf(downstream, j)
-			body, err := h.Handle(context.WithValue(ctx, jobKey{}, job), job)
-			return reply(body, err)
+			ctx = context.WithValue(ctx, jobKey{}, job)
+			return func() dispatch.Reply {
+				body, err := h.Handle(ctx, job)
+				return reply(body, err)
+			}
 		}
 	}
 	return out

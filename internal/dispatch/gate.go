@@ -42,6 +42,18 @@ type Lane struct {
 	Key    string
 	Policy leaky.Policy
 	Cost   int // 0 or 1: one slot
+	// Slack, if set, replaces the lane's slack (see slack): less for the
+	// sends of a Go handler, whose start comes after a call chain that a
+	// busy machine can stretch, where HTTP's comes after a write.
+	Slack time.Duration
+}
+
+// slack is l's slack: Slack, or slack(l.Policy).
+func (l Lane) slack() time.Duration {
+	if l.Slack > 0 {
+		return min(l.Slack, slack(l.Policy))
+	}
+	return slack(l.Policy)
 }
 
 // step is how far one send of the lane moves its schedule.
@@ -254,7 +266,7 @@ func (g *Gate) look(me *waiter, lanes []Lane, now time.Time) (turn, error) {
 		if k.outstanding != nil && tr.busy == nil {
 			tr.busy = k.outstanding
 		}
-		tr.at = clock.Later(tr.at, k.tat.Add(-l.Policy.Tolerance()-slack(l.Policy)))
+		tr.at = clock.Later(tr.at, k.tat.Add(-l.Policy.Tolerance()-l.slack()))
 	}
 	return g.roomInWindows(tr, lanes, goesAt)
 }
@@ -340,17 +352,53 @@ func (g *Gate) Unhold(key string) {
 // Wrote records that the request was written at wrote: each lane's next
 // send is spaced from then.
 func (t *Ticket) Wrote(wrote time.Time) {
+	t.resolve(func(k *gateKey, l Lane) { wroteAt(k, l, wrote) })
+}
+
+// WroteNow is Wrote at the clock's now, read once the gate's lock is held
+// and returned: for a send that starts right after it (a Go handler's
+// call), so that a wait for the lock, which a busy machine can stretch by
+// milliseconds, comes before the instant recorded, never between it and
+// the send.
+func (t *Ticket) WroteNow() time.Time {
+	var at time.Time
 	t.resolve(func(k *gateKey, l Lane) {
-		if next := wrote.Add(l.step()); k.tat.Before(next) {
-			k.tat = next
+		if at.IsZero() {
+			at = t.g.clock.Now()
 		}
-		if len(l.Policy.Windows) > 0 {
-			k.recent = leaky.Record(k.recent, l.Policy, wrote, max(l.Cost, 1))
-			for _, w := range l.Policy.Windows {
-				k.keepUntil = clock.Later(k.keepUntil, wrote.Add(w.Length))
-			}
-		}
+		wroteAt(k, l, at)
 	})
+	if at.IsZero() { // no lane left to record on: nothing to space
+		at = t.g.clock.Now()
+	}
+	return at
+}
+
+// Later moves each lane's next send on to one step after a send at at:
+// for a send resolved (WroteNow) that then started later than recorded.
+// It wakes no one: a send waiting for its time looks at the lanes again
+// when its timer fires, and sees it.
+func (t *Ticket) Later(at time.Time) {
+	t.g.mu.Lock()
+	defer t.g.mu.Unlock()
+	for _, l := range t.lanes {
+		if k := t.g.keys[l.Key]; k != nil && l.Policy.Interval > 0 {
+			k.tat = clock.Later(k.tat, at.Add(l.step()))
+		}
+	}
+}
+
+// wroteAt spaces lane l's next send (its key k) from a write at wrote.
+func wroteAt(k *gateKey, l Lane, wrote time.Time) {
+	if next := wrote.Add(l.step()); k.tat.Before(next) {
+		k.tat = next
+	}
+	if len(l.Policy.Windows) > 0 {
+		k.recent = leaky.Record(k.recent, l.Policy, wrote, max(l.Cost, 1))
+		for _, w := range l.Policy.Windows {
+			k.keepUntil = clock.Later(k.keepUntil, wrote.Add(w.Length))
+		}
+	}
 }
 
 // Done records that the attempt ended; if Wrote was not called, nothing was

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"throttler/internal/config"
@@ -18,15 +19,19 @@ import (
 // and windows, the downstream's ceiling, the shared gate of a store many
 // processes share), timeout and classification. The gate is passed in the
 // goroutine that calls the handler, right before the call, and the call's
-// start is what the gate spaces the next send from (Ticket.Wrote), as the
+// start is what the gate spaces the next send from (Ticket.WroteNow), as the
 // first byte's write is for HTTP: invariant 1 holds at the handler's start.
 
 // Call is a Go handler as the dispatcher calls it, for a job of the
-// downstream named downstream: the public handler package maps the
-// handler's error onto a Reply. ctx ends at the
-// downstream's timeout; it is not ended by the service stopping (a call
-// once begun is not cut short, as a request being written is not).
-type Call func(ctx context.Context, downstream string, job queue.Job) Reply
+// downstream named downstream, in two steps: Call itself prepares, before
+// the gate (whatever takes time: building the handler's job and context),
+// and returns invoke, which the dispatcher runs right after the gate and
+// which only calls the handler, so the instant the gate records and the
+// handler's start are as close as they can be. The public handler package
+// maps the handler's error onto a Reply. ctx ends at the downstream's
+// timeout; it is not ended by the service stopping (a call once begun is
+// not cut short, as a request being written is not).
+type Call func(ctx context.Context, downstream string, job queue.Job) (invoke func() Reply)
 
 // Verdict is how a handler's call ended.
 type Verdict int
@@ -62,14 +67,16 @@ type Reply struct {
 func (d *Dispatcher) callHandler(stop context.Context, job queue.Job, r Route, br *breaker, probe bool) (queue.Outcome, string) {
 	a := d.newAttempt(stop, job, r, r.Outbound)
 	defer a.end()
-	ctx, cancel := context.WithTimeout(a.ctx, r.Timeout) // a deadline the handler can read, beside the timeout
-	defer cancel()
+	// The handler's context ends when the attempt's timeout runs out
+	// (a.ctx), which stands still while the send waits at the gate; its
+	// deadline is set once the call starts.
+	ctx := &callCtx{Context: a.ctx}
 	done := make(chan called, 1) // the call goes on alone after a timeout: it must not block
 	go a.passAndCall(ctx, r.Call, done)
 	var c called
 	select {
 	case c = <-done:
-	case <-ctx.Done():
+	case <-a.ctx.Done():
 		c.timedOut = true
 	}
 	timedOut := a.timeout.end() || c.timedOut
@@ -99,6 +106,27 @@ func keepReturned(r Route, body []byte) *queue.Response {
 	return o.Keep(0, nil, body, false)
 }
 
+// callCtx is the handler's context: the attempt's, with the deadline its
+// timeout gives from the call's start (Deadline, for a handler that passes
+// it on to its vendor's SDK); zero, no deadline, until then.
+type callCtx struct {
+	context.Context
+	mu       sync.Mutex
+	deadline time.Time
+}
+
+func (c *callCtx) Deadline() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deadline, !c.deadline.IsZero()
+}
+
+func (c *callCtx) setDeadline(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deadline = at
+}
+
 // called is what passAndCall came to.
 type called struct {
 	gateErr  error // the gate let nothing be called
@@ -107,30 +135,61 @@ type called struct {
 	timedOut bool // the attempt stopped waiting for it
 }
 
-// passAndCall waits at the gate, then calls the handler at once in the
-// same goroutine (no hand-off between the gate and the call that a busy
-// machine could stretch), stamping the call's start as the send's write.
-func (a *attempt) passAndCall(ctx context.Context, call Call, done chan<- called) {
+// passAndCall prepares the call, waits at the gate, then calls the handler
+// at once in the same goroutine (no hand-off between the gate and the call
+// that a busy machine could stretch). The call's start is stamped as the
+// send's write once the gate's lock is held (WroteNow): a wait for the
+// lock comes before the instant recorded, not between it and the call.
+func (a *attempt) passAndCall(ctx *callCtx, call Call, done chan<- called) {
+	var invoke func() Reply
+	prepared := safeCall(func() Reply { invoke = call(ctx, a.route.Downstream, a.job); return Reply{} })
 	ticket, err := a.passGate()
 	if err != nil {
 		done <- called{gateErr: err}
 		return
 	}
-	at := a.d.clock.Now()
-	ticket.Wrote(at)
+	at := ticket.WroteNow() // wakes the next send waiting on the lanes
 	a.wrote(at)
-	done <- called{reply: safeCall(ctx, call, a.route.Downstream, a.job), returned: true}
+	ctx.setDeadline(at.Add(a.route.Timeout))
+	// Waking it, a busy machine can take the CPU from this thread for
+	// milliseconds: a call that starts that late spaces the next send from
+	// its real start, before anything else can delay it.
+	if now := a.d.clock.Now(); now.Sub(at) > lateStart {
+		ticket.Later(now)
+		a.mu.Lock()
+		a.sentAt = now
+		a.mu.Unlock()
+	}
+	if invoke == nil { // the preparation panicked: an attempt that failed
+		done <- called{reply: prepared, returned: true}
+		return
+	}
+	done <- called{reply: safeCall(invoke), returned: true}
 }
 
-// safeCall calls the handler; a panic is a failure, retried, as asynq's
-// processor treats one.
-func safeCall(ctx context.Context, call Call, downstream string, job queue.Job) (rep Reply) {
+// handlerSlack is the gate's slack for a Go handler's sends (Lane.Slack):
+// of DESIGN.md's 2 ms of jitter it leaves 1.5 ms to the way from the
+// gate's instant to the handler's first line (the handler package's call,
+// middleware, asynq's ServeMux routing), which a busy machine stretches
+// past a millisecond; a timer that fires later than this costs the
+// sends after it that much.
+const handlerSlack = 500 * time.Microsecond
+
+// lateStart is how much later than the instant the gate recorded a call
+// may start before the lanes are spaced from its real start (Later): well
+// inside the 1.5 ms of DESIGN.md's 2 ms of jitter the gate leaves it
+// (handlerSlack).
+const lateStart = 100 * time.Microsecond
+
+// safeCall runs f; a panic is a failure, retried, as asynq's processor
+// treats one.
+func safeCall(f func() Reply) (rep Reply) {
 	defer func() {
 		if p := recover(); p != nil {
 			rep = Reply{Verdict: Failure, Error: fmt.Sprintf("the handler panicked: %v\n%s", p, firstLines(debug.Stack(), 12))}
 		}
 	}()
-	return call(ctx, downstream, job)
+	return f()
 }
 
 // firstLines is the start of a stack trace, fit for last_error.

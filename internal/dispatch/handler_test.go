@@ -13,8 +13,11 @@ import (
 )
 
 // handlerDispatcher is a dispatcher whose one route is the Go handler call.
-func handlerDispatcher(t *testing.T, call Call, timeout time.Duration) *Dispatcher {
+func handlerDispatcher(t *testing.T, f func(ctx context.Context, _ string, j queue.Job) Reply, timeout time.Duration) *Dispatcher {
 	t.Helper()
+	call := func(ctx context.Context, ds string, j queue.Job) func() Reply {
+		return func() Reply { return f(ctx, ds, j) }
+	}
 	r := Route{Downstream: "h", Call: call, Timeout: timeout, MaxAttempts: 3,
 		Policy: leaky.Policy{Interval: 20 * time.Millisecond, Burst: 1, Capacity: 10}}
 	return New(Options{Routes: func(string) Route { return r }})
@@ -119,5 +122,29 @@ func TestHandlerCallsArePaced(t *testing.T) {
 	mu.Lock()
 	if o.Result != queue.Released || len(starts) != called {
 		t.Fatalf("a stop before the slot: %+v, %d calls (want Released and none)", o, len(starts)-called)
+	}
+}
+
+// A wait at the gate is never part of the handler's timeout: a job that
+// waits longer than the timeout for its turn is called, and succeeds.
+func TestHandlerTimeoutStandsStillAtTheGate(t *testing.T) {
+	t.Parallel()
+	call := func(ctx context.Context, _ string, j queue.Job) func() Reply {
+		return func() Reply { return Reply{} }
+	}
+	r := Route{Downstream: "h", Call: call, Timeout: 50 * time.Millisecond, MaxAttempts: 3,
+		Policy: leaky.Policy{Interval: 200 * time.Millisecond, Burst: 1, Capacity: 10}}
+	d := New(Options{Routes: func(string) Route { return r }})
+	now := time.Now()
+	var wg sync.WaitGroup
+	outs := make([]queue.Outcome, 2)
+	for i := range outs {
+		wg.Go(func() { outs[i] = d.Handle(context.Background(), job(jobID+string(rune('a'+i)), 1, now)) })
+	}
+	wg.Wait()
+	for i, o := range outs {
+		if o.Result != queue.Succeeded {
+			t.Fatalf("job %d: %+v, want succeeded after its wait at the gate", i, o)
+		}
 	}
 }

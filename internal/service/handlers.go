@@ -56,8 +56,10 @@ func (r *running) call(ds config.Downstream) dispatch.Call {
 	}
 	// checkHandlers ran at start and at each reload: never here. Failing
 	// beats sending a handler's jobs over HTTP to no url.
-	return func(context.Context, string, queue.Job) dispatch.Reply {
-		return dispatch.Reply{Verdict: dispatch.Failure, Error: fmt.Sprintf("this process has no Go handler %q: register it in the program", ds.Handler)}
+	return func(context.Context, string, queue.Job) func() dispatch.Reply {
+		return func() dispatch.Reply {
+			return dispatch.Reply{Verdict: dispatch.Failure, Error: fmt.Sprintf("this process has no Go handler %q: register it in the program", ds.Handler)}
+		}
 	}
 }
 
