@@ -1,4 +1,4 @@
-module throttler
+module github.com/throttler-dev/throttler
 
 go 1.26.8
 

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/client"
-	"throttler/internal/servicetest"
+	"github.com/throttler-dev/throttler/client"
+	"github.com/throttler-dev/throttler/internal/servicetest"
 )
 
 // server is the API the examples call: a whole throttler, started by

@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"throttler/client"
-	"throttler/handler"
+	"github.com/throttler-dev/throttler/client"
+	"github.com/throttler-dev/throttler/handler"
 )
 
 // A program that is the whole service: the embedded store, the API, and a

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/handler"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/handler"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // writeConfig writes a config for an embedded store in the test's

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/handler"
+	"github.com/throttler-dev/throttler/handler"
 )
 
 // A Go handler is paced as an HTTP downstream is (DESIGN.md invariant 1,

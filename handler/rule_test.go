@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"throttler/handler"
-	"throttler/internal/config"
-	"throttler/internal/service"
+	"github.com/throttler-dev/throttler/handler"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/service"
 )
 
 // Every process that sends must have every handler the config names (any

@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"os"
 
-	"throttler/internal/config"
-	"throttler/internal/dispatch"
-	"throttler/internal/queue"
-	"throttler/internal/service"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/dispatch"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/service"
 )
 
 // Roles a program's process can run (Options.Role).

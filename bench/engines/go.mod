@@ -1,4 +1,4 @@
-module throttler/bench/engines
+module github.com/throttler-dev/throttler/bench/engines
 
 go 1.26.8
 

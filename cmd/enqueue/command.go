@@ -16,9 +16,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/client"
-	"throttler/internal/leaky"
-	"throttler/internal/target"
+	"github.com/throttler-dev/throttler/client"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/target"
 )
 
 type options struct {

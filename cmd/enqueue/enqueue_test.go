@@ -21,9 +21,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/servicetest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/servicetest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 func TestMain(m *testing.M) {

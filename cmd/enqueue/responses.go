@@ -8,7 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"throttler/client"
+	"github.com/throttler-dev/throttler/client"
 )
 
 // With --wait, the summary says how each job ended and what its downstream

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"throttler/client"
+	"github.com/throttler-dev/throttler/client"
 )
 
 // How a job ended is one line: failed ones first, the answer's status and

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"throttler/client"
+	"github.com/throttler-dev/throttler/client"
 )
 
 // retry is how enqueue waits: the client's Retry-After jitter and

@@ -11,8 +11,8 @@ import (
 	"os"
 	"time"
 
-	"throttler/internal/fakegateway"
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/fakegateway"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 func main() {

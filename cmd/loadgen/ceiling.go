@@ -14,7 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // ceilingCommand serves the enqueue route's request and answer shape and

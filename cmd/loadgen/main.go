@@ -21,8 +21,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/clock"
-	"throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
 )
 
 func main() {

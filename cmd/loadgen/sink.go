@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
 )
 
 // sinkCommand is a recording downstream on its own, for runs where the

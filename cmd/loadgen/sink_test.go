@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
 )
 
 // The sink's report names the repeated key, the silence of a restart and

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
 )
 
 // BenchmarkEnqueueHTTP measures admissions over HTTP: 64 keep-alive clients

@@ -12,9 +12,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/config"
-	"throttler/internal/outbound"
-	"throttler/internal/secret"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/secret"
 )
 
 // configFlags are the flags every command that reads config.toml takes.

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"throttler/internal/tlstest"
+	"github.com/throttler-dev/throttler/internal/tlstest"
 )
 
 // Secret values of these tests: distinctive, so that finding one in the

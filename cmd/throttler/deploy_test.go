@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // repoFile is the file name of the repository (a path from its root).

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/redistest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // Go handlers on Redis (DESIGN.md section 6d): two worker processes of a

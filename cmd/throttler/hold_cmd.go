@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/client"
+	"github.com/throttler-dev/throttler/client"
 )
 
 // newHoldCommands are `throttler pause TENANT` and `throttler resume

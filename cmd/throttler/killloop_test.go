@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The kill loop of issue 25 #1, as a demanding user ran it: six tenants at

@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/fakegateway"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/servicetest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/fakegateway"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/servicetest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // reload writes config to the process's config file and sends it SIGHUP,

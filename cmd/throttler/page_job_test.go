@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The status page's job view shows what the job asked of its downstream's

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/servicetest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/servicetest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 var (

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The status page is driven in headless Chromium through what the existing

@@ -12,9 +12,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/redistest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // DESIGN.md 6c on Redis: a Redis at its maxmemory (noeviction) refuses

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/downstreamtest"
-	"throttler/internal/redistest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // redisConfig writes a config for processes sharing the Redis at url.

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The secrets of the leak test: distinctive values, each found by a plain

@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/config"
-	"throttler/internal/service"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/service"
 )
 
 func newServeCommand(env []string) *cobra.Command {

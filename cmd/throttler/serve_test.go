@@ -13,8 +13,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 func TestMain(m *testing.M) {

@@ -8,9 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/config"
-	"throttler/internal/leaky"
-	"throttler/internal/simulate"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/simulate"
 )
 
 // simulateFlags are the flags of `throttler simulate`.

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/downstreamtest"
-	"throttler/internal/simulate"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/simulate"
 )
 
 func TestSimulateTables(t *testing.T) {

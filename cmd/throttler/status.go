@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/client"
-	"throttler/internal/target"
+	"github.com/throttler-dev/throttler/client"
+	"github.com/throttler-dev/throttler/internal/target"
 )
 
 func newStatusCommand(env []string) *cobra.Command {

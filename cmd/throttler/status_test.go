@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"throttler/client"
-	"throttler/internal/downstreamtest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/client"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")

@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 func newTokenCommand() *cobra.Command {

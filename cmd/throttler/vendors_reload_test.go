@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/testutil"
-	"throttler/internal/tlstest"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/tlstest"
 )
 
 // Secrets and TLS files are read again at SIGHUP; a reload that cannot read

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/redistest"
-	"throttler/internal/testutil"
-	"throttler/internal/tlstest"
+	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/tlstest"
 )
 
 // End to end against vendor-shaped servers (DESIGN.md section 6a): each

@@ -29,8 +29,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"throttler/handler"
-	"throttler/handler/asynqhandler"
+	"github.com/throttler-dev/throttler/handler"
+	"github.com/throttler-dev/throttler/handler/asynqhandler"
 )
 
 func main() {

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The example, built and run as a user would, on the embedded store: its

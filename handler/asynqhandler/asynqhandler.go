@@ -35,7 +35,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"throttler/handler"
+	"github.com/throttler-dev/throttler/handler"
 )
 
 // New returns h as a throttler handler.

@@ -16,9 +16,9 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"throttler/handler"
-	"throttler/handler/asynqhandler"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/handler"
+	"github.com/throttler-dev/throttler/handler/asynqhandler"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // An *asynq.ServeMux with two task types and a logging middleware runs

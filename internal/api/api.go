@@ -21,11 +21,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"throttler/internal/clock"
-	"throttler/internal/config"
-	"throttler/internal/metrics"
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/metrics"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Options configure the API.

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"throttler/internal/clock"
-	"throttler/internal/config"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 func TestStoreDownIs503AndSaysSo(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"strings"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // access is what a route needs of a token.

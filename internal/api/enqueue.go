@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // jobRequest is one job as a producer sends it.

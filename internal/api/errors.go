@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"time"
 
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // apiError is an error answer: its code, status and extra fields.

@@ -21,10 +21,10 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
-	"throttler/internal/clock"
-	"throttler/internal/config"
-	"throttler/internal/leaky"
-	"throttler/internal/queue/bolt"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue/bolt"
 )
 
 func timeMS(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"net/http"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // jobFromPath finds the {id} job and checks that the request's token may do

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/metrics"
-	"throttler/internal/queue"
-	"throttler/internal/queue/bolt"
-	"throttler/internal/queue/queuetest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/metrics"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/bolt"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // tourConfig has tokens of each role, small body limits, tenants that

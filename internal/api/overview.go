@@ -5,8 +5,8 @@ import (
 	"slices"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/metrics"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/metrics"
 )
 
 // The reads the status page needs beside the tenant and job routes: who the

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/metrics"
-	"throttler/internal/queue"
-	"throttler/internal/queue/bolt"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/metrics"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/bolt"
 )
 
 // The status page's reads: who the caller is, the downstreams, and the

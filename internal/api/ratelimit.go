@@ -8,10 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/config"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // The RateLimit fields of enqueue answers (draft-ietf-httpapi-ratelimit-

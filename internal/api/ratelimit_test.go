@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
-	"throttler/internal/queue/bolt"
-	"throttler/internal/queue/queuetest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/bolt"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The tenants of the RateLimit tests: a leaky queue, a token bucket, and

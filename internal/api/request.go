@@ -3,8 +3,8 @@ package api
 import (
 	"strings"
 
-	"throttler/internal/config"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // A job's "request" (DESIGN.md section 6a): what it asks of its

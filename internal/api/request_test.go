@@ -11,10 +11,10 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
-	"throttler/internal/config"
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
-	"throttler/internal/queue/bolt"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/bolt"
 )
 
 // vendorConfig has a form vendor that lets jobs pick paths under /v1/,

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // writeJSON answers v as JSON with status: every answer of the API, errors

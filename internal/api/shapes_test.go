@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // The admission answer written without reflection is the one encoding/json

@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"strconv"
 
-	"throttler/internal/config"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // tenantFromPath validates the {tenant} path segment, checks that the

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"throttler/internal/secret"
+	"github.com/throttler-dev/throttler/internal/secret"
 )
 
 // Auth holds API tokens. With none, the API has no auth and listens on

@@ -17,7 +17,7 @@ import (
 	"time"
 	"unicode"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // Config is the whole file. Each field's doc gives its default.

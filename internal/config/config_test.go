@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 func writeFile(t *testing.T, body string) string {

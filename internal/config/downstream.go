@@ -5,7 +5,7 @@ import (
 	"net/url"
 	"time"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // Downstream is a named HTTP target, or a Go handler in the program that

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // checkHorizon refuses a policy that schedules further ahead than

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"throttler/internal/secret"
+	"github.com/throttler-dev/throttler/internal/secret"
 )
 
 // The keys of DESIGN.md section 6a: how a downstream's request is shaped.

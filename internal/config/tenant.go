@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // Modes of a tenant's bucket.

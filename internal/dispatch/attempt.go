@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // attempt makes one attempt: it checks that the job may go (its deadline,

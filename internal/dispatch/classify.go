@@ -11,8 +11,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // classify turns what an attempt's send came to into the job's outcome and

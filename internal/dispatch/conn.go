@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // pacedConn passes the tenant's gate in the goroutine that writes, right

@@ -13,11 +13,11 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/config"
-	"throttler/internal/leaky"
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Route is where and how a tenant's jobs go.

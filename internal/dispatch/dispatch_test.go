@@ -16,10 +16,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	"throttler/internal/downstreamtest"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 func TestMain(m *testing.M) {

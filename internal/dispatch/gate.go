@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // Gate enforces spacing on the moments requests are really written,

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)

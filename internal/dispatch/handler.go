@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // A downstream may be a Go handler in this process instead of a URL

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // handlerDispatcher is a dispatcher whose one route is the Go handler call.

@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/leaky"
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // benchAnswer is what both servers answer every request with: a 201 and

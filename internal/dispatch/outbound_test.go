@@ -18,12 +18,12 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/downstreamtest"
-	"throttler/internal/leaky"
-	"throttler/internal/outbound"
-	"throttler/internal/queue"
-	"throttler/internal/tlstest"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/tlstest"
 )
 
 // compileDS compiles downstream d (its url set to url) as a reload would.

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/clock"
 )
 
 // timeout is an attempt's downstream timeout (Route.Timeout). It runs while

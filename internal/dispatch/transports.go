@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"sync"
 
-	"throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/outbound"
 )
 
 // clients are the HTTP clients of the downstreams: one per distinct TLS

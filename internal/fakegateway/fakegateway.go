@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // Gateway is an http.Handler.

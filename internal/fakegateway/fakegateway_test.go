@@ -5,7 +5,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 func TestRefusesPastItsLimit(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/clock"
 )
 
 func TestMaxHorizonIsTenYears(t *testing.T) {

@@ -25,7 +25,7 @@ import (
 	"math"
 	"time"
 
-	"throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/clock"
 )
 
 // Policy is how one bucket admits and spaces jobs.

@@ -3,7 +3,7 @@ package leaky
 import (
 	"time"
 
-	"throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/clock"
 )
 
 // Pause is a tenant's own clock: tenant time is real time minus the pauses

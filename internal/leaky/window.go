@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/clock"
 )
 
 // Window is a limit beside the rate: never more than N sends in any window

@@ -8,8 +8,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/queue"
-	"throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/redistest"
 )
 
 // sample is a test reply: an integer, a time, a duration, a flag, a

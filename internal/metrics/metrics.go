@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // OtherTenants is the tenant label of every tenant not named in config: a

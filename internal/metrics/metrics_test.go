@@ -11,9 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/queue/bolt"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/bolt"
 )
 
 func setup(t *testing.T) (*Metrics, *bolt.Store) {

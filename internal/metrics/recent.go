@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/startstop"
+	"github.com/throttler-dev/throttler/internal/startstop"
 )
 
 // Recent's defaults: a sample every 2 s, kept 5 minutes (150 samples), of

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // twilioPayload is BenchmarkVendorRequest's payload (internal/dispatch).

@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"strconv"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // BuildJob is what Build needs of a job.

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")

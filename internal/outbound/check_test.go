@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // stripeLike allows what a Stripe downstream would.

@@ -12,7 +12,7 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // EncodeForm writes a JSON object as application/x-www-form-urlencoded, as

@@ -10,7 +10,7 @@ import (
 	"net/url"
 	"strconv"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // encodeFormRef is EncodeForm as it was first written, on json.Decoder's

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 func FuzzEncodeForm(f *testing.F) {

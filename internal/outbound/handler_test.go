@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"throttler/internal/config"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // A downstream that is a Go handler compiles without a url: a job's

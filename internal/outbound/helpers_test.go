@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // Secret values in these tests are distinctive, so a leak is found by

@@ -27,8 +27,8 @@ import (
 	"sort"
 	"sync"
 
-	"throttler/internal/config"
-	"throttler/internal/secret"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/secret"
 )
 
 // UserAgent is sent on every request (a static header may override it).

@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strings"
 
-	"throttler/internal/config"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // JobRequest is what a job may ask of its downstream's request: the

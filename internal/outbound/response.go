@@ -6,7 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Keep is what is kept of an answer on the job: its status, the headers

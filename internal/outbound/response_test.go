@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"throttler/internal/config"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 func TestKeep(t *testing.T) {

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"throttler/internal/config"
-	"throttler/internal/secret"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/secret"
 )
 
 // No error, description or printing of a compiled downstream holds a

@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/secret"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/secret"
 )
 
 // SecretPrefix starts a Standard Webhooks secret: whsec_<base64 key>.

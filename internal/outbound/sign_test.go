@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // verify is a Standard Webhooks receiver written from the spec, apart

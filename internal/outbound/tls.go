@@ -9,7 +9,7 @@ import (
 	"encoding/pem"
 	"os"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // tlsSetup is a downstream's TLS config and its fingerprint.

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"throttler/internal/config"
-	"throttler/internal/tlstest"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/tlstest"
 )
 
 // A compiled TLS config does mutual TLS with a private CA: the request

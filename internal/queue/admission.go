@@ -3,7 +3,7 @@ package queue
 import (
 	"time"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // MaxCost is the largest cost a tenant of policy p can ever be admitted

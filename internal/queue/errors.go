@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 var (

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // Clocked is a capability of a store whose times are in a clock other

@@ -4,8 +4,8 @@ import (
 	"cmp"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // ApplyOutcome is what an attempt's outcome does to its job (the one

@@ -23,7 +23,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // JobState is where a job is in its life.

@@ -3,8 +3,8 @@ package queue
 import (
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // TenantRecord is the durable state of a tenant, the same on every backend:

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // Server is one redis-server process.

@@ -7,9 +7,9 @@ import (
 	"slices"
 	"strings"
 
-	"throttler/internal/config"
-	"throttler/internal/dispatch"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/dispatch"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Go handlers and partitions (DESIGN.md section 6d). On Redis each

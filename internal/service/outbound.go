@@ -5,8 +5,8 @@ import (
 	"maps"
 	"slices"
 
-	"throttler/internal/config"
-	"throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/outbound"
 )
 
 // outboundSet is one config with its downstreams compiled for sending

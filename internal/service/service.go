@@ -15,15 +15,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"throttler/internal/api"
-	"throttler/internal/clock"
-	"throttler/internal/config"
-	"throttler/internal/dispatch"
-	"throttler/internal/leaky"
-	"throttler/internal/metrics"
-	"throttler/internal/queue"
-	"throttler/internal/queue/bolt"
-	"throttler/internal/queue/redis"
+	"github.com/throttler-dev/throttler/internal/api"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/dispatch"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/metrics"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/bolt"
+	"github.com/throttler-dev/throttler/internal/queue/redis"
 )
 
 // Options configure Run.

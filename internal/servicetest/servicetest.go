@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/config"
-	"throttler/internal/service"
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/service"
 )
 
 // WriteConfig writes a config file for a test: a listener on a free port, a

@@ -14,7 +14,7 @@ import (
 	"slices"
 	"time"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // Limit is the one limit every algorithm gets.

@@ -11,7 +11,7 @@ import (
 	"net/url"
 	"strings"
 
-	"throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // DefaultServer is where the API listens with no config.

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // A job's record in the jobs bucket is binary: a version byte, then its

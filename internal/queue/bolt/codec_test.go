@@ -13,10 +13,10 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 )
 
 func TestJobRecordRoundTrip(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Every write of the store goes through one goroutine, the committer: the

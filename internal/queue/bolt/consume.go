@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Consume implements queue.Store.

@@ -8,9 +8,9 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Enqueue implements queue.Store: the jobs are decided in memory under

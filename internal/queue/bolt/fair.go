@@ -4,8 +4,8 @@ import (
 	"slices"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // fairQueue shares one downstream's ceiling between its tenants. Jobs due

@@ -9,7 +9,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Job implements queue.Store.

@@ -6,9 +6,9 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/startstop"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/startstop"
 )
 
 // maintainEvery is how often tenant counters are saved and idle tenants

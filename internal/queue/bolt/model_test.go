@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/queue"
-	"throttler/internal/queue/queuetest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The model test on the embedded store (see queuetest/model.go). CI runs a

@@ -6,8 +6,8 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // finishWindow is how long the outcome of an attempt waits for others to

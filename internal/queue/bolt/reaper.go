@@ -7,8 +7,8 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/queue"
-	"throttler/internal/startstop"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/startstop"
 )
 
 // newReaper removes finished jobs past retention, a bounded number a pass.

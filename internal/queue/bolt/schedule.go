@@ -5,9 +5,9 @@ import (
 	"math"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // schedule is the dispatcher's in-memory view of the waiting jobs: a

@@ -12,7 +12,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // DefaultReserve is the room kept free for outcomes, cancels and the

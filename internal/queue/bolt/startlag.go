@@ -5,8 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // maxStartLag caps how far the measured start of a send moves schedules.

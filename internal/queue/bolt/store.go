@@ -18,10 +18,10 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/startstop"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/startstop"
 )
 
 // Buckets of the embedded store's file.

@@ -11,10 +11,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -10,8 +10,8 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 type tenantMem struct {

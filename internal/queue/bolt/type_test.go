@@ -4,7 +4,7 @@ import (
 	"encoding/hex"
 	"testing"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // A job's type (for a Go handler) round-trips in its record; a record

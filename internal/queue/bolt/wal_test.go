@@ -15,9 +15,9 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
-	"throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 )
 
 // applyLog has the committer write what the write-ahead log holds into the

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Admission: decisions, idempotency, cost, lookups.

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // startCeiling is start for a store whose tenants all deliver to "sms"

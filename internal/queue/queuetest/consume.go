@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Consume: hand-over at the slot, outcomes, retries.

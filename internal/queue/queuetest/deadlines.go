@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Deadlines: refused when they cannot be met, expired when a pause pushes them past.

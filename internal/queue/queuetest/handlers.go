@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Go handlers (DESIGN.md section 6d): a job's type is kept with it and

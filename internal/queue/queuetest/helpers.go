@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // T0 is when every test's fake clock starts.

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/queue"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The model test: a store driven through long random sequences of

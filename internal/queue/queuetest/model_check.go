@@ -5,8 +5,8 @@ import (
 	"strings"
 	"time"
 
-	"throttler/internal/queue"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // After every step: every tenant and every job as the model has them.

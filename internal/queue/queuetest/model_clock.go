@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/clock"
 )
 
 // stepClock is the model test's fake clock: a clock.Fake, which moves only

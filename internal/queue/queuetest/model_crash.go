@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // kill -9 and the restart after it.

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // runner drives one store through one sequence of ops against the model.

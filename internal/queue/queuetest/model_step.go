@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // The operations of a model run, each checked against the model.

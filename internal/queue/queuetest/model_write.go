@@ -2,8 +2,9 @@ package queuetest
 
 import (
 	"slices"
-	"throttler/internal/queue"
 	"time"
+
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // What the downstream saw: each write checked against the model (when, how

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Pauses: downstream pushback and operator holds.

@@ -15,8 +15,8 @@ package queuetest
 import (
 	"testing"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Config is what a test asks of the store it opens.

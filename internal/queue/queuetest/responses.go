@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Requests and answers: what a job asks of its downstream's request is kept

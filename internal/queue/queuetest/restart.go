@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Restart: jobs kept, overdue ones spaced.

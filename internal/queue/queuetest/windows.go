@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Windows: at most N sends in any window beside the rate.

@@ -10,10 +10,10 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/luascript"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // The Lua admission and the Go one agree on every decision, slot, dispatch

@@ -13,11 +13,11 @@ import (
 	"github.com/hibiken/asynq"
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/queue/queuetest"
-	"throttler/internal/queue/redis/owner"
-	"throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/redistest"
 )
 
 // roundTrips counts the client's round trips to Redis (a pipeline or a

@@ -13,9 +13,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/luascript"
-	"throttler/internal/queue"
-	"throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
 )
 
 // consumer is one Consume call: this worker's share of the partitions.

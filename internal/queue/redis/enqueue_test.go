@@ -11,10 +11,10 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
-	"throttler/internal/queue/queuetest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // hook is a client hook that calls cmd before each command the client

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"throttler/internal/luascript"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 var (

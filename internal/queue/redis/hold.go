@@ -5,7 +5,7 @@ import (
 	_ "embed"
 	"time"
 
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 var (

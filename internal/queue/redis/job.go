@@ -7,9 +7,9 @@ import (
 	"strconv"
 	"time"
 
-	"throttler/internal/leaky"
-	"throttler/internal/luascript"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 var (

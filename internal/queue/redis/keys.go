@@ -4,9 +4,9 @@ import (
 	"strconv"
 	"time"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
 )
 
 // MaxPartitions bounds P: a job id carries its partition in one byte

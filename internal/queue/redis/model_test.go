@@ -15,11 +15,11 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/queue"
-	"throttler/internal/queue/queuetest"
-	"throttler/internal/queue/redis/owner"
-	"throttler/internal/redistest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The model test on the Redis store (see queuetest/model.go), as on the

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
 // A process whose own clock is off by seconds reads Redis's clock within

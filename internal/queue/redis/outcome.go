@@ -11,10 +11,10 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/leaky"
-	"throttler/internal/luascript"
-	"throttler/internal/queue"
-	"throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
 )
 
 var (

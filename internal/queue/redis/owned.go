@@ -7,9 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
-	"throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
 )
 
 // owned is one tenure of one partition: the partition's waiting jobs in

@@ -7,10 +7,10 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/clock"
-	"throttler/internal/queue"
-	"throttler/internal/queue/queuetest"
-	"throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
 )
 
 // openOwnerStore opens a store on a fake clock, every tenant under

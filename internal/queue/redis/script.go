@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/luascript"
 )
 
 // libLua holds helpers put in front of the scripts that use them.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/luascript"
 )
 
 // pair is a test reply: an integer, then a time.

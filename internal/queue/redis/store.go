@@ -32,10 +32,10 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/clock"
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
 )
 
 var (

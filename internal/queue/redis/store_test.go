@@ -12,12 +12,12 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/leaky"
-	"throttler/internal/queue"
-	"throttler/internal/queue/queuetest"
-	"throttler/internal/queue/redis/owner"
-	"throttler/internal/redistest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // redisClient starts a redis-server of the test's own and returns a client

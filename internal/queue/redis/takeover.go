@@ -7,10 +7,10 @@ import (
 	"strconv"
 	"time"
 
-	"throttler/internal/leaky"
-	"throttler/internal/luascript"
-	"throttler/internal/queue"
-	"throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
 )
 
 var (

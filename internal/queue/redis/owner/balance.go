@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/luascript"
 )
 
 // balance is the balancer's pass (every Balance): the heartbeat, then

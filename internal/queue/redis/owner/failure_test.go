@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // A manager that crashes (its context cancelled: no Drain, no release)

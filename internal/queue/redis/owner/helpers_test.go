@@ -12,8 +12,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/redistest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // The tests' timing: a lease of a second (5 s in production), so that a

@@ -11,8 +11,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/luascript"
-	"throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 var (

@@ -10,9 +10,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/luascript"
-	"throttler/internal/redistest"
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 func testClient(t *testing.T) *goredis.Client {

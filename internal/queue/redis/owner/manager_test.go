@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"throttler/internal/testutil"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // Three managers share 16 partitions 6/5/5 and, sampled for a second,

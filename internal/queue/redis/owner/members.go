@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/luascript"
 
 	goredis "github.com/redis/go-redis/v9"
 )

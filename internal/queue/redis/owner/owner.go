@@ -122,7 +122,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"throttler/internal/startstop"
+	"github.com/throttler-dev/throttler/internal/startstop"
 )
 
 // Defaults of Options.

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/luascript"
 )
 
 // renew is the renewer's pass (every Renew): one renew.lua per partition
