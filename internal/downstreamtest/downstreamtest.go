@@ -133,12 +133,20 @@ type tlsStampConn struct {
 	*tls.Conn
 	raw  *stampConn // nil: no stamps (handler time is used)
 	once sync.Once
+	// lastHandshakeRead is the receive time of the handshake's last read.
+	// The client writes its first request right after its Finished; when
+	// the server is slow to read (a busy machine), both come in that one
+	// read, and no read after the handshake stamps the request. The
+	// kernel's stamp of a TCP read is that of the last segment it took:
+	// then the request's.
+	lastHandshakeRead time.Time
 }
 
 func (c *tlsStampConn) Read(p []byte) (int, error) {
 	c.once.Do(func() {
 		if c.Conn.Handshake() == nil {
-			c.takeStamp() // the handshake's bytes are not a request's
+			// The handshake's bytes are not a request's.
+			c.lastHandshakeRead, _ = c.takeStamp()
 		}
 	})
 	return c.Conn.Read(p)
@@ -148,7 +156,13 @@ func (c *tlsStampConn) takeStamp() (time.Time, bool) {
 	if c.raw == nil {
 		return time.Time{}, false
 	}
-	return c.raw.takeStamp()
+	ts, ok := c.raw.takeStamp()
+	if !ok && !c.lastHandshakeRead.IsZero() {
+		// The first request came in the handshake's last read.
+		ts, ok = c.lastHandshakeRead, true
+	}
+	c.lastHandshakeRead = time.Time{}
+	return ts, ok
 }
 
 // Answer sets how the downstream answers from now on (nil: 200).
