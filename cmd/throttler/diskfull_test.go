@@ -106,8 +106,14 @@ func TestFullDiskRefusesAdmissionsAndDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startProcess(t, file)
+	// Every refusal is checked as it comes (507 store_full naming the
+	// reserve, with Retry-After). The full state is checked after the
+	// restart, on a disk filled to its last byte: before the kill it need
+	// not last, since the room the estimate holds back for the log's
+	// records comes back once they are written into the file, and the
+	// store rightly admits again (a quiet CI run saw /readyz ready and a
+	// 202 right after the 96th refusal).
 	accepted := fillWithJobs(t, p.base)
-	checkFull(t, p.base)
 	p.kill9(t)
 	fill(t, disk, 0)
 
