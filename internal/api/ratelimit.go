@@ -111,7 +111,12 @@ type memos struct {
 	sweepAt int
 	// lag is the store's start lag as the last job sent at once showed it
 	// (its due time less its enqueue time): a job the store decides at now
-	// arrives in its schedule at now + lag, and the fields count from there.
+	// arrives in its schedule at now + lag, and the fields count from there
+	// when the store does not say what its decisions were made as of
+	// (Admission.AsOf). That says it of the tenant's own next call: the
+	// lag of another tenant's prompt job may be longer than the next
+	// call's, and room counted from it would be refused (a busy CI run of
+	// TestPacesItselfWithoutRate: told r=3, two got in).
 	lag time.Duration
 }
 
@@ -263,8 +268,10 @@ func (ms *memos) observe(tenant string, p leaky.Policy, out []queue.Admission, n
 		m = &memo{}
 	}
 	tl := tally{tat: m.tat, sends: m.sends}
+	var asOf time.Time // the latest moment the store decided these as of
 	for i := range out {
 		a := &out[i]
+		asOf = clock.Later(asOf, a.AsOf)
 		switch {
 		case a.Impossible != nil, a.Duplicate:
 			continue
@@ -289,7 +296,11 @@ func (ms *memos) observe(tenant string, p leaky.Policy, out []queue.Admission, n
 			tl.sends = addSend(tl.sends, sendMark{at: due, cost: cost})
 		}
 	}
-	now = now.Add(ms.lag)
+	if asOf.IsZero() {
+		now = now.Add(ms.lag)
+	} else {
+		now = asOf
+	}
 	tl.at = now
 	// Sends that have left the longest window count nowhere.
 	first := 0

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/bolt"
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
@@ -188,5 +189,33 @@ func dispatcher(t *testing.T, store queue.Store) func(tenant string) {
 			st, err := store.Tenant(context.Background(), tenant)
 			return err == nil && st.QueueDepth == 0 && st.InFlight == 0
 		})
+	}
+}
+
+// The fields count from the moment the store decided the tenant's jobs as
+// of (Admission.AsOf), not from another tenant's start lag: here tenant a's
+// prompt job showed a lag of 80 ms, tenant b's call was decided 10 ms
+// ahead, and the place that frees at 50 ms is not there for b's next call.
+func TestRateLimitCountsFromTheTenantsOwnDecision(t *testing.T) {
+	var ms memos
+	p := leaky.Policy{Interval: 100 * time.Millisecond, Capacity: 3, Burst: 1}
+	ms.observe("a", p, []queue.Admission{{Job: queue.Job{Prompt: true, EnqueuedAt: t0, DispatchAt: t0.Add(80 * time.Millisecond)}, AsOf: t0.Add(80 * time.Millisecond)}}, t0)
+	if ms.lag != 80*time.Millisecond {
+		t.Fatalf("lag %v after a's prompt job, want 80ms", ms.lag)
+	}
+	for _, c := range []struct {
+		asOf time.Time
+		want int64
+	}{
+		{t0.Add(10 * time.Millisecond), 0}, // 340 ms ahead: four places taken
+		{time.Time{}, 1},                   // no word: from a's lag, 270 ms ahead
+	} {
+		b := queue.Admission{Job: queue.Job{EnqueuedAt: t0, DispatchAt: t0.Add(250 * time.Millisecond)}, QueueDepth: 2, AsOf: c.asOf}
+		tl := ms.observe("b", p, []queue.Admission{b}, t0)
+		var it quota
+		bucketState(&it, p, tl, tl.at)
+		if it.r != c.want {
+			t.Errorf("AsOf %v: r=%d, want %d", c.asOf, it.r, c.want)
+		}
 	}
 }

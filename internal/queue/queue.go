@@ -137,6 +137,11 @@ type Admission struct {
 	Capacity      int
 	Rejected      *RejectedError
 	Impossible    *ImpossibleError
+	// AsOf is the moment the store decided the job as of: its decision
+	// time plus the start lag it scheduled with (zero: the store does not
+	// say). The tenant's next decision is made as of this moment or later,
+	// so room counted from here is room the next call finds.
+	AsOf time.Time
 }
 
 // Admitted reports whether the job was taken (now, or by an earlier call

@@ -77,6 +77,7 @@ type call struct {
 	ceiling  *leaky.Policy
 	now      time.Time
 	arrival  time.Time // in tenant time
+	asOf     time.Time // arrival in wall time (Admission.AsOf)
 	ahead    int64     // calls being made durable when it was decided (startLag)
 	paused   bool
 	out      []queue.Admission
@@ -102,7 +103,7 @@ func (s *Store) newCall(tenant string, tm *tenantMem, n int) *call {
 	tm.arrived = arrival
 	return &call{
 		tenant: tenant, tm: tm, policy: s.policy(tenant), ceiling: ceiling, now: now, paused: paused, ahead: ahead,
-		arrival: arrival,
+		arrival: arrival, asOf: now.Add(arrival.Sub(tm.rec.Pause.TenantTime(now))),
 		out:     make([]queue.Admission, n),
 	}
 }
@@ -126,7 +127,7 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 	if !d.Admitted {
 		tm.rec.Rejected++
 		tm.dirty = true
-		c.out[i] = queue.Admission{Rejected: queue.Rejection(c.tenant, p, d, tm.depth), QueueDepth: tm.depth, Capacity: p.Capacity}
+		c.out[i] = queue.Admission{Rejected: queue.Rejection(c.tenant, p, d, tm.depth), QueueDepth: tm.depth, Capacity: p.Capacity, AsOf: c.asOf}
 		return nil
 	}
 	at := queue.DispatchAt(tm.rec.Pause, d.Slot, c.now)
@@ -151,7 +152,7 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 	}
 	c.admitted = append(c.admitted, j)
 	tm.unsettled = append(tm.unsettled, j.Slot)
-	c.out[i] = queue.Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: tm.depth, Capacity: p.Capacity}
+	c.out[i] = queue.Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: tm.depth, Capacity: p.Capacity, AsOf: c.asOf}
 	if nj.IdempotencyKey != "" {
 		k := string(idemKey(c.tenant, nj.IdempotencyKey))
 		s.idemWait[k] = make(chan struct{})

@@ -156,7 +156,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 		tm.rec.Rejected++
 		tm.dirty = true
 		s.mu.Unlock()
-		return queue.Admission{Rejected: queue.Rejection(c.tenant, c.policy, d, tm.depth), QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
+		return queue.Admission{Rejected: queue.Rejection(c.tenant, c.policy, d, tm.depth), QueueDepth: tm.depth, Capacity: c.policy.Capacity, AsOf: c.asOf}, nil
 	case !failed.Deadline.IsZero() && c.now.Add(delay).After(failed.Deadline):
 		s.mu.Unlock()
 		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: delay, Deadline: failed.Deadline}, QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
@@ -191,7 +191,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 		return queue.Admission{}, queue.Unavailable(err)
 	}
 	s.pokeIfSooner(e.wakeBy())
-	return queue.Admission{Job: j, ExpectedDelay: delay, QueueDepth: depth, Capacity: c.policy.Capacity}, nil
+	return queue.Admission{Job: j, ExpectedDelay: delay, QueueDepth: depth, Capacity: c.policy.Capacity, AsOf: c.asOf}, nil
 }
 
 // failedJob reads a job to retry and its tenant (s.mu held): a StateError
