@@ -104,7 +104,7 @@ func (s *Store) newCall(tenant string, tm *tenantMem, n int) *call {
 	return &call{
 		tenant: tenant, tm: tm, policy: s.policy(tenant), ceiling: ceiling, now: now, paused: paused, ahead: ahead,
 		arrival: arrival, asOf: now.Add(arrival.Sub(tm.rec.Pause.TenantTime(now))),
-		out:     make([]queue.Admission, n),
+		out: make([]queue.Admission, n),
 	}
 }
 
