@@ -144,9 +144,12 @@ type tlsStampConn struct {
 
 func (c *tlsStampConn) Read(p []byte) (int, error) {
 	c.once.Do(func() {
-		if c.Conn.Handshake() == nil {
-			// The handshake's bytes are not a request's.
-			c.lastHandshakeRead, _ = c.takeStamp()
+		if c.Conn.Handshake() == nil && c.raw != nil {
+			// The handshake's bytes are not a request's. Its last read's
+			// stamp, not its first's (the ClientHello, before the slot:
+			// a busy CI run of TestHTTPSPacingSeenAtTheDownstream saw
+			// "arrival 0 before its slot").
+			c.lastHandshakeRead = c.raw.lastStamp()
 		}
 	})
 	return c.Conn.Read(p)
@@ -303,6 +306,7 @@ type stampConn struct {
 
 	mu    sync.Mutex
 	stamp time.Time // receive time of the first bytes not yet claimed by a request
+	last  time.Time // receive time of the last read
 }
 
 func (c *stampConn) Read(p []byte) (int, error) {
@@ -328,9 +332,19 @@ func (c *stampConn) Read(p []byte) (int, error) {
 		if c.stamp.IsZero() {
 			c.stamp = ts
 		}
+		c.last = ts
 		c.mu.Unlock()
 	}
 	return n, nil
+}
+
+// lastStamp is the receive time of the last read, and clears the stamp of
+// the first bytes not yet claimed (the handshake's: see tlsStampConn).
+func (c *stampConn) lastStamp() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stamp = time.Time{}
+	return c.last
 }
 
 // takeStamp returns the receive time of the bytes the current request came
