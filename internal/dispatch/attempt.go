@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -274,7 +276,7 @@ func (a *attempt) send(req *http.Request, body []byte) sent {
 	// timestamp is the later of now and the job's dispatch time (the slot
 	// the gate waits for), not the time it was handed over, a lead before.
 	a.out.Sign(req.Header, a.job.ID, body, clock.Later(a.d.clock.Now(), a.job.DispatchAt))
-	resp, err := a.client.Do(req)
+	resp, err := roundTrip(a.client, req)
 	var ans *answer
 	if err == nil {
 		a.mu.Lock()
@@ -305,4 +307,28 @@ func (a *attempt) read(resp *http.Response) *answer {
 	}
 	return &answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: body,
 		kept: a.out.Keep(resp.StatusCode, resp.Header, body, truncated)}
+}
+
+// roundTrip sends req as client.Do would, straight to the client's
+// transport when Do would add nothing: the clients of NewClient follow no
+// redirect (CheckRedirect answers http.ErrUseLastResponse), keep no
+// cookies and set no timeout of their own, and a downstream's URL carries
+// no password. Do clones every request's headers for the redirects it
+// would follow, and a vendor's eleven headers make that the larger part
+// of what it costs over a plain JSON request (docs/BENCHMARKS.md,
+// BenchmarkVendorRequest). Errors are wrapped as Do wraps them.
+func roundTrip(cl *http.Client, req *http.Request) (*http.Response, error) {
+	if cl.Jar != nil || cl.Timeout != 0 || cl.CheckRedirect == nil || req.URL.User != nil ||
+		!errors.Is(cl.CheckRedirect(req, nil), http.ErrUseLastResponse) {
+		return cl.Do(req)
+	}
+	tr := cl.Transport
+	if tr == nil {
+		tr = http.DefaultTransport
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return nil, &url.Error{Op: req.Method[:1] + strings.ToLower(req.Method[1:]), URL: req.URL.Redacted(), Err: err}
+	}
+	return resp, nil
 }

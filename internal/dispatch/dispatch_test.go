@@ -4,10 +4,12 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -293,6 +295,30 @@ func sendThirtyPaced(t *testing.T, d *Dispatcher, ds *downstreamtest.Server, T t
 	for i, x := range a {
 		if x.At.Before(start.Add(time.Duration(i) * T)) {
 			t.Fatalf("arrival %d before its slot", i)
+		}
+	}
+}
+
+// roundTrip answers as http.Client.Do would for the clients of NewClient:
+// a redirect is the answer (tested above), and an error is the same
+// *url.Error, with the same message, as the job's last error shows it.
+func TestRoundTripErrorsAsDoWould(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := "http://" + l.Addr().String() + "/send?x=1"
+	l.Close() // refused from now on
+	cl := NewClient(1)
+	for _, method := range []string{http.MethodPost, http.MethodGet} {
+		viaDo, _ := http.NewRequest(method, target, strings.NewReader("{}"))
+		viaRT, _ := http.NewRequest(method, target, strings.NewReader("{}"))
+		_, doErr := cl.Do(viaDo)
+		_, rtErr := roundTrip(cl, viaRT)
+		var ue *url.Error
+		if doErr == nil || rtErr == nil || !errors.As(rtErr, &ue) || rtErr.Error() != doErr.Error() {
+			t.Errorf("%s: roundTrip's error %v, Do's %v: want the same *url.Error", method, rtErr, doErr)
 		}
 	}
 }
