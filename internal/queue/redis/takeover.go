@@ -86,7 +86,10 @@ func (s *Store) takeOver(ctx context.Context, f owner.Fence, k partKeys) (now ti
 		args := []any{f.Token(), s.now(), k.tag, takeBack}
 		for _, name := range names[:n] {
 			p := s.policy(name)
-			args = append(args, name, usCeil(p.Interval), usCeil(p.Tolerance()))
+			args = append(args, name, usCeil(p.Interval), usCeil(p.Tolerance()), len(p.Windows))
+			for _, w := range p.Windows {
+				args = append(args, w.String(), w.N, usCeil(w.Length))
+			}
 		}
 		var r takeoverReply
 		if err := takeoverScript.Run(ctx, s.rdb, []string{f.Key(), k.sending()}, args, &r); err != nil {

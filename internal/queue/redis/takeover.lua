@@ -10,8 +10,9 @@
 -- ARGV[2]  now (0: the server's TIME)
 -- ARGV[3]  the partition's key prefix (partKeys.tag)
 -- ARGV[4]  '1': take back the jobs being sent (the first run of a tenure)
--- ARGV[5..] per tenant: its name, its interval and its tolerance
---          ((burst - 1) intervals)
+-- ARGV[5..] per tenant: its name, its interval, its tolerance ((burst -
+--          1) intervals), its number of windows, and per window its key's
+--          suffix (leaky.Window.String), N and length
 --
 -- Returns {now, taken back, {tenant, shift, until, held, next, id, slot,
 -- id, slot, ...}, ...}: how many jobs it took back, and per tenant its
@@ -24,7 +25,10 @@
 -- them: from now (or its next, if later; or, if a job taken back may have
 -- been written, its cost after now), one interval a cost apart, with no
 -- burst credit (the sends before may have used it), as the embedded store
--- does at a restart (bolt's respaceTenant). So each job says when it goes,
+-- does at a restart (bolt's respaceTenant). A tenant's windows hold too:
+-- each moved job goes no sooner than its windows allow, counting the old
+-- slots (a job taken back may have been sent at its old slot), and its new
+-- slot is counted in them. So each job says when it goes,
 -- and a job admitted after the takeover is promised what it will see, not
 -- a slot the backlog has taken.
 
@@ -61,7 +65,40 @@ end
 
 -- Moves tk's overdue waiting jobs, and its tat past them (see above):
 -- waiting is ZRANGE WITHSCORES, in slot order, and gets their new slots.
-local function respace(tk, name, waiting, T, tau, shift, untl, held, nxt, tat)
+-- window_slot is the first time at or after at when a job of cost fits in
+-- every window (admit.lua's, leaky.WindowSlot).
+local function window_slot(windows, at, cost)
+  for _, w in ipairs(windows) do
+    local size = redis.call('LLEN', w.key)
+    local out = math.min(size + cost - w.n, size)
+    if out > 0 then
+      at = at_least(at, tonumber(redis.call('LINDEX', w.key, out - 1)) + w.len)
+    end
+  end
+  return at
+end
+
+-- record counts a send at slot of cost in every window (admit.lua's).
+local function record(windows, slot, cost)
+  for _, w in ipairs(windows) do
+    local last = tonumber(redis.call('LINDEX', w.key, -1))
+    if last == nil or last <= slot then
+      for _ = 1, cost do redis.call('RPUSH', w.key, slot) end
+    else -- out of order: before the first later one, found from the end
+      local pivot = last
+      local i = -2
+      while true do
+        local v = tonumber(redis.call('LINDEX', w.key, i))
+        if v == nil or v <= slot then break end
+        pivot, i = v, i - 1
+      end
+      for _ = 1, cost do redis.call('LINSERT', w.key, 'BEFORE', pivot, slot) end
+    end
+    redis.call('LTRIM', w.key, -w.n, -1)
+  end
+end
+
+local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tat)
   if held > 0 or untl > now or #waiting == 0 then return end -- paused: its end moves everything
   local t = at_least(now, nxt)
   local lost = tonumber(redis.call('HGET', tk, 'lost')) or 0
@@ -77,23 +114,38 @@ local function respace(tk, name, waiting, T, tau, shift, untl, held, nxt, tat)
     -- what is sent agree.
     local jk = prefix .. 'job:' .. waiting[i]
     local cost = at_least(tonumber(redis.call('HGET', jk, 'cost')) or 1, 1)
+    if #windows > 0 then
+      t = window_slot(windows, t, cost)
+      record(windows, t, cost)
+    end
     redis.call('ZADD', prefix .. 'waiting:' .. name, t, waiting[i])
     redis.call('HSET', jk, 'slot', t, 'dispatch', t + shift)
     waiting[i + 1] = string.format('%d', t) -- as ZRANGE gives it (tostring would round to 14 digits)
     t, moved = t + cost * T, true
   end
+  -- The windows' lists live at least as long as they count the moved.
+  for _, w in ipairs(windows) do
+    if moved then keep(w.key, math.floor((t + shift - now + w.len) / 1000)) end
+  end
   if moved and t + tau > tat then redis.call('HSET', tk, 'tat', t + tau) end
 end
 
 local out = {now, taken}
-for i = 5, #ARGV, 3 do
+local i = 5
+while i <= #ARGV do
   local name, T, tau = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local windows = {}
+  for w = 1, tonumber(ARGV[i + 3]) do
+    local at = i + 4 + (w - 1) * 3
+    windows[w] = {key = prefix .. 'window:' .. name .. ':' .. ARGV[at], n = tonumber(ARGV[at + 1]), len = tonumber(ARGV[at + 2])}
+  end
+  i = i + 4 + #windows * 3
   local tk = prefix .. 'tenant:' .. name
   local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'next', 'tat')
   local shift, untl, held, nxt = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
   local r = {name, shift, untl, held, nxt}
   local waiting = redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')
-  respace(tk, name, waiting, T, tau, shift, untl, held, nxt, tonumber(h[5]) or 0)
+  respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tonumber(h[5]) or 0)
   for _, v in ipairs(waiting) do r[#r + 1] = v end
   out[#out + 1] = r
 end
