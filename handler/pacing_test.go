@@ -98,18 +98,37 @@ capacity = 400
 	}
 	slices.SortFunc(starts, time.Time.Compare)
 	closest := time.Hour
+	preempted := 0
 	for i := 1; i < len(starts); i++ {
 		gap := starts[i].Sub(starts[i-1])
 		closest = min(closest, gap)
-		if gap < T-2*time.Millisecond {
-			for _, at := range starts[i-1 : i+1] {
-				id, _, _ := strings.Cut(startOf[at], " ")
-				_, j := state(t, base, id)
-				t.Logf("job %s: started %s, sent_at %v", id, at.UTC().Format(time.RFC3339Nano), j["sent_at"])
-			}
-			t.Fatalf("calls %d and %d (jobs %s and %s) started %v apart, want at least T - 2 ms = %v",
-				i-1, i, startOf[starts[i-1]], startOf[starts[i]], gap, T-2*time.Millisecond)
+		if gap >= T-2*time.Millisecond {
+			continue
 		}
+		// The gate stamps a call's start (sent_at) right before it makes
+		// the call, in the same goroutine; the machine can still take the
+		// CPU from it in between (a busy CI run: 3 ms, so two starts 36.7
+		// ms apart whose stamps were 39.7 ms apart). Starts closer than
+		// T - 2 ms pass only if the stamps of those same attempts were
+		// not, and the earlier call started late after its stamp by the
+		// shortfall or more; anything else is the gate's fault.
+		var stamp [2]time.Time
+		var last [2]bool
+		for k, at := range starts[i-1 : i+1] {
+			id, rest, _ := strings.Cut(startOf[at], " ")
+			_, j := state(t, base, id)
+			stamp[k], _ = time.Parse(time.RFC3339Nano, fmt.Sprint(j["sent_at"]))
+			last[k] = strings.HasSuffix(rest, fmt.Sprintf("attempt %v)", j["attempts"]))
+			t.Logf("job %s: started %s, sent_at %v", id, at.UTC().Format(time.RFC3339Nano), j["sent_at"])
+		}
+		lateStart := starts[i-1].Sub(stamp[0])
+		if last[0] && last[1] && stamp[1].Sub(stamp[0]) >= T-2*time.Millisecond && gap+lateStart >= T-2*time.Millisecond {
+			preempted++
+			continue
+		}
+		t.Fatalf("calls %d and %d (jobs %s and %s) started %v apart, want at least T - 2 ms = %v",
+			i-1, i, startOf[starts[i-1]], startOf[starts[i]], gap, T-2*time.Millisecond)
 	}
-	t.Logf("%d starts over %v, closest pair %v apart (T = %v)", len(starts), starts[len(starts)-1].Sub(starts[0]), closest, T)
+	t.Logf("%d starts over %v, closest pair %v apart (T = %v); %d pairs closer only because the earlier call started late after its stamp",
+		len(starts), starts[len(starts)-1].Sub(starts[0]), closest, T, preempted)
 }
