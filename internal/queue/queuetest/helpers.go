@@ -88,8 +88,10 @@ func Consume(t *testing.T, s queue.Store, lead time.Duration, h queue.Handler) f
 	if r, ok := s.(readier); ok {
 		// A store that takes a while to start handing over (Redis's
 		// partition owners take their partitions) says when it is ready:
-		// the fake clock must not run ahead meanwhile.
-		testutil.WaitFor(t, 30*time.Second, "the store ready to hand over", func() bool { return r.Ready(ctx) })
+		// the fake clock must not run ahead meanwhile. A deadline, not a
+		// speed: loading 100,000 tenants' arrivals took over 30 s in a
+		// busy CI run.
+		testutil.WaitFor(t, 2*time.Minute, "the store ready to hand over", func() bool { return r.Ready(ctx) })
 	}
 	var once sync.Once
 	stop := func() {
