@@ -157,10 +157,18 @@ end
 -- queue.CeilingDelay: the jobs ahead go no faster than the ceiling.
 local dispatch = real(slot)
 -- A partition without an owner sends nothing until OWNER_AT; its owner
--- then sends the overdue jobs from then on, one interval apart, in order
--- (takeover.lua), those ahead of this one first (each counted at cost 1).
+-- then sends the jobs from then on, one interval apart, in order, those
+-- ahead of this one first (each counted at cost 1). The slot moves there
+-- too: an owner that comes in time (OWNER_AT counts what its start may
+-- take) finds the job on schedule and sends it then, not at once, so the
+-- promise holds both ways, as a prompt job's start lag does. The
+-- schedule's end (tat) stays: it bounds the queue, and the wait for an
+-- owner is not the queue's; takeover.lua moves it past the jobs it finds.
 -- A paused tenant is moved by its pause, not by the takeover.
-if OWNER_AT > 0 and not paused then dispatch = at_least(dispatch, OWNER_AT + depth * T) end
+if OWNER_AT > 0 and not paused and OWNER_AT + depth * T > dispatch then
+  dispatch = OWNER_AT + depth * T
+  slot = dispatch - shift
+end
 local delay = dispatch - now
 if ceiling_T > 0 and depth > 0 then delay = at_least(delay, at_least(0, depth + 1 - ceiling_burst) * ceiling_T) end
 if deadline and now + delay > deadline then

@@ -62,6 +62,10 @@ func (f *failReads) hook() goredis.Hook {
 // clk, with each tenant's downstream ceiling from ceiling (nil: none).
 func openFake(t *testing.T, rdb *goredis.Client, clk clock.Clock, policy queue.PolicyFunc, ceiling queue.CeilingFunc) *Store {
 	t.Helper()
+	// Not a new Redis: the wait for an owner of a partition Redis never
+	// saw (its jobs placed at the vacancy's end, on Redis's clock) is
+	// cmd/throttler's TestNewRedisPromisesTheWaitForAnOwner.
+	seenPartitions(t, rdb)
 	s, err := Open(context.Background(), Options{Client: rdb, Clock: clk, Policy: policy, Ceiling: ceiling, StartLag: -1})
 	if err != nil {
 		t.Fatal(err)

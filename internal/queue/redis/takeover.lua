@@ -127,7 +127,19 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
   for _, w in ipairs(windows) do
     if moved then keep(w.key, math.floor((t + shift - now + w.len) / 1000)) end
   end
-  if moved and t + tau > tat then redis.call('HSET', tk, 'tat', t + tau) end
+  if moved and t + tau > tat then
+    tat = t + tau
+    redis.call('HSET', tk, 'tat', tat)
+  end
+  -- The schedule runs past the last job waiting: jobs admitted while the
+  -- partition had no owner were placed at its start (admit.lua), past
+  -- the schedule's end.
+  local n = #waiting
+  local last = tonumber(waiting[n])
+  if last > t then
+    local cost = at_least(tonumber(redis.call('HGET', prefix .. 'job:' .. waiting[n - 1], 'cost')) or 1, 1)
+    if last + cost * T > tat then redis.call('HSET', tk, 'tat', last + cost * T) end
+  end
 end
 
 local out = {now, taken}
