@@ -188,3 +188,21 @@ func value(scraped, series string) float64 {
 	}
 	return -1
 }
+
+// stalls is how much of a job's wait its tenant's sends ahead of it spent
+// beyond their spacing: the sum of the gaps over T + Jitter between
+// consecutive arrivals of its tenant (of, by time) after it was admitted
+// and up to its own arrival. A send written late (the machine did not
+// give the sender the CPU) moves every send after it, a job's promise
+// too, and is the sender's, not the promise's: promises are judged late
+// less these stalls, early as they are (TestRedisFaultsBetweenWorkerAndRedis
+// does the same).
+func stalls(of []downstreamtest.Arrival, admitted, arrived time.Time, T time.Duration) time.Duration {
+	var d time.Duration
+	for i := 1; i < len(of); i++ {
+		if of[i-1].At.After(admitted) && !of[i].At.After(arrived) {
+			d += max(0, of[i].At.Sub(of[i-1].At)-T-downstreamtest.Jitter)
+		}
+	}
+	return d
+}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"math"
 	"net/http"
 	"os"
 	"strings"
@@ -128,8 +127,11 @@ func TestBurstThroughHTTP(t *testing.T) {
 		promised := time.Duration(a.body["expected_delay_ms"].(float64)) * time.Millisecond
 		real := g.At.Sub(a.at)
 		tolerance := max(50*time.Millisecond, time.Duration(0.05*float64(promised)))
-		if math.Abs(float64(real-promised)) > float64(tolerance) {
-			t.Errorf("job %s: promised %v, waited %v", g.Key, promised, real)
+		// Late less the stalls of the sends ahead of it (see stalls: a
+		// busy CI run wrote one send 70 ms late, and the 30 after it).
+		off, stalled := real-promised, stalls(got, a.at, g.At, T)
+		if off-stalled > tolerance || -off > tolerance {
+			t.Errorf("job %s: promised %v, waited %v (the sends ahead of it stalled %v)", g.Key, promised, real, stalled)
 		}
 	}
 }
@@ -172,10 +174,14 @@ rate = "40/s"
 	if testutil.Race {
 		return // timing is checked without -race
 	}
-	for _, a := range ds.Of("fast") {
+	of := ds.Of("fast")
+	for _, a := range of {
 		p := fast[a.Key]
-		if wait := a.At.Sub(p.at); math.Abs(float64(wait-p.delay)) > float64(50*time.Millisecond) {
-			t.Fatalf("fast job promised %v waited %v", p.delay, wait)
+		// Late less the stalls of the sends ahead of it (see stalls).
+		wait := a.At.Sub(p.at)
+		off, stalled := wait-p.delay, stalls(of, p.at, a.At, 25*time.Millisecond)
+		if off-stalled > 50*time.Millisecond || -off > 50*time.Millisecond {
+			t.Fatalf("fast job promised %v waited %v (the sends ahead of it stalled %v)", p.delay, wait, stalled)
 		}
 	}
 	downstreamtest.CheckWindows(t, ds.Of("fast"), 25*time.Millisecond, 1)
