@@ -88,16 +88,28 @@ func TestRedisWindowHoldsAcrossATakeover(t *testing.T) {
 		t.Fatalf("want the third job sent by /a, then again by /b: %v", all)
 	}
 	// Any 4 s holds at most 3 sends (DESIGN.md invariant 1's jitter on
-	// the window's length).
+	// the window's length), less how late the window's first send went
+	// after its slot: the takeover counts the old owner's sends by their
+	// slots, which Redis keeps, not by their writes, which the old
+	// owner's gate knew (a busy CI run: the first send 6 ms late, the
+	// resend on time, 3.994 s apart; docs/RELIABILITY.md).
 	for i := range all {
+		late := time.Duration(0)
+		if i < 2 { // a first send of the old owner's: its slot is its job's dispatch_at
+			due, err := time.Parse(time.RFC3339Nano, fmt.Sprint(jobState(t, api.base, all[i].Key)["dispatch_at"]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			late = max(0, all[i].At.Sub(due))
+		}
 		in := 0
 		for _, y := range all[i:] {
-			if y.At.Sub(all[i].At) < window-downstreamtest.Jitter {
+			if y.At.Sub(all[i].At) < window-downstreamtest.Jitter-late {
 				in++
 			}
 		}
 		if in > 3 {
-			t.Errorf("%d sends within %v of +%v, want at most 3 (window 3/4s)", in, window, all[i].At.Sub(all[0].At).Round(time.Millisecond))
+			t.Errorf("%d sends within %v of +%v (itself %v after its slot), want at most 3 (window 3/4s)", in, window, all[i].At.Sub(all[0].At).Round(time.Millisecond), late)
 		}
 	}
 }
