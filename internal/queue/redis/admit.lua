@@ -102,16 +102,7 @@ if windowed then
     if first[2] and (next_slot == 0 or tonumber(first[2]) < next_slot) then next_slot = tonumber(first[2]) end
   end
 end
-local function window_slot(at)
-  for _, w in ipairs(windows) do
-    local size = redis.call('LLEN', w.key)
-    local out = at_most(size + cost - w.n, size) -- cost > N never fits: refused before
-    if out > 0 then
-      at = at_least(at, tonumber(redis.call('LINDEX', w.key, out - 1)) + w.len)
-    end
-  end
-  return at
-end
+local function window_slot(at) return windows_slot(windows, at, cost) end
 
 -- leaky.Decide.
 local admitted, slot, retry, newtat = false, 0, 0, tat
@@ -176,22 +167,7 @@ if deadline and now + delay > deadline then
 end
 if commit then
   redis.call('HSET', KEYS[1], 'tat', newtat, 'depth', depth + 1)
-  for _, w in ipairs(windows) do
-    local last = tonumber(redis.call('LINDEX', w.key, -1))
-    if last == nil or last <= slot then
-      for _ = 1, cost do redis.call('RPUSH', w.key, slot) end
-    else -- out of order (rare): before the first later one, found from the end
-      local pivot = last
-      local i = -2
-      while true do
-        local v = tonumber(redis.call('LINDEX', w.key, i))
-        if v == nil or v <= slot then break end
-        pivot, i = v, i - 1
-      end
-      for _ = 1, cost do redis.call('LINSERT', w.key, 'BEFORE', pivot, slot) end
-    end
-    redis.call('LTRIM', w.key, -w.n, -1)
-  end
+  windows_record(windows, slot, cost)
 end
 local prompt = 0
 if slot <= arrival and held == 0 and now >= untl and dispatch == real(slot) then prompt = 1 end

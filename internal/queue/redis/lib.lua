@@ -93,3 +93,37 @@ local function tenant_batch(prefix, fields, fresh)
   end
   return tenant_of, list
 end
+
+-- The first time at or after at when a job of cost fits in every window
+-- of windows ({key, n, len}: each key a list of the slots of its last n
+-- sends, oldest first; leaky.WindowSlot).
+local function windows_slot(windows, at, cost)
+  for _, w in ipairs(windows) do
+    local size = redis.call('LLEN', w.key)
+    local out = math.min(size + cost - w.n, size) -- cost > n never fits: refused before
+    if out > 0 then
+      at = at_least(at, tonumber(redis.call('LINDEX', w.key, out - 1)) + w.len)
+    end
+  end
+  return at
+end
+
+-- Counts a send at slot of cost in every window of windows, in slot order.
+local function windows_record(windows, slot, cost)
+  for _, w in ipairs(windows) do
+    local last = tonumber(redis.call('LINDEX', w.key, -1))
+    if last == nil or last <= slot then
+      for _ = 1, cost do redis.call('RPUSH', w.key, slot) end
+    else -- out of order (rare): before the first later one, found from the end
+      local pivot = last
+      local i = -2
+      while true do
+        local v = tonumber(redis.call('LINDEX', w.key, i))
+        if v == nil or v <= slot then break end
+        pivot, i = v, i - 1
+      end
+      for _ = 1, cost do redis.call('LINSERT', w.key, 'BEFORE', pivot, slot) end
+    end
+    redis.call('LTRIM', w.key, -w.n, -1)
+  end
+end

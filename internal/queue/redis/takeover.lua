@@ -65,39 +65,6 @@ end
 
 -- Moves tk's overdue waiting jobs, and its tat past them (see above):
 -- waiting is ZRANGE WITHSCORES, in slot order, and gets their new slots.
--- window_slot is the first time at or after at when a job of cost fits in
--- every window (admit.lua's, leaky.WindowSlot).
-local function window_slot(windows, at, cost)
-  for _, w in ipairs(windows) do
-    local size = redis.call('LLEN', w.key)
-    local out = math.min(size + cost - w.n, size)
-    if out > 0 then
-      at = at_least(at, tonumber(redis.call('LINDEX', w.key, out - 1)) + w.len)
-    end
-  end
-  return at
-end
-
--- record counts a send at slot of cost in every window (admit.lua's).
-local function record(windows, slot, cost)
-  for _, w in ipairs(windows) do
-    local last = tonumber(redis.call('LINDEX', w.key, -1))
-    if last == nil or last <= slot then
-      for _ = 1, cost do redis.call('RPUSH', w.key, slot) end
-    else -- out of order: before the first later one, found from the end
-      local pivot = last
-      local i = -2
-      while true do
-        local v = tonumber(redis.call('LINDEX', w.key, i))
-        if v == nil or v <= slot then break end
-        pivot, i = v, i - 1
-      end
-      for _ = 1, cost do redis.call('LINSERT', w.key, 'BEFORE', pivot, slot) end
-    end
-    redis.call('LTRIM', w.key, -w.n, -1)
-  end
-end
-
 local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tat)
   if held > 0 or untl > now or #waiting == 0 then return end -- paused: its end moves everything
   local t = at_least(now, nxt)
@@ -115,8 +82,8 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
     local jk = prefix .. 'job:' .. waiting[i]
     local cost = at_least(tonumber(redis.call('HGET', jk, 'cost')) or 1, 1)
     if #windows > 0 then
-      t = window_slot(windows, t, cost)
-      record(windows, t, cost)
+      t = windows_slot(windows, t, cost)
+      windows_record(windows, t, cost)
     end
     redis.call('ZADD', prefix .. 'waiting:' .. name, t, waiting[i])
     redis.call('HSET', jk, 'slot', t, 'dispatch', t + shift)
