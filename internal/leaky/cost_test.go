@@ -143,3 +143,31 @@ func TestParseWindow(t *testing.T) {
 		}
 	}
 }
+
+// In token mode a job the rate refuses is told when it can go at once: a
+// full window may refuse it for longer than the rate does (issue 25 #3).
+func TestTokenRetryAfterCountsTheWindows(t *testing.T) {
+	t.Parallel()
+	w, err := ParseWindow("1/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	T := 50 * time.Millisecond
+	p := Policy{Interval: T, Burst: 1, Windows: []Window{w}}
+	d, s, recent := Decide(State{}, nil, t0, p, 1, 0)
+	if !d.Admitted {
+		t.Fatalf("first job: %+v", d)
+	}
+	now := t0.Add(10 * time.Millisecond) // the rate refuses for 40 ms, the window for 990 ms
+	d, _, _ = Decide(s, recent, now, p, 1, 0)
+	if d.Admitted || d.RetryAfter != 990*time.Millisecond {
+		t.Fatalf("second job: %+v, want refused with Retry-After 990ms", d)
+	}
+	ra := d.RetryAfter
+	if d, _, _ = Decide(s, recent, now.Add(ra), p, 1, 0); !d.Admitted {
+		t.Fatalf("sent again at its Retry-After: %+v, want admitted", d)
+	}
+	if d, _, _ = Decide(s, recent, now.Add(ra-time.Microsecond), p, 1, 0); d.Admitted {
+		t.Fatal("admitted a moment before its Retry-After")
+	}
+}

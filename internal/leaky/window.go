@@ -109,6 +109,9 @@ func Decide(s State, recent []Recent, now time.Time, p Policy, cost, waiting int
 	if p.Capacity == 0 {
 		d, next := AdmitCost(s, now, p, cost)
 		if !d.Admitted {
+			// The rate refuses it until then, and a full window may for
+			// longer: it is admitted when both let it go at once.
+			d.RetryAfter = WindowSlot(recent, p, now.Add(d.RetryAfter), cost).Sub(now)
 			return d, s, recent
 		}
 		if ws := WindowSlot(recent, p, d.Slot, cost); ws.After(d.Slot) {

@@ -259,15 +259,14 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 	rec, p, depth := c.tm.rec, c.policy, c.tm.depth
 	tnow := rec.Pause.TenantTime(c.now)
 	windowed := len(p.Windows) > 0 && p.Capacity > 0
-	var waiting int
-	var next time.Time
+	var waiting []time.Time
 	if windowed {
 		// Depth is not the count of jobs that wait: jobs leave it when
 		// handed to the dispatcher, a lead before their slot. Counted as
 		// this job is decided, from its arrival (now plus the start lag):
 		// a job due by then goes at once, it does not wait.
-		waiting, next = s.waiting(c.tenant, c.arrival, c.ceiling != nil || c.paused)
-		depth = waiting
+		waiting = s.waiting(c.tenant, c.arrival, c.ceiling != nil || c.paused)
+		depth = len(waiting)
 	}
 	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), c.arrival, p, cost, depth)
 	if !d.Admitted {
@@ -281,16 +280,20 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 	if c.paused {
 		room = p.Capacity // nothing goes at once: all of them wait
 	}
+	refuse := func(until time.Time) {
+		d, st = leaky.Decision{RetryAfter: s.countRetryAfter(c, until, tnow)}, leaky.State{TAT: rec.TAT}
+	}
 	switch {
+	case windowed && !d.Admitted && depth >= p.Capacity+p.Burst:
+		// Decide refused it by count: room comes when enough have gone.
+		refuse(untilFewer(waiting, p.Capacity+p.Burst))
 	case !d.Admitted:
-	case windowed && (c.paused || d.Slot.After(c.arrival)) && waiting >= p.Capacity:
+	case windowed && (c.paused || d.Slot.After(c.arrival)) && depth >= p.Capacity:
 		// It would wait, and capacity jobs wait already.
-		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
-		if next.After(tnow) {
-			d.RetryAfter = next.Sub(tnow) // the first of them stops waiting
-		}
+		refuse(untilFewer(waiting, p.Capacity))
 	case !windowed && depth >= room:
-		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
+		// After a pause the room is capacity and burst again.
+		refuse(untilFewer(s.depthSlots(c.tenant), p.Capacity+p.Burst))
 	}
 	if !d.Admitted {
 		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), c.now).Sub(c.now)
@@ -298,20 +301,41 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 	return d, st, recent
 }
 
-// waiting counts a tenant's jobs that wait at tenant time tnow (s.mu held):
-// admitted, not being sent, and due later than tnow, or held back by a
-// ceiling or a pause (dueWaits: due ones wait too). It also returns the
-// earliest slot after tnow among them: when the first stops waiting.
-// O(jobs of the tenant waiting): it is asked only for tenants with windows.
-func (s *Store) waiting(tenant string, tnow time.Time, dueWaits bool) (int, time.Time) {
-	n := 0
-	var next time.Time
+// untilFewer is when fewer than n of the jobs at slots (sorted) still
+// wait: the slot (tenant time) of the one that leaves n behind it. Zero
+// when fewer than n wait already.
+func untilFewer(slots []time.Time, n int) time.Time {
+	if len(slots) < n {
+		return time.Time{}
+	}
+	return slots[len(slots)-n]
+}
+
+// countRetryAfter is a refusal's Retry-After, in tenant time from tnow,
+// when the count bound refused the job until a waiting job's slot. A job
+// still waiting past its slot (behind a downstream's ceiling) leaves when
+// the ceiling lets it, which no slot says: one interval then, as a guess.
+// A pause is added by the caller.
+func (s *Store) countRetryAfter(c *call, until, tnow time.Time) time.Duration {
+	if until.After(tnow) {
+		return until.Sub(tnow)
+	}
+	if c.ceiling != nil && !c.paused {
+		return c.policy.Interval
+	}
+	return 0
+}
+
+// waiting lists the slots, soonest first, of a tenant's jobs that wait at
+// tenant time tnow (s.mu held): admitted, not being sent, and due later
+// than tnow, or held back by a ceiling or a pause (dueWaits: due ones wait
+// too). O(jobs of the tenant waiting): it is asked for every admission of
+// a tenant with windows, and for a refusal by count.
+func (s *Store) waiting(tenant string, tnow time.Time, dueWaits bool) []time.Time {
+	var slots []time.Time
 	count := func(slot time.Time, dueWaits bool) {
-		if slot.After(tnow) {
-			n++
-			next = clock.Earliest(next, slot)
-		} else if dueWaits {
-			n++
+		if dueWaits || slot.After(tnow) {
+			slots = append(slots, slot)
 		}
 	}
 	s.sched.tenantSlots(tenant, func(slot time.Time) { count(slot, dueWaits) })
@@ -325,7 +349,21 @@ func (s *Store) waiting(tenant string, tnow time.Time, dueWaits bool) (int, time
 			count(j.Slot, false) // handed over: waiting in the dispatcher until its slot
 		}
 	}
-	return n, next
+	slices.SortFunc(slots, time.Time.Compare)
+	return slots
+}
+
+// depthSlots lists the slots, soonest first, of the jobs in a tenant's
+// depth (s.mu held): waiting in the schedule or admitted by a call not yet
+// committed. O(depth): asked only for a refusal by count.
+func (s *Store) depthSlots(tenant string) []time.Time {
+	var slots []time.Time
+	s.sched.tenantSlots(tenant, func(slot time.Time) { slots = append(slots, slot) })
+	if tm, ok := s.tenants[tenant]; ok {
+		slots = append(slots, tm.unsettled...)
+	}
+	slices.SortFunc(slots, time.Time.Compare)
+	return slots
 }
 
 // waitKeysAndLoad waits (s.mu held, released while waiting) until none of

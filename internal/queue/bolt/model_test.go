@@ -27,8 +27,7 @@ import (
 // modelKnown are the defects of issue 12 this store still has: the model
 // tolerates them here so that the rest is checked, and the regression
 // cases below pin each one (skipped until it is fixed; then drop its flag).
-const modelKnown = queuetest.DefectCountRetryAfter |
-	queuetest.DefectWindowRetryAfter | queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
+const modelKnown = queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
 	queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture
 
 // modelDriver runs the model on the embedded store; known are the defects
@@ -237,7 +236,6 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			name: "TokenWindowRetryAfter", defect: queuetest.DefectWindowRetryAfter,
-			skip: "defect: token mode with a full window says the rate's Retry-After (50ms) though the window refuses for 950ms, see report",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpReload, Tenant: "a", Policy: tokenWindow},
 				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
@@ -324,7 +322,6 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			name: "CountRetryAfter", defect: queuetest.DefectCountRetryAfter,
-			skip: "defect: a refusal by the count bound (two jobs waiting to retry) says Retry-After 100ms; it is refused until the first retry goes, 1.6s later, see report",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 1}},
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 2 * time.Second}},

@@ -110,7 +110,8 @@ const (
 	// DefectCountRetryAfter (issue 12 #4, the part left): a refusal by
 	// the count bound without windows (jobs waiting to retry, a pause) says
 	// Retry-After of one interval instead of the time until the job would
-	// be admitted. Tolerated: such a Retry-After is not checked.
+	// be admitted. Tolerated: such a Retry-After is not checked. (Fixed
+	// in both stores.)
 	DefectCountRetryAfter
 	// DefectRestartCost (found by the model): a restart spaces the next
 	// send one interval after the last possible one, whatever that job's
@@ -135,7 +136,8 @@ const (
 	// even when a full window refuses it for longer; in leaky mode, when
 	// more than capacity jobs wait (retries, DefectBatchWindow), it is told
 	// when the first of them stops waiting, not when enough have.
-	// Tolerated: those Retry-Afters are not checked.
+	// Tolerated: those Retry-Afters are not checked. (Fixed in both
+	// stores.)
 	DefectWindowRetryAfter
 	// DefectPushbackWindow (found by the model): a job answered 429 is
 	// sent again when the pause ends whatever its windows hold (each

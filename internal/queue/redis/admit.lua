@@ -89,18 +89,40 @@ end
 
 -- With windows, the jobs that wait at tnow (the embedded store's waiting):
 -- those due later, claimed or not, and while paused or behind a ceiling
--- those due already and not claimed; and the earliest slot among those due
--- later (when the first of them stops waiting). Slots are whole
--- microseconds: "later than tnow" is "at tnow + 1 or later".
+-- those due already and not claimed. Slots are whole microseconds: "later
+-- than tnow" is "at tnow + 1 or later".
 local windowed = #windows > 0 and capacity > 0
-local next_slot = 0
+local due_waits = paused or ceiling_T > 0
 if windowed then
   waiting = redis.call('ZCOUNT', KEYS[2], tnow + 1, '+inf') + redis.call('ZCOUNT', KEYS[3], tnow + 1, '+inf')
-  if paused or ceiling_T > 0 then waiting = waiting + redis.call('ZCOUNT', KEYS[2], '-inf', tnow) end
-  for i = 2, 3 do
-    local first = redis.call('ZRANGEBYSCORE', KEYS[i], tnow + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-    if first[2] and (next_slot == 0 or tonumber(first[2]) < next_slot) then next_slot = tonumber(first[2]) end
+  if due_waits then waiting = waiting + redis.call('ZCOUNT', KEYS[2], '-inf', tnow) end
+end
+
+-- When fewer than n of the jobs counted above still wait (a refusal's
+-- Retry-After): the slot of the one that leaves n behind it, 0 if fewer
+-- wait already. Read only for a refusal: O(jobs waiting).
+local function until_fewer(n)
+  if windowed then
+    local slots = {}
+    local function add(reply) for i = 2, #reply, 2 do slots[#slots + 1] = tonumber(reply[i]) end end
+    add(redis.call('ZRANGEBYSCORE', KEYS[2], tnow + 1, '+inf', 'WITHSCORES'))
+    add(redis.call('ZRANGEBYSCORE', KEYS[3], tnow + 1, '+inf', 'WITHSCORES'))
+    if due_waits then add(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', tnow, 'WITHSCORES')) end
+    if #slots < n then return 0 end
+    table.sort(slots)
+    return slots[#slots - n + 1]
   end
+  if redis.call('ZCARD', KEYS[2]) < n then return 0 end
+  return tonumber(redis.call('ZRANGE', KEYS[2], -n, -n, 'WITHSCORES')[2])
+end
+-- The Retry-After (tenant time, from tnow) of a refusal by count until
+-- that slot. A job waiting past its slot (behind a ceiling) leaves when the
+-- ceiling lets it, which no slot says: one interval, as a guess.
+local function count_retry(n)
+  local s = until_fewer(n)
+  if s > tnow then return s - tnow end
+  if ceiling_T > 0 and not paused then return T end
+  return 0
 end
 local function window_slot(at) return windows_slot(windows, at, cost) end
 
@@ -111,6 +133,8 @@ if #windows == 0 or capacity == 0 then
   local excess = at_least(tat, arrival) + (cost - 1) * T - arrival - tau
   if excess > capacity * T then
     retry = excess - capacity * T
+    -- token mode: a full window may refuse it for longer than the rate
+    if #windows > 0 then retry = window_slot(arrival + retry) - arrival end
   else
     admitted, slot, newtat = true, earliest, at_least(tat, arrival) + cost * T
     if #windows > 0 then -- token mode: a window's hold means no
@@ -119,7 +143,7 @@ if #windows == 0 or capacity == 0 then
     end
   end
 elseif waiting >= capacity + burst then
-  retry = T
+  retry = count_retry(capacity + burst) -- room comes when enough have gone
 else
   slot = window_slot(earliest)
   newtat = at_least(at_least(tat, arrival) + cost * T, slot + cost * T)
@@ -127,18 +151,18 @@ else
 end
 
 -- The store's own bound. With windows: a job that would wait is refused
--- when capacity jobs wait already, until the first of them stops waiting.
--- Without: a paused tenant sends nothing at once, so capacity wait.
+-- when capacity jobs wait already, until fewer do. Without: a paused
+-- tenant sends nothing at once, so capacity wait; room comes when fewer
+-- than capacity and burst wait (a pause's end is added below).
 if windowed then
   if admitted and (paused or slot > arrival) and waiting >= capacity then
-    admitted, retry, newtat = false, T, tat
-    if next_slot > tnow then retry = next_slot - tnow end
+    admitted, retry, newtat = false, count_retry(capacity), tat
   end
 else
   local room = capacity + burst
   if paused then room = capacity end
   if admitted and waiting >= room then
-    admitted, retry, newtat = false, T, tat
+    admitted, retry, newtat = false, count_retry(capacity + burst), tat
   end
 end
 

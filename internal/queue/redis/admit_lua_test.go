@@ -67,14 +67,12 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 			if err := rdb.ZRemRangeByScore(ctx, keys[1], "-inf", fmt.Sprint(micros(tnow))).Err(); err != nil {
 				t.Fatal(err)
 			}
-			waiting, next := len(pending), time.Time{}
-			if waiting > 0 {
-				next = slices.MinFunc(pending, time.Time.Compare)
-			}
+			slices.SortFunc(pending, time.Time.Compare)
+			waiting := len(pending)
 			cost := min(1+rng.IntN(3), p.MaxCost()) // the store refuses more first
 			lag := us(rng.Int64N(5000))
 			arrival := tnow.Add(lag)
-			d, st, recent := goAdmit(rec, waiting, next, arrival, now, p, cost)
+			d, st, recent := goAdmit(rec, pending, arrival, now, p, cost)
 			args := []any{micros(now), lag.Microseconds(), p.Interval.Microseconds(), p.Burst, p.Capacity, cost, waiting, 1, "", 0, 0}
 			for _, w := range p.Windows {
 				args = append(args, w.N, w.Length.Microseconds())
@@ -119,29 +117,36 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 }
 
 // goAdmit is the embedded store's admission (internal/queue/bolt's admit),
-// for waiting jobs ahead, the earliest of them due at next: leaky.Decide
-// under the tenant's pause, with the store's own bound (with windows, a job
-// that would wait is refused when capacity jobs wait, until the first of
-// them stops waiting; without, a paused tenant sends nothing at once) and a
-// refusal's Retry-After in real time. The Lua is checked against it.
-func goAdmit(rec queue.TenantRecord, waiting int, next, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
+// for the jobs waiting at slots (sorted): leaky.Decide under the tenant's
+// pause, with the store's own bound (with windows, a job that would wait is
+// refused when capacity jobs wait, until fewer do; without, a paused tenant
+// sends nothing at once) and a refusal's Retry-After in real time, a
+// refusal by count until enough jobs have left. The Lua is checked against
+// it.
+func goAdmit(rec queue.TenantRecord, slots []time.Time, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
 	tnow := rec.Pause.TenantTime(now)
 	paused, _ := rec.Pause.Paused(now)
 	windowed := len(p.Windows) > 0 && p.Capacity > 0
+	waiting := len(slots)
 	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), arrival, p, cost, waiting)
 	room := p.Capacity + p.Burst
 	if paused {
 		room = p.Capacity
 	}
+	refuse := func(n int) {
+		d, st = leaky.Decision{}, leaky.State{TAT: rec.TAT}
+		if waiting >= n && slots[waiting-n].After(tnow) {
+			d.RetryAfter = slots[waiting-n].Sub(tnow)
+		}
+	}
 	switch {
+	case windowed && !d.Admitted && waiting >= p.Capacity+p.Burst:
+		refuse(p.Capacity + p.Burst)
 	case !d.Admitted:
 	case windowed && (paused || d.Slot.After(arrival)) && waiting >= p.Capacity:
-		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
-		if next.After(tnow) {
-			d.RetryAfter = next.Sub(tnow)
-		}
+		refuse(p.Capacity)
 	case !windowed && waiting >= room:
-		d, st = leaky.Decision{RetryAfter: p.Interval}, leaky.State{TAT: rec.TAT}
+		refuse(p.Capacity + p.Burst)
 	}
 	if !d.Admitted {
 		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), now).Sub(now)

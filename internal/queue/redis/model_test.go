@@ -34,8 +34,7 @@ import (
 
 // modelKnown are the defects the model tolerates on this store; the
 // regression cases below pin each one.
-const modelKnown = queuetest.DefectCountRetryAfter |
-	queuetest.DefectWindowRetryAfter | queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
+const modelKnown = queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
 	queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture |
 	queuetest.DefectLateExpiry | queuetest.DefectRestartOverdue
 
