@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/luascript"
@@ -101,12 +102,19 @@ func (s *Store) passGate(ctx context.Context, keys []string, args, confirmArgs, 
 		return queue.GateAnswer{HeldUntil: g.HeldUntil}, nil
 	}
 	again := func(ctx context.Context) (queue.GateAnswer, error) {
-		// The same question, and this grant to take back: one round trip.
+		// The same question asked now, and this grant to take back: one
+		// round trip. Asked as of now, not as of the first question: the
+		// new grant's time is where its Confirm counts the write from
+		// (the sender counts from when it asked again), and a grant
+		// dated at the first question would put the write, and the next
+		// send after it, that much too early.
+		now := slices.Clone(args)
+		now[0] = s.now()
 		back := []any{"again"}
 		for _, v := range g.Grant {
 			back = append(back, v)
 		}
-		return s.passGate(ctx, keys, args, confirmArgs, back)
+		return s.passGate(ctx, keys, now, confirmArgs, back)
 	}
 	confirm := func(ctx context.Context, wroteAfter time.Duration, written bool) error {
 		w := "0"
