@@ -313,9 +313,11 @@ func untilFewer(slots []time.Time, n int) time.Time {
 
 // countRetryAfter is a refusal's Retry-After, in tenant time from tnow,
 // when the count bound refused the job until a waiting job's slot. A job
-// still waiting past its slot (behind a downstream's ceiling) leaves when
-// the ceiling lets it, which no slot says: one interval then, as a guess.
-// A pause is added by the caller.
+// due already and still counted leaves as soon as the dispatcher takes it
+// (a job of the same call sent at once, or one a busy machine hands over
+// late): 0, a retry at once (clients add their jitter). One held past its
+// slot by a downstream's ceiling leaves when the ceiling lets it, which no
+// slot says: one interval, as a guess. A pause is added by the caller.
 func (s *Store) countRetryAfter(c *call, until, tnow time.Time) time.Duration {
 	if until.After(tnow) {
 		return until.Sub(tnow)

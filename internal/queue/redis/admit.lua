@@ -116,7 +116,8 @@ local function until_fewer(n)
   return tonumber(redis.call('ZRANGE', KEYS[2], -n, -n, 'WITHSCORES')[2])
 end
 -- The Retry-After (tenant time, from tnow) of a refusal by count until
--- that slot. A job waiting past its slot (behind a ceiling) leaves when the
+-- that slot. A job due already and still counted leaves as soon as the
+-- owner claims it: 0. One held past its slot by a ceiling leaves when the
 -- ceiling lets it, which no slot says: one interval, as a guess.
 local function count_retry(n)
   local s = until_fewer(n)
