@@ -32,6 +32,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -50,8 +51,9 @@ type Option func(*Client)
 // Bearer). A server with no tokens configured needs none.
 func WithToken(token string) Option { return func(c *Client) { c.token = token } }
 
-// WithHTTPClient sends requests with hc instead of a client with a 60 s
-// timeout (for transports, proxies, TLS settings).
+// WithHTTPClient sends requests with hc instead of a client with a 90 s
+// timeout (for transports, proxies, TLS settings). A WaitJob holds one
+// request for up to MaxJobWait: hc's timeout must allow that.
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
 
 // New returns a client of the API at server, a base URL such as
@@ -62,7 +64,7 @@ func New(server string, opts ...Option) (*Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("server %q: want a base URL such as http://127.0.0.1:8080", server)
 	}
-	c := &Client{server: server, http: &http.Client{Timeout: 60 * time.Second}}
+	c := &Client{server: server, http: &http.Client{Timeout: MaxJobWait + 30*time.Second}}
 	for _, o := range opts {
 		o(c)
 	}
@@ -186,6 +188,38 @@ func (c *Client) Job(ctx context.Context, id string) (JobStatus, error) {
 	var j JobStatus
 	_, err := c.do(ctx, http.MethodGet, jobPath(id), nil, &j)
 	return j, err
+}
+
+// MaxJobWait is the longest the server holds one request of WaitJob.
+const MaxJobWait = 60 * time.Second
+
+// WaitJob waits until job id is in a final state (succeeded, failed,
+// cancelled, expired) or wait has passed, and returns the job as it is
+// then: JobStatus.Finished says which. The server answers as soon as the
+// job ends (GET /v1/jobs/{id}?wait), so this costs one request, not a
+// poll; a wait over MaxJobWait asks again each MaxJobWait.
+func (c *Client) WaitJob(ctx context.Context, id string, wait time.Duration) (JobStatus, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		ask := min(max(time.Until(deadline), 0), MaxJobWait)
+		asked := time.Now()
+		var j JobStatus
+		_, err := c.do(ctx, http.MethodGet, jobPath(id)+"?wait="+strconv.FormatInt(ask.Milliseconds(), 10)+"ms", nil, &j)
+		if err != nil || j.Finished() || !time.Now().Before(deadline) {
+			return j, err
+		}
+		if time.Since(asked) < ask/2 {
+			// Answered long before the wait with the job unfinished: a
+			// server that does not wait (an older build). Poll gently.
+			t := time.NewTimer(min(250*time.Millisecond, time.Until(deadline)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return j, ctx.Err()
+			case <-t.C:
+			}
+		}
+	}
 }
 
 // Cancel cancels a job that has not been sent yet. One being sent or

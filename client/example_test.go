@@ -40,6 +40,9 @@ rate = "1/m"
 capacity = 2
 [tenants.example-request]
 rate = "10/s"
+[tenants.example-wait]
+rate = "1/m"
+capacity = 1
 `
 
 func TestMain(m *testing.M) {
@@ -195,4 +198,41 @@ func ExampleRequest() {
 	// Output:
 	// succeeded /v1/refunds 201 {"id":"re_1","status":"succeeded"}
 	// refused: request_not_allowed request.path
+}
+
+// Wait for a job to end: one request, answered as soon as the job is
+// delivered (GET /v1/jobs/{id}?wait), or when the wait is over with the
+// job as it is then.
+func ExampleClient_WaitJob() {
+	ctx := context.Background()
+	c, err := client.New(server)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	first, err := c.Enqueue(ctx, "example-wait", client.Job{Payload: json.RawMessage(`{"n":1}`)})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	j, err := c.WaitJob(ctx, first.ID, 10*time.Second) // sent at once: ends within the wait
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("first:", j.State, j.Finished())
+	second, err := c.Enqueue(ctx, "example-wait", client.Job{Payload: json.RawMessage(`{"n":2}`)})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	j, err = c.WaitJob(ctx, second.ID, 200*time.Millisecond) // its turn is a minute away
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("second:", j.State, j.Finished())
+	// Output:
+	// first: succeeded true
+	// second: queued false
 }

@@ -240,7 +240,11 @@ func (sn *sender) tally(batch []*item, results []client.Result) (again []*item, 
 	return again, longest, got
 }
 
-// waitDelivered polls the accepted jobs until each is finished.
+// waitDelivered waits for each accepted job to finish, in the order sent
+// (about the order they finish in), one long poll at a time (WaitJob: GET
+// /v1/jobs/{id}?wait): the server answers as soon as a job ends, and at
+// once for one that has ended already, so a run of n jobs asks about n
+// times instead of polling every job every 250 ms.
 func waitDelivered(ctx context.Context, c *client.Client, o options, items []*item, s *summary, p *progress) error {
 	deadline := time.Now().Add(o.waitTimeout)
 	open := make([]*item, 0, len(items))
@@ -250,55 +254,50 @@ func waitDelivered(ctx context.Context, c *client.Client, o options, items []*it
 		}
 	}
 	p.set(func(st *progressState) { st.phase = "delivering"; st.total = len(open) })
-	for len(open) > 0 {
-		open = pollOnce(ctx, c, open, s)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		p.set(func(st *progressState) { st.delivered, st.failed = s.Delivered, s.Failed })
-		if len(open) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			s.Undelivered = len(open)
-			return nil
-		}
-		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+	for i, it := range open {
+		j, err := waitOne(ctx, c, it.result.Admission.ID, deadline)
+		if err != nil {
 			return err
 		}
+		if !j.Finished() && j.State != "unknown" {
+			s.Undelivered = len(open) - i // --wait-timeout passed
+			return nil
+		}
+		it.final = j
+		switch j.State {
+		case "succeeded":
+			s.Delivered++
+		case "unknown":
+		default:
+			s.Failed++
+		}
+		p.set(func(st *progressState) { st.delivered, st.failed = s.Delivered, s.Failed })
 	}
 	return nil
 }
 
-// pollOnce asks once for each open job and returns those not finished.
-func pollOnce(ctx context.Context, c *client.Client, open []*item, s *summary) []*item {
-	var still []*item
-	for _, it := range open {
-		j, err := c.Job(ctx, it.result.Admission.ID)
-		if err != nil {
-			if ctx.Err() != nil {
-				return open
-			}
-			var nf *client.NotFoundError
-			if errors.As(err, &nf) {
-				it.final = client.JobStatus{State: "unknown"}
-				continue
-			}
-			still = append(still, it) // a passing error: ask again
-			continue
+// waitOne waits for job id to finish, until deadline, asking again after a
+// passing error. A job the server no longer knows is state "unknown".
+func waitOne(ctx context.Context, c *client.Client, id string, deadline time.Time) (client.JobStatus, error) {
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return client.JobStatus{State: "waiting"}, nil
 		}
-		if !j.Finished() {
-			still = append(still, it)
-			continue
+		j, err := c.WaitJob(ctx, id, left)
+		var nf *client.NotFoundError
+		switch {
+		case ctx.Err() != nil:
+			return j, ctx.Err()
+		case err == nil:
+			return j, nil
+		case errors.As(err, &nf):
+			return client.JobStatus{State: "unknown"}, nil
 		}
-		it.final = j
-		if j.State == "succeeded" {
-			s.Delivered++
-		} else {
-			s.Failed++
+		if err := sleep(ctx, 250*time.Millisecond); err != nil { // a passing error: ask again
+			return j, err
 		}
 	}
-	return still
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

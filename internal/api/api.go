@@ -58,6 +58,7 @@ type server struct {
 	ready   func() error
 	log     *slog.Logger
 	slots   chan struct{} // requests being handled
+	waiters chan struct{} // GET /v1/jobs/{id}?wait requests waiting (jobs.go)
 	metrics *metrics.Metrics
 	clock   clock.Clock
 	memos   memos // what the RateLimit fields need beyond the store's answers
@@ -74,7 +75,8 @@ const envelopeBytes = 64 << 10
 // New returns the API's handler.
 func New(opts Options) http.Handler {
 	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger,
-		slots: make(chan struct{}, opts.Config().Server.MaxConcurrentRequests), metrics: opts.Metrics,
+		slots:   make(chan struct{}, opts.Config().Server.MaxConcurrentRequests),
+		waiters: make(chan struct{}, waitersPerSlot*opts.Config().Server.MaxConcurrentRequests), metrics: opts.Metrics,
 		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{}), outbound: opts.Outbound}
 	if s.log == nil {
 		s.log = slog.Default()

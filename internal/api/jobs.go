@@ -3,6 +3,9 @@ package api
 import (
 	"errors"
 	"net/http"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/throttler-dev/throttler/internal/queue"
 )
@@ -22,12 +25,98 @@ func (s *server) jobFromPath(r *http.Request, a access) (queue.Job, error) {
 }
 
 func (s *server) job(w http.ResponseWriter, r *http.Request) {
-	j, err := s.jobFromPath(r, read)
+	wait, err := parseJobWait(r)
+	var j queue.Job
+	if err == nil {
+		j, err = s.jobFromPath(r, read)
+	}
+	if err == nil && wait > 0 && !j.State.Finished() {
+		j, err = s.waitFinished(w, r, j, wait)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, jobJSON(j))
+}
+
+// MaxJobWait is the longest GET /v1/jobs/{id}?wait holds a request.
+const MaxJobWait = 60 * time.Second
+
+// waitersPerSlot: requests that wait (?wait) may number this many times
+// server.max_concurrent_requests.
+const waitersPerSlot = 16
+
+// rereadEvery is how often a waiting request reads its job again, in case
+// the notice of its final state was lost (a dropped Redis connection).
+const rereadEvery = time.Second
+
+// isJobWait reports whether r waits for a job to finish.
+func isJobWait(r *http.Request) bool {
+	return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/jobs/") && r.URL.Query().Has("wait")
+}
+
+// parseJobWait reads ?wait (0 if absent): a Go duration ("30s", "500ms")
+// or whole seconds ("30"), at most MaxJobWait.
+func parseJobWait(r *http.Request) (time.Duration, error) {
+	q := r.URL.Query()
+	if !q.Has("wait") {
+		return 0, nil
+	}
+	v := q.Get("wait")
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		n, nerr := strconv.ParseUint(v, 10, 32)
+		if nerr != nil {
+			return 0, errorf(http.StatusBadRequest, "invalid_wait", "wait=%q: give a duration such as wait=30s or wait=500ms (at most %v)", v, MaxJobWait)
+		}
+		d = time.Duration(n) * time.Second
+	}
+	if d < 0 || d > MaxJobWait {
+		return 0, errorf(http.StatusBadRequest, "invalid_wait", "wait=%q: from 0 to %v", v, MaxJobWait)
+	}
+	return d, nil
+}
+
+// waitFinished waits until job j is in a final state, or wait has passed,
+// or the client gave up, and returns the job as it is then. It watches
+// before it reads, so that a final state written in between is not missed;
+// it reads again every rereadEvery in case a notice was lost.
+func (s *server) waitFinished(w http.ResponseWriter, r *http.Request, j queue.Job, wait time.Duration) (queue.Job, error) {
+	// The answer comes after the wait: the server's write timeout (a
+	// minute) must not cut it off.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 30*time.Second))
+	watch := func(string) (<-chan struct{}, func()) { return nil, func() {} }
+	if watcher, ok := s.store.(queue.FinishWatcher); ok {
+		watch = watcher.WatchFinish
+	}
+	ctx := r.Context()
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		finished, stop := watch(j.ID)
+		cur, err := s.store.Job(ctx, j.ID)
+		if err != nil || cur.State.Finished() {
+			stop()
+			return cur, err
+		}
+		j = cur
+		reread := time.NewTimer(rereadEvery)
+		select {
+		case <-finished:
+		case <-reread.C:
+		case <-deadline.C:
+			stop()
+			reread.Stop()
+			return s.store.Job(ctx, j.ID) // the state then
+		case <-ctx.Done():
+			stop()
+			reread.Stop()
+			return j, nil // the client is gone: nobody reads the answer
+		}
+		stop()
+		reread.Stop()
+	}
 }
 
 func (s *server) cancel(w http.ResponseWriter, r *http.Request) {

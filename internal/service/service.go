@@ -384,6 +384,16 @@ type holdingStore struct {
 	d *dispatch.Dispatcher
 }
 
+// WatchFinish passes the store's queue.FinishWatcher on (GET
+// /v1/jobs/{id}?wait); a store without one never notifies, and the wait
+// reads the job now and then.
+func (h holdingStore) WatchFinish(id string) (<-chan struct{}, func()) {
+	if w, ok := h.Store.(queue.FinishWatcher); ok {
+		return w.WatchFinish(id)
+	}
+	return nil, func() {}
+}
+
 func (h holdingStore) Pause(ctx context.Context, tenant string) (queue.TenantStatus, error) {
 	st, err := h.Store.Pause(ctx, tenant)
 	if err == nil && !h.shared() {

@@ -274,5 +274,6 @@ func (s *Store) expire(entries []dueEntry) {
 		if s.onExpired != nil {
 			s.onExpired(j)
 		}
+		s.finishes.Notify(j.ID)
 	}
 }

@@ -120,6 +120,9 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 		s.readd(entry) // not cancelled after all: it waits as before
 	}
 	s.mu.Unlock()
+	if err == nil {
+		s.finishes.Notify(j.ID)
+	}
 	var se *queue.StateError
 	if errors.Is(err, queue.ErrNotFound) || errors.As(err, &se) {
 		return queue.Job{}, err

@@ -194,6 +194,9 @@ func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
 	tm, ok := s.tenants[result.Tenant]
 	var at time.Time
 	waits := !result.State.Finished()
+	if !waits {
+		s.finishes.Notify(result.ID) // written: the caller holds the commit's result
+	}
 	if waits {
 		at = result.DispatchAt
 		if ok {

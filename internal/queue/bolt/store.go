@@ -90,6 +90,7 @@ type Store struct {
 	onExpired func(queue.Job)
 	retention time.Duration
 	log       *slog.Logger
+	finishes  queue.Finishes // who waits for a job's final state (?wait)
 
 	mu       sync.Mutex
 	tenants  map[string]*tenantMem
@@ -140,8 +141,9 @@ type Store struct {
 }
 
 var (
-	_ queue.Store = (*Store)(nil)
-	_ queue.Space = (*Store)(nil)
+	_ queue.Store         = (*Store)(nil)
+	_ queue.Space         = (*Store)(nil)
+	_ queue.FinishWatcher = (*Store)(nil)
 )
 
 // Open opens (creating if needed) the store at path. After a crash,
@@ -407,3 +409,7 @@ func (s *Store) isClosing() bool {
 		return false
 	}
 }
+
+// WatchFinish implements queue.FinishWatcher: every final state is written
+// by this process, which tells its watchers once the write is durable.
+func (s *Store) WatchFinish(id string) (<-chan struct{}, func()) { return s.finishes.Watch(id) }

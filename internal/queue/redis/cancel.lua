@@ -37,4 +37,5 @@ end
 redis.call('ZREM', KEYS[5], j[5])
 inactive(KEYS[3], j[4])
 settle(KEYS[2], now, tonumber(ARGV[5]))
+tell_finished({j[5]})
 return {2, 'cancelled', now}

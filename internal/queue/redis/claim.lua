@@ -14,9 +14,12 @@
 -- ARGV[5]  held recheck: how soon a held tenant's job looks again
 -- ARGV[6]  the partition's key prefix (partKeys.tag)
 -- ARGV[7]  idle ttl (ms)
--- ARGV[8..] per job: its id, its tenant, and the tenant's interval (a new
+-- ARGV[8]  the owner's clock margin (Store.clockMargin): it waits for a
+--          dispatch time on its reading of Redis's clock, which may be
+--          this early
+-- ARGV[9..] per job: its id, its tenant, and the tenant's interval (a new
 --          owner sends the tenant's next job no earlier than this job's
---          dispatch time plus its cost times the interval)
+--          dispatch time plus its cost times the interval, plus the margin)
 --
 -- Returns {now, reply, ...}, one reply per job, each
 --   {code, wait, dispatch_at, attempts, field, value, ...}, code one of
@@ -29,15 +32,17 @@
 
 local now = server_now(ARGV[2])
 local horizon, retention, recheck = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local prefix, idle_ms = ARGV[6], tonumber(ARGV[7])
+local prefix, idle_ms, margin = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 
 -- Each tenant's hash, read once: its pause, and what the batch changes.
 local tenant_of, tenants = tenant_batch(prefix,
   {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'}, {'next', 'next'}},
   function(t) t.claimed, t.expired = 0, 0 end)
 
+local expired = {}
 local function expire(jk, id, t, key)
   redis.call('HSET', jk, 'state', 'expired', 'fin', now, 'err', 'expired: its deadline passed before it could be sent')
+  expired[#expired + 1] = id
   redis.call('PEXPIRE', jk, retention)
   if key and key ~= '' then redis.call('PEXPIRE', idem_key(prefix, t.name, key), retention) end
   redis.call('ZREM', prefix .. 'waiting:' .. t.name, id)
@@ -45,7 +50,7 @@ local function expire(jk, id, t, key)
 end
 
 local out = {now}
-for i = 8, #ARGV, 3 do
+for i = 9, #ARGV, 3 do
   local id, tname, interval = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local jk = prefix .. 'job:' .. id
   local all = redis.call('HGETALL', jk)
@@ -83,7 +88,7 @@ for i = 8, #ARGV, 3 do
         redis.call('ZADD', prefix .. 'claimed:' .. tname, slot, id)
         redis.call('ZADD', KEYS[3], slot, id)
         t.claimed = t.claimed + 1
-        t.next = at_least(t.next, dispatch_at + interval * at_least(tonumber(j.cost) or 1, 1))
+        t.next = at_least(t.next, dispatch_at + interval * at_least(tonumber(j.cost) or 1, 1) + margin)
         reply = {2, 0, dispatch_at, attempts}
         -- The hash but the answer kept of the last attempt (up to 1 MiB),
         -- which the attempt does not need.
@@ -109,4 +114,5 @@ for _, t in ipairs(tenants) do
     settle(t.key, now, idle_ms)
   end
 end
+tell_finished(expired)
 return out

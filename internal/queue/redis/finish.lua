@@ -37,7 +37,7 @@ local tenant_of, tenants = tenant_batch(prefix,
    {'tat', 'tat'}, {'delivered', 'delivered_before'}, {'failed', 'failed_before'}, {'next', 'next'}},
   function(t) t.after, t.delivered, t.failed, t.last_slot = 0, 0, 0, 0 end)
 
-local out = {}
+local out, ended = {}, {}
 for i = 6, #ARGV, 9 do
   local id, tname, state = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local sent, status, err, key = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
@@ -68,8 +68,10 @@ for i = 6, #ARGV, 9 do
       redis.call('PEXPIRE', fk, retention)
     end
     out[#out + 1] = 1
+    ended[#ended + 1] = id
   end
 end
+tell_finished(ended)
 
 for _, t in ipairs(tenants) do
   local n = t.delivered + t.failed

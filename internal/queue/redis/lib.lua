@@ -65,6 +65,13 @@ local function idem_key(prefix, tenant, key)
   return prefix .. 'key:' .. #tenant .. ':' .. tenant .. ':' .. key
 end
 
+-- Tells every process that jobs ids (a list) reached a final state, in
+-- the write that puts them there (GET /v1/jobs/{id}?wait): the channel is
+-- finished.go's finishedChannel.
+local function tell_finished(ids)
+  if #ids > 0 then redis.call('PUBLISH', 'throttler:finished', table.concat(ids, ' ')) end
+end
+
 -- One fewer job of tenant in the partition's active set.
 local function inactive(active, tenant)
   if tonumber(redis.call('ZINCRBY', active, -1, tenant)) <= 0 then redis.call('ZREM', active, tenant) end

@@ -60,6 +60,17 @@ func (c *redisClock) After(d time.Duration) <-chan time.Time { return c.own.Afte
 // Offset is the offset in use: Redis's clock minus this process's.
 func (c *redisClock) Offset() time.Duration { return time.Duration(c.offset.Load()) }
 
+// Uncertainty bounds how far the offset in use may be from the true one:
+// half the round trip it came from (plus Redis's microsecond). A time this
+// process stamps may be that much early in Redis's clock, and a time it
+// waits for may come that much early: what it hands to another worker as
+// a floor, and a floor it takes from one, carry it (Store.clockMargin).
+func (c *redisClock) Uncertainty() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inUse.rtt/2 + 2*time.Microsecond
+}
+
 // measure asks Redis its TIME once and takes the round trip into the
 // estimate.
 func (c *redisClock) measure(ctx context.Context, rdb goredis.UniversalClient) error {

@@ -41,7 +41,7 @@ func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs
 			state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
 		}
 		args = append(args, j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey,
-			sentNext(j, o, s.policy(j.Tenant)), responseArg(o.Response))
+			sentNext(j, o, s.policy(j.Tenant), s.clockMargin()), responseArg(o.Response))
 	}
 	var r finishReplies
 	if err := finishScript.Run(ctx, s.rdb, []string{f.Key(), k.active(), k.sending()}, args, &r); err != nil {
@@ -84,7 +84,10 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 		next.Response = o.Response // nil: the answer before stays in the hash
 		_, err = tx.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
 			s.writeOutcome(ctx, pipe, k, next, st, rec, p)
-			if after := sentNext(j, o, p); after > st.next {
+			if next.State.Finished() {
+				pipe.Publish(ctx, finishedChannel, next.ID) // in the same transaction (lib.lua's tell_finished)
+			}
+			if after := sentNext(j, o, p, s.clockMargin()); after > st.next {
 				pipe.HSet(ctx, k.tenant(j.Tenant), "next", after)
 			}
 			return nil
@@ -128,12 +131,13 @@ type outcomeState struct {
 // its cost in intervals. It moves the tenant's next on (finish.lua): a
 // write comes when it comes, later than the claim's dispatch time under
 // load, and the next owner after a clean handover starts the tenant from
-// next (takeover.lua).
-func sentNext(j queue.Job, o queue.Outcome, p leaky.Policy) int64 {
+// next (takeover.lua). Plus margin: how early the writer's reading of
+// Redis's clock may be (Store.clockMargin).
+func sentNext(j queue.Job, o queue.Outcome, p leaky.Policy, margin time.Duration) int64 {
 	if o.SentAt.IsZero() {
 		return 0
 	}
-	return micros(o.SentAt.Add(time.Duration(j.EffectiveCost()) * p.Interval))
+	return micros(o.SentAt.Add(time.Duration(j.EffectiveCost())*p.Interval + margin))
 }
 
 // readForOutcome reads, watched, job j's tenant and windows, and the

@@ -235,9 +235,10 @@ func (o *owned) load() bool {
 		if err == nil {
 			waiting := 0
 			o.mu.Lock()
+			margin := o.s.clockMargin() // this worker may read Redis's clock that early
 			for _, t := range tenants {
-				if t.Next.After(now) {
-					o.floor[t.Name] = t.Next
+				if next := t.Next.Add(margin); !t.Next.IsZero() && next.After(now) {
+					o.floor[t.Name] = next
 				}
 				for _, w := range t.Waiting {
 					at := clock.Later(queue.DispatchAt(t.Pause, w.Slot, now), o.floor[t.Name])

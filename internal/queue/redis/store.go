@@ -39,8 +39,9 @@ import (
 )
 
 var (
-	_ queue.Store      = (*Store)(nil)
-	_ queue.SharedGate = (*Store)(nil)
+	_ queue.Store         = (*Store)(nil)
+	_ queue.SharedGate    = (*Store)(nil)
+	_ queue.FinishWatcher = (*Store)(nil)
 )
 
 // Store is the Redis backend of queue.Store. All methods are safe for
@@ -60,6 +61,8 @@ type Store struct {
 	workerID   string
 	expired    func(queue.Job)
 	ownsConn   bool
+
+	notices finishedNotices // jobs' final states, told between processes (?wait)
 
 	consumersMu sync.Mutex
 	consumers   map[*consumer]struct{} // this process's Consume calls
@@ -218,6 +221,7 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Close implements queue.Store.
 func (s *Store) Close() error {
+	s.closeNotices()
 	if s.ownsConn {
 		return s.rdb.Close()
 	}
@@ -230,6 +234,19 @@ func (s *Store) now() int64 {
 		return 0
 	}
 	return micros(s.clock.Now())
+}
+
+// clockMargin is how early this process's reading of Redis's clock may
+// be (redisClock.Uncertainty; 0 on an injected clock). A floor one worker
+// hands another (the earliest a tenant's next send may go) is raised by the
+// margin of the worker that stamped it and again by the margin of the one
+// that waits for it, so that two estimates of the offset, each a few ms
+// off on a busy machine, cannot bring two sends closer than the rate.
+func (s *Store) clockMargin() time.Duration {
+	if s.rclock == nil {
+		return 0
+	}
+	return s.rclock.Uncertainty()
 }
 
 // serverNow is the current time of the decisions' clock.
