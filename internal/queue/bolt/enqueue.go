@@ -291,7 +291,7 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 	case windowed && (c.paused || d.Slot.After(c.arrival)) && depth >= p.Capacity:
 		// It would wait, and capacity jobs wait already.
 		refuse(untilFewer(waiting, p.Capacity))
-	case !windowed && depth >= room:
+	case !windowed && depth >= room && s.countedAtArrival(c, depth) >= room:
 		// After a pause the room is capacity and burst again.
 		refuse(untilFewer(s.depthSlots(c.tenant), p.Capacity+p.Burst))
 	}
@@ -299,6 +299,27 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), c.now).Sub(c.now)
 	}
 	return d, st, recent
+}
+
+// countedAtArrival is how many of the tenant's depth jobs will still be
+// counted when this job arrives (s.mu held; asked only when depth is at the
+// bound). A job of an earlier call due by then leaves as the dispatcher
+// takes it: the schedule has let this one in as of its arrival, and a
+// dispatcher a few ms late on a busy machine must not refuse it while the
+// queue has room (invariant 3; TestSimulatorAgreesWithTheService saw it).
+// Paused or behind a ceiling, due jobs wait on: all of them count. Jobs of
+// calls not yet committed always count (a batch's burst is counted as the
+// model counts it).
+func (s *Store) countedAtArrival(c *call, depth int) int {
+	if c.paused || c.ceiling != nil {
+		return depth
+	}
+	s.sched.tenantSlots(c.tenant, func(slot time.Time) {
+		if !slot.After(c.arrival) {
+			depth--
+		}
+	})
+	return depth
 }
 
 // untilFewer is when fewer than n of the jobs at slots (sorted) still
