@@ -10,7 +10,10 @@ import (
 
 // A process whose own clock is off by seconds reads Redis's clock within
 // a round trip: Store.Clock (the schedule's, the dispatcher's) is its own
-// clock plus the offset measured at Open, whichever way it is off.
+// clock plus the offset measured at Open, whichever way it is off, and the
+// offset is within the uncertainty it claims (half the round trip it came
+// from: a busy CI run's Open measured its best of five at 5 ms, 2.4 ms off,
+// which a fixed 2 ms had not allowed for).
 func TestStoreClockIsRedisTime(t *testing.T) {
 	rdb := redisClient(t, 0)
 	ctx := context.Background()
@@ -26,12 +29,14 @@ func TestStoreClockIsRedisTime(t *testing.T) {
 			t.Fatal(err)
 		}
 		ours := s.Clock().Now()
+		u := s.rclock.Uncertainty()
 		// TIME was answered between sent and back; ours was read after.
-		if early, late := server.Sub(ours), ours.Sub(server.Add(time.Since(sent))); early > 2*time.Millisecond || late > 2*time.Millisecond {
-			t.Errorf("skew %v: the store's clock read %v, Redis said %v (round trip %v)", skew, ours.Format("15:04:05.000000"), server.Format("15:04:05.000000"), back.Sub(sent))
+		if early, late := server.Sub(ours), ours.Sub(server.Add(time.Since(sent))); early > u+time.Millisecond || late > u+time.Millisecond {
+			t.Errorf("skew %v: the store's clock read %v, Redis said %v (round trip %v, the store's uncertainty %v)", skew, ours.Format("15:04:05.000000"), server.Format("15:04:05.000000"), back.Sub(sent), u)
 		}
-		if off := s.rclock.Offset(); (off + skew).Abs() > 2*time.Millisecond {
-			t.Errorf("skew %v: offset to Redis measured %v, want about %v", skew, off, -skew)
+		// The machine's clock is Redis's: the true offset is -skew.
+		if off := s.rclock.Offset(); (off + skew).Abs() > u {
+			t.Errorf("skew %v: offset to Redis measured %v, want %v within the uncertainty it claims, %v", skew, off, -skew, u)
 		}
 	}
 }
