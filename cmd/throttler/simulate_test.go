@@ -142,6 +142,7 @@ func TestSimulatorAgreesWithTheService(t *testing.T) {
 	start := time.Now()
 	sent := make([]time.Duration, len(plan))
 	accepted := make([]bool, len(plan))
+	answers := make([]map[string]any, len(plan)) // what the service said, for a disagreement
 	// The service decides as of its arrival, now plus the start lag it
 	// measures (a send's time to start), which moves with the machine's
 	// load; the simulator is given the client's times. The jobs sent at
@@ -158,6 +159,7 @@ func TestSimulatorAgreesWithTheService(t *testing.T) {
 		}
 		sent[i] = before.Add(after.Sub(before) / 2).Sub(start) // when the server decided, give or take
 		accepted[i] = st == 202
+		answers[i] = body
 		if d, ok := body["expected_delay_ms"].(float64); ok && accepted[i] && d < 50 { // sent at once (T = 100 ms)
 			lag := time.Duration(d) * time.Millisecond
 			lagMin, lagMax = min(lagMin, lag), max(lagMax, lag)
@@ -214,7 +216,7 @@ func TestSimulatorAgreesWithTheService(t *testing.T) {
 			skipped++
 			continue
 		}
-		t.Errorf("job %d at %v: the service %s it, the simulator says %s", i, sent[i], verdict(accepted[i]), verdict(predicted[i]))
+		t.Errorf("job %d at %v: the service %s it, the simulator says %s (the service said %v)", i, sent[i], verdict(accepted[i]), verdict(predicted[i]), answers[i])
 	}
 	t.Logf("%d jobs (%d refused by the service): %d agree, %d differ within %v of a decision boundary (5 ms, and the start lag's spread: %v to %v)", len(plan), refused, agree, skipped, margin, lagMin, lagMax)
 	if refused == 0 || refused == len(plan) {
