@@ -322,13 +322,14 @@ func (s *Store) countedAtArrival(c *call, depth int) int {
 	return depth
 }
 
-// untilFewer is when fewer than n of the jobs at slots (sorted) still
-// wait: the slot (tenant time) of the one that leaves n behind it. Zero
-// when fewer than n wait already.
+// untilFewer is when fewer than n of the jobs at slots still wait: the
+// slot (tenant time) of the one that leaves n behind it. Zero when fewer
+// than n wait already. It sorts slots: only a refusal needs the order.
 func untilFewer(slots []time.Time, n int) time.Time {
 	if len(slots) < n {
 		return time.Time{}
 	}
+	slices.SortFunc(slots, time.Time.Compare)
 	return slots[len(slots)-n]
 }
 
@@ -349,7 +350,7 @@ func (s *Store) countRetryAfter(c *call, until, tnow time.Time) time.Duration {
 	return 0
 }
 
-// waiting lists the slots, soonest first, of a tenant's jobs that wait at
+// waiting lists the slots, in no order, of a tenant's jobs that wait at
 // tenant time tnow (s.mu held): admitted, not being sent, and due later
 // than tnow, or held back by a ceiling or a pause (dueWaits: due ones wait
 // too). O(jobs of the tenant waiting): it is asked for every admission of
@@ -372,11 +373,10 @@ func (s *Store) waiting(tenant string, tnow time.Time, dueWaits bool) []time.Tim
 			count(j.Slot, false) // handed over: waiting in the dispatcher until its slot
 		}
 	}
-	slices.SortFunc(slots, time.Time.Compare)
 	return slots
 }
 
-// depthSlots lists the slots, soonest first, of the jobs in a tenant's
+// depthSlots lists the slots, in no order, of the jobs in a tenant's
 // depth (s.mu held): waiting in the schedule or admitted by a call not yet
 // committed. O(depth): asked only for a refusal by count.
 func (s *Store) depthSlots(tenant string) []time.Time {
@@ -385,7 +385,6 @@ func (s *Store) depthSlots(tenant string) []time.Time {
 	if tm, ok := s.tenants[tenant]; ok {
 		slots = append(slots, tm.unsettled...)
 	}
-	slices.SortFunc(slots, time.Time.Compare)
 	return slots
 }
 
