@@ -189,6 +189,38 @@ func value(scraped, series string) float64 {
 	return -1
 }
 
+// behind is how far behind its schedule the sender already was when a
+// job was admitted: the first send of its tenant (of, by time) after
+// admitted, other than the job itself, against that send's dispatch time
+// (dispatchAt, by Idempotency-Key; false: unknown), less the Jitter. A
+// send written late moves every send after it, as a stall does (see
+// stalls), and the first one after an admission is not a gap stalls
+// sees. 0 if it was on time.
+func behind(of []downstreamtest.Arrival, admitted time.Time, job string, dispatchAt func(key string) (time.Time, bool)) time.Duration {
+	for _, a := range of {
+		if !a.At.After(admitted) {
+			continue
+		}
+		if a.Key == job {
+			return 0
+		}
+		at, ok := dispatchAt(a.Key)
+		if !ok {
+			return 0
+		}
+		return max(0, a.At.Sub(at)-downstreamtest.Jitter)
+	}
+	return 0
+}
+
+// dispatchAtOf reads a job's dispatch_at from its admission answer (or a
+// GET of it): false if it has none.
+func dispatchAtOf(body map[string]any) (time.Time, bool) {
+	s, _ := body["dispatch_at"].(string)
+	at, err := time.Parse(time.RFC3339Nano, s)
+	return at, err == nil
+}
+
 // stalls is how much of a job's wait its tenant's sends ahead of it spent
 // beyond their spacing: the sum of the gaps over T + Jitter between
 // consecutive arrivals of its tenant (of, by time) after it was admitted

@@ -261,7 +261,7 @@ func TestRedisFaultsBetweenWorkerAndRedis(t *testing.T) {
 		tol := max(50*time.Millisecond, p.promised/20)
 		of := ds.Of(p.tenant)
 		stalls := stalls(of, p.sent, arrived, T)
-		carried := carriedLag(t, api.base, of, p.answered, id)
+		carried := behind(of, p.answered, id, func(key string) (time.Time, bool) { return dispatchAtOf(jobState(t, api.base, key)) })
 		off, late := got-p.promised, arrived.Sub(p.answered)-p.promised
 		t.Logf("probe %s: promised %v, arrived %v after the request, %v after the answer (%+v; the sends ahead of it stalled %v, and were %v behind their schedule when it was admitted)",
 			p.tenant, p.promised, got.Round(time.Millisecond), arrived.Sub(p.answered).Round(time.Millisecond), late.Round(time.Millisecond), stalls.Round(time.Millisecond), carried.Round(time.Millisecond))
@@ -286,28 +286,6 @@ func TestRedisFaultsBetweenWorkerAndRedis(t *testing.T) {
 			t.Errorf("a worker never logged losing a partition in a 3 s cut:\n%s", logs)
 		}
 	}
-}
-
-// carriedLag is how far behind its schedule the sender was when a job
-// was admitted (answered): the first send of its tenant after the answer,
-// other than the job itself, against that send's dispatch_at, less the
-// jitter a send is allowed. 0 when that send was on time or there is none.
-func carriedLag(t *testing.T, base string, of []downstreamtest.Arrival, answered time.Time, job string) time.Duration {
-	t.Helper()
-	for _, a := range of {
-		if !a.At.After(answered) {
-			continue
-		}
-		if a.Key == job {
-			return 0
-		}
-		at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(jobState(t, base, a.Key)["dispatch_at"]))
-		if err != nil {
-			t.Fatalf("job %s: dispatch_at: %v", a.Key, err)
-		}
-		return max(0, a.At.Sub(at)-downstreamtest.Jitter)
-	}
-	return 0
 }
 
 // proxy is a toxiproxy proxy in the test's process, on a loopback port.
