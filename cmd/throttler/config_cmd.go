@@ -69,6 +69,13 @@ be read, never its value.`,
 				}
 				describeDownstream(out, name, d)
 			}
+			if cb := cfg.Callbacks; cb.Enabled() {
+				if _, err := outbound.CompileSigner("callbacks", cb.SigningRef()); err != nil {
+					errs = append(errs, err)
+				}
+				fmt.Fprintf(out, "callbacks: to %s, signed (Standard Webhooks), %s; timeout %v, %d attempts\n",
+					strings.Join(cb.Allow, ", "), describeSecret("callbacks.signing_secret", "secret", cb.SigningRef()), cb.Timeout.Std(), cb.MaxAttempts)
+			}
 			file := cmp.Or(cfg.File, "built-in defaults")
 			if len(errs) > 0 {
 				return exitError{code: 2, err: fmt.Errorf("%s: %w", file, errors.Join(errs...))}

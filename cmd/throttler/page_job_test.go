@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +15,8 @@ import (
 
 // The status page's job view shows what the job asked of its downstream's
 // request (path, query, headers) and what was kept of the answer: its
-// status, its kept headers and its body, here a card decline.
+// status, its kept headers and its body, here a card decline; and the
+// callback its end owes, here pending after its receiver answered 503.
 func TestStatusPageShowsRequestAndResponse(t *testing.T) {
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	bin := chromium(t)
@@ -24,21 +27,31 @@ func TestStatusPageShowsRequestAndResponse(t *testing.T) {
 		w.WriteHeader(http.StatusPaymentRequired)
 		io.WriteString(w, `{"error":{"code":"card_declined","message":"Your card was declined."}}`)
 	})
+	// Its callback's receiver is failing.
+	hooks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }))
+	t.Cleanup(hooks.Close)
+	_, secretFile := newHookSecret(t)
 	// The lines before [tenant_defaults] are the test downstream's keys.
-	base := startServer(t, writeConfig(t, `job_paths = ["/v1/*"]
+	base := startServer(t, writeConfig(t, fmt.Sprintf(`job_paths = ["/v1/*"]
 job_headers = ["Stripe-Account"]
 keep_response_headers = ["Request-Id"]
 [tenant_defaults]
 rate = "10/s"
-`, ds))
+[callbacks]
+signing_secret_file = %q
+allow = [%q]
+min_backoff = "1h"
+`, secretFile, hooks.URL+"/"), ds))
 	st, _, adm := call(t, "POST", base+"/v1/tenants/shop/jobs",
-		`{"payload":{"charge":"ch_1"},"request":{"path":"/v1/refunds","query":{"expand[]":"charge"},"headers":{"Stripe-Account":"acct_page"}}}`)
+		`{"payload":{"charge":"ch_1"},"request":{"path":"/v1/refunds","query":{"expand[]":"charge"},"headers":{"Stripe-Account":"acct_page"}},"callback_url":"`+hooks.URL+`/hooks/refunds"}`)
 	if st != 202 {
 		t.Fatalf("enqueue: %d %v", st, adm)
 	}
 	id := adm["id"].(string)
-	testutil.WaitFor(t, 10*time.Second, "the job failed with the decline", atMostEvery(100*time.Millisecond, func() bool {
-		return jobState(t, base, id)["state"] == "failed"
+	testutil.WaitFor(t, 10*time.Second, "the job failed with the decline, its callback tried", atMostEvery(100*time.Millisecond, func() bool {
+		j := jobState(t, base, id)
+		cb, _ := j["callback"].(map[string]any)
+		return j["state"] == "failed" && cb["attempts"] == 1.0
 	}))
 	plan := []map[string]any{{"do": "live"}, {"do": "lookup", "job": id, "expect": "card_declined"}}
 	dom := headlessFor(t, bin, pageProxy(t, base, plan, nil)+"/", 10*time.Second, "--dump-dom")
@@ -50,6 +63,9 @@ rate = "10/s"
 		`Request-Id: req_page_1`,
 		`Content-Type: application/json`,
 		`{"error":{"code":"card_declined","message":"Your card was declined."}}`,
+		`id="lookupCallback">pending (1 attempt)`,
+		hooks.URL + `/hooks/refunds`,
+		`the receiver answered 503`,
 	} {
 		if !strings.Contains(dom, want) && !strings.Contains(dom, htmlEscape(want)) {
 			t.Errorf("the job view lacks %s", want)

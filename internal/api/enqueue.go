@@ -28,6 +28,11 @@ type jobRequest struct {
 	// Type is the job's kind for a downstream that is a Go handler
 	// (DESIGN.md section 6d: an asynq task's type); "" for none.
 	Type string `json:"type"`
+	// CallbackURL and CallbackOn: where and on which final states the
+	// job's end is told (DESIGN.md section 6b); the tenant's callback_url
+	// when the job names none.
+	CallbackURL string   `json:"callback_url"`
+	CallbackOn  []string `json:"callback_on"`
 }
 
 // decode reads exactly one JSON value from body into v, refusing unknown
@@ -64,7 +69,7 @@ func decodeError(err error) error {
 		return errorf(http.StatusBadRequest, "invalid_json", "field %q must be %s, not %s", typ.Field, kindName(typ.Type), typ.Value)
 	case strings.HasPrefix(msg, "json: unknown field "):
 		field := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\", \"expires_in\", \"request\" or \"type\" (\"request\" with \"method\", \"path\", \"query\" and \"headers\")", field)
+		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\", \"expires_in\", \"request\", \"type\", \"callback_url\" or \"callback_on\" (\"request\" with \"method\", \"path\", \"query\" and \"headers\")", field)
 	}
 	return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid: %v", err)
 }
@@ -113,7 +118,11 @@ func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayl
 	if !validType(j.Type) {
 		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_type", "%s\"type\" must be at most 256 printable ASCII characters (a Go handler's task type, such as \"email:welcome\")", where)
 	}
-	nj := queue.NewJob{Payload: j.Payload, IdempotencyKey: key, Request: normalRequest(j.Request), Type: j.Type}
+	cb, err := s.callback(tenant, j, where)
+	if err != nil {
+		return queue.NewJob{}, err
+	}
+	nj := queue.NewJob{Payload: j.Payload, IdempotencyKey: key, Request: normalRequest(j.Request), Type: j.Type, Callback: cb}
 	if j.Cost != nil {
 		if *j.Cost < 1 || *j.Cost > 1_000_000 {
 			return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_cost", "%s\"cost\" must be a whole number from 1 to 1000000, got %d", where, *j.Cost)

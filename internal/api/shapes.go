@@ -182,8 +182,14 @@ func jobJSON(j queue.Job) map[string]any {
 	if j.Response != nil {
 		m["response"] = responseJSON(j.Response)
 	}
+	if cb := callbackJSON(j); cb != nil {
+		m["callback"] = cb
+	}
 	return m
 }
+
+// JobJSON is a job as GET /v1/jobs/{id} shows it (a callback's "job").
+func JobJSON(j queue.Job) map[string]any { return jobJSON(j) }
 
 // requestJSON is what a job asked of its downstream's request, the parts
 // it gave: its method, path, query (each name's values, in order) and the

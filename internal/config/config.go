@@ -30,6 +30,7 @@ type Config struct {
 	Tenants        map[string]TenantSettings `toml:"tenants"`
 	Auth           Auth                      `toml:"auth"`
 	Log            Log                       `toml:"log"`
+	Callbacks      Callbacks                 `toml:"callbacks"`
 
 	// File is where the config came from ("" for defaults only).
 	File string `toml:"-"`
@@ -215,8 +216,8 @@ func Default() *Config {
 }
 
 // NeedsRestart lists the keys whose change between c and next a running
-// service cannot take: everything but tenants, tenant defaults and
-// downstreams.
+// service cannot take: everything but tenants, tenant defaults,
+// downstreams and callbacks.
 func (c *Config) NeedsRestart(next *Config) []string {
 	var keys []string
 	for _, f := range []struct {

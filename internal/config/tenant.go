@@ -36,6 +36,10 @@ type TenantSettings struct {
 	windows []leaky.Window // parsed by checkTenant
 	// MaxAttempts overrides the downstream's max_attempts for this tenant.
 	MaxAttempts *int `toml:"max_attempts"`
+	// CallbackURL is where the tenant's jobs' ends are told when a job
+	// names none (DESIGN.md 6b); it must start with one of callbacks.allow.
+	// Default none.
+	CallbackURL string `toml:"callback_url"`
 	// AllowUnknownTenants (tenant_defaults only): false refuses tenants not
 	// named in [tenants.*] with 404. Default true.
 	AllowUnknownTenants *bool `toml:"allow_unknown_tenants"`
@@ -127,6 +131,7 @@ func (t *TenantSettings) inherit(def TenantSettings) {
 	t.Capacity = cmp.Or(t.Capacity, def.Capacity)
 	t.Burst = cmp.Or(t.Burst, def.Burst)
 	t.MaxAttempts = cmp.Or(t.MaxAttempts, def.MaxAttempts)
+	t.CallbackURL = cmp.Or(t.CallbackURL, def.CallbackURL)
 	if t.Windows == nil {
 		t.Windows = def.Windows
 	}
@@ -150,6 +155,9 @@ func (c *Config) checkTenant(key string, t *TenantSettings) error {
 	}
 	if t.Burst == nil || *t.Burst < 1 || *t.Burst > 1_000_000 {
 		return bad("burst", "must be from 1 to 1000000")
+	}
+	if err := c.checkCallbackURL(key+".callback_url", t.CallbackURL); err != nil {
+		return err
 	}
 	if t.MaxAttempts != nil && (*t.MaxAttempts < 1 || *t.MaxAttempts > 100) {
 		return bad("max_attempts", "must be from 1 to 100, got %d", *t.MaxAttempts)

@@ -24,6 +24,7 @@ func (c *Config) Validate() error {
 		c.checkStore,
 		c.checkDispatch,
 		c.checkDownstreams,
+		c.checkCallbacks,
 		c.checkTenantDefaults,
 		c.checkTenants,
 	} {

@@ -32,6 +32,7 @@ type Metrics struct {
 	accepted, rejected, delivered, failed, retried *prometheus.CounterVec
 	expired                                        *prometheus.CounterVec
 	attempts, pushbacks                            *prometheus.CounterVec
+	callbacks                                      *prometheus.CounterVec
 	dispatchError, queueWait, latency              *prometheus.HistogramVec
 	labels                                         Labels
 	breakers                                       atomic.Pointer[func() map[string]bool]
@@ -78,11 +79,13 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 			Help: "Requests to downstreams, by answer class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error)."}, []string{"downstream", "class"}),
 		pushbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "pushbacks_total",
 			Help: "Answers that paused a tenant to wait as the downstream asked (429, or 503 with Retry-After)."}, []string{"downstream"}),
+		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "callbacks_total",
+			Help: "Attempts at callbacks to producers (DESIGN.md 6b), by outcome: delivered (2xx), retry (will be tried again), failed (given up)."}, []string{"outcome"}),
 		dispatchError: hist("dispatch_error_seconds", "When a request was written, minus the job's slot."),
 		queueWait:     hist("queue_wait_seconds", "When a job's first attempt was written, minus when it was accepted."),
 		latency:       hist("downstream_latency_seconds", "From writing a request to its answer (or error)."),
 	}
-	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.pushbacks, m.dispatchError, m.queueWait, m.latency,
+	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.pushbacks, m.callbacks, m.dispatchError, m.queueWait, m.latency,
 		&queueCollector{store: store, labels: labels, named: named}, breakerCollector{m})
 	if sp, ok := store.(queue.Space); ok {
 		reg.MustRegister(spaceCollector{sp})
@@ -92,6 +95,9 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Rare events start at 0 for the tenants named in config, so a rate()
 	// or an alert on them has a series before the first one happens.
+	for _, outcome := range []string{"delivered", "retry", "failed"} {
+		m.callbacks.WithLabelValues(outcome)
+	}
 	for _, name := range named() {
 		ds, tl := labels(name)
 		m.expired.WithLabelValues(ds, tl)
@@ -138,6 +144,10 @@ func (m *Metrics) Admitted(tenant string, out []queue.Admission) {
 		}
 	}
 }
+
+// Callback counts one attempt at a callback by its outcome: delivered,
+// retry or failed.
+func (m *Metrics) Callback(outcome string) { m.callbacks.WithLabelValues(outcome).Inc() }
 
 // Attempt records one attempt and how it ended.
 func (m *Metrics) Attempt(j queue.Job, o queue.Outcome, class string, latency time.Duration) {

@@ -57,14 +57,39 @@ func compileSigning(key string, ref secret.Ref) ([]secret.Value, error) {
 // secret from a pool (hmac.New costs a dozen allocations), the signature
 // header built in one string, and the three values in one slice.
 func (o *Downstream) Sign(h http.Header, id string, body []byte, at time.Time) {
-	if len(o.macs) == 0 {
+	sign(o.macs, h, id, body, at)
+}
+
+// Signer signs what is not a downstream's attempt (the callbacks of
+// [callbacks]) as Downstream.Sign signs an attempt.
+type Signer struct {
+	macs []*sync.Pool
+}
+
+// CompileSigner reads the signing secrets of section key (such as
+// "callbacks") from ref; errors as compileSigning's.
+func CompileSigner(key string, ref secret.Ref) (*Signer, error) {
+	keys, err := compileSigning(key, ref)
+	if err != nil {
+		return nil, err
+	}
+	return &Signer{macs: macPools(keys)}, nil
+}
+
+// Sign is Downstream.Sign, with the signer's secrets.
+func (s *Signer) Sign(h http.Header, id string, body []byte, at time.Time) {
+	sign(s.macs, h, id, body, at)
+}
+
+func sign(macs []*sync.Pool, h http.Header, id string, body []byte, at time.Time) {
+	if len(macs) == 0 {
 		return
 	}
 	var tsBuf [20]byte // any int64 in decimal
 	ts := strconv.AppendInt(tsBuf[:0], at.Unix(), 10)
 	var sig strings.Builder
-	sig.Grow(len(o.macs) * (len("v1, ") + base64.StdEncoding.EncodedLen(sha256.Size)))
-	for i, pool := range o.macs {
+	sig.Grow(len(macs) * (len("v1, ") + base64.StdEncoding.EncodedLen(sha256.Size)))
+	for i, pool := range macs {
 		if i > 0 {
 			sig.WriteByte(' ')
 		}

@@ -103,6 +103,10 @@ type Job struct {
 	// asynq task's type); "" for none. Kept with the job, never sent over
 	// HTTP.
 	Type string `json:"type,omitempty"`
+	// Callback is where its end is told (nil: nowhere).
+	Callback *JobCallback `json:"callback,omitempty"`
+	// CallbackStatus is the callback its end owed (nil: none owed yet).
+	CallbackStatus *CallbackStatus `json:"callback_status,omitempty"`
 }
 
 // EffectiveCost is the job's cost, 1 by default.
@@ -123,6 +127,8 @@ type NewJob struct {
 	Request *JobRequest
 	// Type: the job's kind for a Go handler ("": none; Job.Type).
 	Type string
+	// Callback: where its end is told (nil: nowhere; Job.Callback).
+	Callback *JobCallback
 }
 
 // Admission is the answer to one NewJob: admitted (Job set, Rejected and

@@ -15,6 +15,8 @@ import (
 type outboundSet struct {
 	cfg    *config.Config
 	byName map[string]*outbound.Downstream
+	// callbacks signs callbacks ([callbacks]; nil: not configured).
+	callbacks *outbound.Signer
 }
 
 // compileOutbound compiles every downstream of cfg. The error is the first
@@ -32,6 +34,17 @@ func compileOutbound(cfg *config.Config) (*outboundSet, error) {
 			return nil, err
 		}
 		set.byName[name] = o
+	}
+	if cfg.Callbacks.Enabled() {
+		signer, err := outbound.CompileSigner("callbacks", cfg.Callbacks.SigningRef())
+		if err != nil {
+			var ce *config.Error
+			if errors.As(err, &ce) && ce.File == "" {
+				ce.File = cfg.File
+			}
+			return nil, err
+		}
+		set.callbacks = signer
 	}
 	return set, nil
 }

@@ -6,6 +6,7 @@ package service
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,11 +17,13 @@ import (
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/api"
+	"github.com/throttler-dev/throttler/internal/callback"
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/dispatch"
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/metrics"
+	"github.com/throttler-dev/throttler/internal/outbound"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/bolt"
 	"github.com/throttler-dev/throttler/internal/queue/redis"
@@ -89,6 +92,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	r.serve(ln)
 	r.consume()
+	r.startCallbacks()
 	r.announce(ln, opts.Started)
 	runErr := r.wait(ctx, opts.Reloads)
 	r.stop()
@@ -113,6 +117,7 @@ type running struct {
 	metrics    *metrics.Metrics // made once the store is open; used from the dispatcher on
 	recent     *metrics.Recent  // the last minutes, for the status page (nil: --role worker)
 	dispatcher *dispatch.Dispatcher
+	callbacks  *callback.Sender // nil: this process sends none (--role api, or a store without callbacks)
 	srv        *http.Server
 
 	stopping, dispatcherDown atomic.Bool
@@ -286,6 +291,35 @@ func (r *running) consume() {
 	}()
 }
 
+// startCallbacks starts sending the callbacks jobs' ends owe (DESIGN.md
+// 6b), in a process that sends (not --role api): with the store's clock,
+// the live [callbacks] and its signer, and a client of its own.
+func (r *running) startCallbacks() {
+	cs, ok := r.store.(queue.CallbackStore)
+	if !ok || r.role == RoleAPI {
+		return
+	}
+	var clk clock.Clock
+	if c, ok := r.store.(queue.Clocked); ok {
+		clk = c.Clock()
+	}
+	r.callbacks = callback.New(callback.Options{
+		Store: cs, Clock: clk, Logger: r.log, OnAttempt: r.metrics.Callback,
+		Live: func() (config.Callbacks, *outbound.Signer) {
+			set := r.out.Load()
+			return set.cfg.Callbacks, set.callbacks
+		},
+		Body: callbackBody,
+	})
+	r.callbacks.Start(context.Background())
+}
+
+// callbackBody is a callback's body (DESIGN.md 6b): the event's type and
+// the job as GET /v1/jobs/{id} shows it.
+func callbackBody(j queue.Job) ([]byte, error) {
+	return json.Marshal(map[string]any{"type": "job." + string(j.State), "job": api.JobJSON(j)})
+}
+
 // announce logs the start and tells opts.Started where the API listens.
 func (r *running) announce(ln net.Listener, started func(addr string)) {
 	cfg := r.cfg
@@ -327,6 +361,9 @@ func (r *running) stop() {
 		log.Warn("API requests still running at shutdown_timeout", "err", err)
 	}
 	r.stopConsume()
+	if r.callbacks != nil {
+		r.callbacks.Stop()
+	}
 	r.stopRecent()
 	select {
 	case <-r.consumeDone:

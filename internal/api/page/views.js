@@ -187,12 +187,25 @@ function renderLookup(j, who, err) {
   const dl = el("dl", {}, ...row("id", j.id), ...row("tenant", tenant), ...row("state", el("span", { className: "badge " + (j.state === "failed" ? "bad" : j.state === "succeeded" ? "ok" : ""), id: "lookupState" }, j.state)),
     ...row("attempts", String(j.attempts)), ...row("enqueued", fmtWhen(j.enqueued_at)), ...row("dispatch at", fmtWhen(j.dispatch_at)),
     ...row("finished", fmtWhen(j.finished_at)), ...row("request", requestView(j.request)),
-    ...row("response", j.response ? responseView(j.response) : j.response_status ? String(j.response_status) : null), ...row("last error", j.last_error));
+    ...row("response", j.response ? responseView(j.response) : j.response_status ? String(j.response_status) : null), ...row("last error", j.last_error),
+    ...row("callback", callbackView(j.callback)));
   const kids = [el("h2", {}, "Job ", close), dl];
   if (j.state === "failed" && who && who.can_retry) {
     kids.push(el("div", { className: "actions" }, el("button", { className: "retry primary", type: "button", textContent: "Retry", on: { click: () => retryJob(j.id) } })));
   }
   box.replaceChildren(...kids);
+}
+
+// callbackView shows the callback a job's end owes its producer: where,
+// its state and attempts, and why the last one failed.
+function callbackView(c) {
+  if (!c) return null;
+  const state = c.state == null ? "when it ends" : c.state + " (" + c.attempts + (c.attempts === 1 ? " attempt)" : " attempts)");
+  const kids = [el("span", { className: "badge " + (c.state === "failed" ? "bad" : c.state === "delivered" ? "ok" : ""), id: "lookupCallback" }, state),
+    " to ", el("code", {}, c.url)];
+  if (c.on) kids.push(" on " + c.on.join(", "));
+  if (c.last_error) kids.push(el("div", { className: "err" }, c.last_error));
+  return el("span", {}, ...kids);
 }
 
 // headerList shows headers as "Name: value" lines.

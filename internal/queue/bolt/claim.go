@@ -249,6 +249,9 @@ func (s *Store) expire(entries []dueEntry) {
 			if err := putJob(tx, j); err != nil {
 				return err
 			}
+			if err := oweCallback(tx, j, now); err != nil {
+				return err
+			}
 			if err := tx.Bucket(bucketDone).Put(dueKey(now, j.ID), nil); err != nil {
 				return err
 			}

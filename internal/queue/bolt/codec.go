@@ -31,10 +31,16 @@ import (
 //
 // Version 3 adds the job's type (Job.Type, for a Go handler; "" for none)
 // after the request; versions 1 and 2 are still read, with none.
+//
+// Version 4 adds the job's callback (queue.JobCallback as JSON, "" for
+// none) after the type; earlier versions are still read, with none. The
+// callback's state, which changes after the job's end, is not in the
+// record: it is in bucketCallbacks.
 const (
 	jobRecordV1 = 1
 	jobRecordV2 = 2
 	jobRecordV3 = 3
+	jobRecordV4 = 4
 )
 
 // inlinePayload is the largest payload kept in the job's record: an
@@ -60,7 +66,7 @@ func stateCode(st queue.JobState) (byte, bool) {
 // payload inline (nil: none there; it is in bucketPayloads).
 func encodeJob(b []byte, j queue.Job, payload []byte) []byte {
 	code, ok := stateCode(j.State)
-	b = append(b, jobRecordV3, code)
+	b = append(b, jobRecordV4, code)
 	b = appendString(b, j.Tenant)
 	if !ok {
 		b = appendString(b, string(j.State)) // never written today; kept readable
@@ -88,6 +94,7 @@ func encodeJob(b []byte, j queue.Job, payload []byte) []byte {
 	b = append(b, prompt)
 	b = appendRequest(b, j.Request)
 	b = appendString(b, j.Type)
+	b = appendCallback(b, j.Callback)
 	if payload == nil {
 		return append(b, 0)
 	}
@@ -106,7 +113,7 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 	}
 	d := decoder{b: raw}
 	version := d.byte()
-	if version < jobRecordV1 || version > jobRecordV3 {
+	if version < jobRecordV1 || version > jobRecordV4 {
 		return j, nil, errBadRecord
 	}
 	code := d.byte()
@@ -139,6 +146,11 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 	}
 	if version >= jobRecordV3 {
 		j.Type = d.string()
+	}
+	if version >= jobRecordV4 {
+		if j.Callback, err = decodeCallback(d.bytes()); err != nil {
+			return queue.Job{}, nil, err
+		}
 	}
 	if d.byte() == 1 {
 		inline = d.bytes()
@@ -174,6 +186,30 @@ func decodeRequest(raw []byte) (*queue.JobRequest, error) {
 		return nil, errBadRecord
 	}
 	return r, nil
+}
+
+// appendCallback appends a job's callback as a string: its JSON, or ""
+// for none.
+func appendCallback(b []byte, c *queue.JobCallback) []byte {
+	if c == nil {
+		return append(b, 0)
+	}
+	raw, err := json.Marshal(c)
+	if err != nil { // strings: cannot fail
+		panic(err)
+	}
+	return appendString(b, string(raw))
+}
+
+func decodeCallback(raw []byte) (*queue.JobCallback, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	c := new(queue.JobCallback)
+	if err := json.Unmarshal(raw, c); err != nil {
+		return nil, errBadRecord
+	}
+	return c, nil
 }
 
 func appendString(b []byte, s string) []byte {

@@ -145,7 +145,7 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 		ID: queue.NewID(c.now), Tenant: c.tenant, State: queue.StateQueued, Payload: nj.Payload,
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: c.now, DispatchAt: at, Slot: d.Slot,
 		AdmitDelay: delay, AdmitDepth: tm.depth, Prompt: d.Delay == 0 && !c.paused,
-		Deadline: nj.Deadline, Request: nj.Request, Type: nj.Type,
+		Deadline: nj.Deadline, Request: nj.Request, Type: nj.Type, Callback: nj.Callback,
 	}
 	if cost > 1 {
 		j.Cost = cost

@@ -100,6 +100,9 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 		if err := putJob(tx, j); err != nil {
 			return err
 		}
+		if err := oweCallback(tx, j, j.FinishedAt); err != nil {
+			return err
+		}
 		return tx.Bucket(bucketDone).Put(dueKey(j.FinishedAt, j.ID), nil)
 	})
 	s.mu.Lock()

@@ -180,6 +180,9 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 			return queue.Job{}, err
 		}
 	}
+	if err := oweCallback(tx, cur, cur.FinishedAt); err != nil {
+		return queue.Job{}, err
+	}
 	return cur, tx.Bucket(bucketDone).Put(dueKey(cur.FinishedAt, cur.ID), nil)
 }
 

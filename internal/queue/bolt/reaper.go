@@ -47,6 +47,9 @@ func (s *Store) reap(cutoff time.Time, limit int) (int, error) {
 					}
 				}
 			}
+			if err := dropCallback(tx, id, true); err != nil {
+				return err
+			}
 			if err := jobs.Delete([]byte(id)); err != nil {
 				return err
 			}

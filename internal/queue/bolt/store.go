@@ -312,7 +312,10 @@ func getShown(tx *bbolt.Tx, id string) (queue.Job, bool, error) {
 	if err != nil || !found {
 		return j, found, err
 	}
-	j.Response, err = getResponse(tx, id)
+	if j.Response, err = getResponse(tx, id); err != nil {
+		return j, true, err
+	}
+	j.CallbackStatus, err = getCallback(tx, id)
 	return j, true, err
 }
 

@@ -9,7 +9,8 @@
 // (as River's riverdrivertest). The suite's tests are grouped by topic, a
 // file each: admission, consume, pause, deadlines, windows, ceilings,
 // restart, responses (a job's request and answers kept with it), handlers
-// (a job's type, and a Go handler's cancel).
+// (a job's type, and a Go handler's cancel), callbacks (what a job's end
+// owes its producer).
 package queuetest
 
 import (
@@ -75,6 +76,7 @@ func Run(t *testing.T, d Driver) {
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
 		{"TypesAndHandlerCancels", testTypesAndHandlerCancels},
+		{"CallbacksOwedWithTheFinalState", testCallbacksOwedWithTheFinalState},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

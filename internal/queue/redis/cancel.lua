@@ -37,5 +37,6 @@ end
 redis.call('ZREM', KEYS[5], j[5])
 inactive(KEYS[3], j[4])
 settle(KEYS[2], now, tonumber(ARGV[5]))
+owe_callbacks(string.sub(KEYS[1], 1, #KEYS[1] - #('job:' .. j[5])), {j[5]}, now)
 tell_finished({j[5]})
 return {2, 'cancelled', now}

@@ -114,5 +114,6 @@ for _, t in ipairs(tenants) do
     settle(t.key, now, idle_ms)
   end
 end
+owe_callbacks(prefix, expired, now)
 tell_finished(expired)
 return out

@@ -123,7 +123,7 @@ func (s *Store) newAdmitCall(k partKeys, tenant string, p leaky.Policy, ceiling 
 // (its hash's again if none) and its id.
 func (c *admitCall) add(jobKey, idemKey, id string, nj queue.NewJob) {
 	c.keys = append(c.keys, jobKey, idemKey)
-	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline), requestArg(nj.Request), nj.Type)
+	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline), requestArg(nj.Request), nj.Type, callbackURLArg(nj.Callback), callbackOnArg(nj.Callback))
 	c.ids = append(c.ids, id)
 }
 
@@ -228,7 +228,7 @@ func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id str
 		ID: id, Tenant: tenant, State: queue.StateQueued, Payload: nj.Payload,
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: r.Now, DispatchAt: r.DispatchAt, Slot: r.Slot,
 		AdmitDelay: r.Delay, AdmitDepth: r.Depth + 1, Prompt: r.Prompt, Deadline: nj.Deadline,
-		Request: nj.Request, Type: nj.Type,
+		Request: nj.Request, Type: nj.Type, Callback: nj.Callback,
 	}
 	if c := max(nj.Cost, 1); c > 1 {
 		j.Cost = c

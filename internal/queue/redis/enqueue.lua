@@ -32,7 +32,9 @@
 -- ARGV[15..]   n and length per window
 -- then per job id, payload, idempotency key ('' none), cost, deadline
 --              ('' none), request (its JSON, '' none: then the hash has
---              no 'request' field), type ('' none: no 'type' field)
+--              no 'request' field), type ('' none: no 'type' field),
+--              callback URL ('' none: no 'cbu' field) and the final
+--              states it tells (comma-separated, '' all four: 'cbon')
 --
 -- Returns one reply per job, each
 --   {code, slot, dispatch_at, delay, retry_after, depth, now, prompt,
@@ -71,7 +73,7 @@ end
 
 -- What a repeated key is answered with: the first job as Job reads it.
 local job_fields = {'id', 'tenant', 'state', 'key', 'cost', 'deadline', 'enq', 'slot', 'dispatch',
-  'delay', 'depth', 'prompt', 'attempts', 'failures', 'sent', 'fin', 'err', 'status', 'request', 'type'}
+  'delay', 'depth', 'prompt', 'attempts', 'failures', 'sent', 'fin', 'err', 'status', 'request', 'type', 'cbu', 'cbon'}
 local function repeat_reply(jk)
   local v = redis.call('HMGET', jk, unpack(job_fields))
   if not v[3] then return nil end -- gone (past retention): the key is stale
@@ -88,11 +90,11 @@ local longest = 0 -- the latest dispatch time admitted, and its cost
 -- Counted over the batch, written once at the end (one command, not one
 -- per job).
 local admitted, accepted, rejected = 0, 0, 0
-for j = 0, (#ARGV - a + 1) / 7 - 1 do
-  local b = a + j * 7
+for j = 0, (#ARGV - a + 1) / 9 - 1 do
+  local b = a + j * 9
   local id, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 2]
   local cost, deadline, request = tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5]
-  local jtype = ARGV[b + 6]
+  local jtype, cb_url, cb_on = ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
   local jk, ik = KEYS[9 + nw + j * 2], KEYS[10 + nw + j * 2]
   local r
   local first = key ~= '' and redis.call('GET', ik)
@@ -124,6 +126,7 @@ for j = 0, (#ARGV - a + 1) / 7 - 1 do
         'delay', delay, 'depth', depth + 1, 'prompt', r[8], 'attempts', 0, 'failures', 0)
       if request ~= '' then redis.call('HSET', jk, 'request', request) end
       if jtype ~= '' then redis.call('HSET', jk, 'type', jtype) end
+      if cb_url ~= '' then redis.call('HSET', jk, 'cbu', cb_url, 'cbon', cb_on) end
       -- Kept while the job is, and store.retention after it finishes.
       if key ~= '' then redis.call('SET', ik, id) end
       accepted = accepted + 1

@@ -71,6 +71,7 @@ for i = 6, #ARGV, 9 do
     ended[#ended + 1] = id
   end
 end
+owe_callbacks(prefix, ended, now)
 tell_finished(ended)
 
 for _, t in ipairs(tenants) do

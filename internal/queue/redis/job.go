@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/leaky"
@@ -85,6 +86,20 @@ func jobFromHash(h map[string]string) queue.Job {
 		var r queue.JobRequest
 		if json.Unmarshal([]byte(raw), &r) == nil {
 			j.Request = &r
+		}
+	}
+	if u := h["cbu"]; u != "" {
+		j.Callback = &queue.JobCallback{URL: u}
+		for st := range strings.SplitSeq(h["cbon"], ",") {
+			if st != "" {
+				j.Callback.On = append(j.Callback.On, queue.JobState(st))
+			}
+		}
+	}
+	if st := h["cbs"]; st != "" {
+		j.CallbackStatus = &queue.CallbackStatus{State: st, Attempts: int(n("cba")), LastError: h["cbe"]}
+		if st == queue.CallbackPending {
+			j.CallbackStatus.NextAt = fromMicros(n("cbn"))
 		}
 	}
 	if raw := h["resp"]; raw != "" {

@@ -72,6 +72,21 @@ local function tell_finished(ids)
   if #ids > 0 then redis.call('PUBLISH', 'throttler:finished', table.concat(ids, ' ')) end
 end
 
+-- Owes the callbacks of jobs ids (a list) that just reached a final
+-- state (each hash's 'state' written), in the write that puts them there,
+-- so a crash between the two cannot lose one (DESIGN.md 6b): pending, due
+-- now, in the partition's callbacks zset (id -> when next due; callbacks.go).
+local function owe_callbacks(prefix, ids, now)
+  for _, id in ipairs(ids) do
+    local jk = prefix .. 'job:' .. id
+    local c = redis.call('HMGET', jk, 'cbu', 'cbon', 'state')
+    if c[1] and c[1] ~= '' and (not c[2] or c[2] == '' or string.find(',' .. c[2] .. ',', ',' .. c[3] .. ',', 1, true)) then
+      redis.call('HSET', jk, 'cbs', 'pending', 'cba', 0, 'cbe', '', 'cbn', now)
+      redis.call('ZADD', prefix .. 'callbacks', now, id)
+    end
+  end
+end
+
 -- One fewer job of tenant in the partition's active set.
 local function inactive(active, tenant)
   if tonumber(redis.call('ZINCRBY', active, -1, tenant)) <= 0 then redis.call('ZREM', active, tenant) end

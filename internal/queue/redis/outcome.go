@@ -85,7 +85,8 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 		_, err = tx.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
 			s.writeOutcome(ctx, pipe, k, next, st, rec, p)
 			if next.State.Finished() {
-				pipe.Publish(ctx, finishedChannel, next.ID) // in the same transaction (lib.lua's tell_finished)
+				oweCallback(ctx, pipe, k, next, st.now)     // in the same transaction (lib.lua's owe_callbacks)
+				pipe.Publish(ctx, finishedChannel, next.ID) // and tell_finished
 			}
 			if after := sentNext(j, o, p, s.clockMargin()); after > st.next {
 				pipe.HSet(ctx, k.tenant(j.Tenant), "next", after)
