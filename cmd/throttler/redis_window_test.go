@@ -76,6 +76,12 @@ func TestRedisWindowHoldsAcrossATakeover(t *testing.T) {
 		ids = append(ids, body["id"].(string))
 	}
 	testutil.WaitFor(t, 10*time.Second, "the third request written", func() bool { return len(arrivals()) == 3 })
+	// The first two answered, their outcomes recorded: only the third is
+	// in flight at the kill (a busy CI run's race pass killed the worker
+	// before it had recorded the second, which then went again too).
+	testutil.WaitFor(t, 10*time.Second, "the first two jobs recorded succeeded", func() bool {
+		return jobState(t, api.base, ids[0])["state"] == "succeeded" && jobState(t, api.base, ids[1])["state"] == "succeeded"
+	})
 	a.kill9(t)
 	start("b", "--role", "worker")
 	testutil.WaitFor(t, 20*time.Second, "the third job sent again by the new owner", func() bool { return len(arrivals()) == 4 })
