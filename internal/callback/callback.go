@@ -166,10 +166,11 @@ func (s *Sender) run(ctx context.Context) {
 			failing = false
 		}
 		for _, j := range jobs {
-			slots <- struct{}{}
+			pool := slots // the pool it is counted in, even if a reload makes another
+			pool <- struct{}{}
 			s.inFlight.Add(1)
 			go func() {
-				defer func() { <-slots; s.inFlight.Done() }()
+				defer func() { <-pool; s.inFlight.Done() }()
 				s.attempt(ctx, j, cfg, signer)
 			}()
 		}

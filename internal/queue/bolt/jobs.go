@@ -262,6 +262,9 @@ func (s *Store) Failed(ctx context.Context, tenant string, limit int) ([]queue.J
 				if j.Response, err = getResponse(tx, id); err != nil {
 					return err
 				}
+				if j.CallbackStatus, err = getCallback(tx, id); err != nil {
+					return err
+				}
 				out = append(out, j)
 			}
 		}
