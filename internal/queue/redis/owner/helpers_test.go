@@ -217,7 +217,7 @@ func (e *env) steady(live ...*tm) (map[string]int, bool) {
 	}
 	for _, l := range leases {
 		w := byID[l.Worker]
-		if w == nil || !w.Holds(l.Partition, l.Epoch) {
+		if w == nil || !w.Holds(l.Partition, l.Epoch) || !e.rec.told(l.Worker, l.Partition, l.Epoch) {
 			return counts, false
 		}
 		counts[l.Worker]++
@@ -229,7 +229,8 @@ func (e *env) steady(live ...*tm) (map[string]int, bool) {
 	return counts, hi-lo <= 1
 }
 
-// waitSteady waits until steady holds among live, and returns how long.
+// waitSteady waits until steady holds among live (each lease held, and
+// its holder's user told so), and returns how long.
 func (e *env) waitSteady(what string, timeout time.Duration, live ...*tm) time.Duration {
 	e.t.Helper()
 	began := time.Now()
@@ -277,6 +278,18 @@ func (r *recorder) all() []event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.events)
+}
+
+// told reports whether worker's user was told it acquired partition p
+// in epoch: a manager holds a partition a moment before it tells its
+// user (a busy CI run's test looked in between).
+func (r *recorder) told(worker string, p int, epoch int64) bool {
+	for _, ev := range r.find("acquired", worker, p) {
+		if ev.epoch == epoch {
+			return true
+		}
+	}
+	return false
 }
 
 // find is the events of kind for partition p (worker "": any worker).
