@@ -17,7 +17,7 @@ const hookURL = "https://app.example/hooks/throttler"
 
 func testCallbacksOwedWithTheFinalState(t *testing.T, d Driver) {
 	clk, s0, reopen := d.startWith(t, Config{Policy: Leaky20(10)})
-	cs, ok := s0.(queue.CallbackStore)
+	_, ok := s0.(queue.CallbackStore)
 	if !ok {
 		t.Skip("the store keeps no callbacks")
 	}
@@ -55,7 +55,16 @@ func testCallbacksOwedWithTheFinalState(t *testing.T, d Driver) {
 	WaitState(t, s0, ids["declined"], queue.StateFailed)
 	WaitState(t, s0, ids["plain"], queue.StateSucceeded)
 	stop()
+	checkCallbacksOwed(t, s0, reopen, clk, ids)
+}
 
+// checkCallbacksOwed checks the callbacks that the ended jobs (ids) owe:
+// kept across restarts, taken for a lease, retried and given up.
+func checkCallbacksOwed(t *testing.T, s0 queue.Store, reopen func() queue.Store, clk interface {
+	Now() time.Time
+	Advance(time.Duration)
+}, ids map[string]string) {
+	ctx := context.Background()
 	status := func(s queue.Store, name string) *queue.CallbackStatus {
 		t.Helper()
 		j, err := s.Job(ctx, ids[name])
@@ -83,7 +92,7 @@ func testCallbacksOwedWithTheFinalState(t *testing.T, d Driver) {
 		t.Fatal(err)
 	}
 	s := reopen()
-	cs = s.(queue.CallbackStore)
+	cs := s.(queue.CallbackStore)
 	want(s, "ok", queue.CallbackPending, 0, "", "after a restart")
 
 	const lease = time.Minute
