@@ -60,9 +60,7 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 	}
 
 	first := waitDelivered(5)
-	if !testutil.Race {
-		downstreamtest.CheckWindows(t, first, 50*time.Millisecond, 1)
-	}
+	downstreamtest.CheckWindows(t, first, 50*time.Millisecond, 1)
 	for _, step := range []struct {
 		rate, log string // the rate reloaded, and what the reload logs
 		n         int    // jobs sent after it, one every 250 ms (4/s)
@@ -75,9 +73,7 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 			t.Fatalf("after reloading %q: %v", step.rate, b)
 		}
 		sent := waitDelivered(step.n)
-		if !testutil.Race {
-			downstreamtest.CheckWindows(t, sent, 250*time.Millisecond, 1)
-		}
+		downstreamtest.CheckWindows(t, sent, 250*time.Millisecond, 1)
 		if span := sent[step.n-1].At.Sub(sent[0].At); span < time.Duration(step.n-1)*250*time.Millisecond-10*time.Millisecond {
 			t.Fatalf("%d sends in %v at 4/s", step.n, span)
 		}
@@ -202,9 +198,7 @@ func TestLoweredRateBacklogIsDeliveredAtTheNewPace(t *testing.T) {
 	if first > oldRate+1 {
 		t.Fatalf("%d sends at the old rate, but only %d jobs were due within the lead (%v) of the reload", first, oldRate, queue.DefaultLead)
 	}
-	if !testutil.Race {
-		downstreamtest.CheckWindows(t, a[first-1:], time.Second, 1)
-	}
+	downstreamtest.CheckWindows(t, a[first-1:], time.Second, 1)
 	// How long the sends at 1/s took in all is the machine's figure, not a
 	// promise: each send is spaced from the real write of the one before
 	// (invariant 1), so a busy machine's late timers add up along the

@@ -230,12 +230,10 @@ func TestRedisFaultsBetweenWorkerAndRedis(t *testing.T) {
 		}
 		t.Logf("%s: %d arrivals, the longest gap %v (%v with 50 ms each way), the closest pair %v",
 			tn, len(of), gap.Round(time.Millisecond), slow.Round(time.Millisecond), closest.Round(10*time.Microsecond))
-		if !testutil.Race {
-			downstreamtest.CheckWindows(t, of, T, 1)
-		}
+		downstreamtest.CheckWindows(t, of, T, 1)
 		// No tenant waits much past the cut: the partitions are taken
 		// again within a lease of it ending.
-		if !testutil.Race && gap > cutFor+lease+time.Second {
+		if gap > cutFor+lease+time.Second {
 			t.Errorf("%s: a gap of %v, more than the cut (%v) plus a lease plus a second", tn, gap, cutFor)
 		}
 	}
@@ -265,7 +263,7 @@ func TestRedisFaultsBetweenWorkerAndRedis(t *testing.T) {
 		off, late := got-p.promised, arrived.Sub(p.answered)-p.promised
 		t.Logf("probe %s: promised %v, arrived %v after the request, %v after the answer (%+v; the sends ahead of it stalled %v, and were %v behind their schedule when it was admitted)",
 			p.tenant, p.promised, got.Round(time.Millisecond), arrived.Sub(p.answered).Round(time.Millisecond), late.Round(time.Millisecond), stalls.Round(time.Millisecond), carried.Round(time.Millisecond))
-		if !testutil.Race && (late-stalls-carried > tol || -off > tol) {
+		if late-stalls-carried > tol || -off > tol {
 			var b strings.Builder
 			for _, a := range of {
 				if a.At.After(restoreAt) {

@@ -141,13 +141,11 @@ func (r *skewRig) check(ids []string, admitted []time.Time, delays []time.Durati
 		}
 	}
 	t.Logf("%d arrivals; across the handover (%s then %s) the closest pair %v apart (T = %v)", len(all), all[0].by, all[len(all)-1].by, closest.Round(10*time.Microsecond), T)
-	if !testutil.Race {
-		first := all[0]
-		off := first.At.Sub(admitted[0]) - delays[0]
-		t.Logf("the first job, sent by %s: promised %v, off by %v", first.by, delays[0], off.Round(time.Millisecond))
-		if tol := max(50*time.Millisecond, delays[0]/20); first.Key == ids[0] && off.Abs() > tol {
-			t.Errorf("the first job arrived %v off its promise of %v (tolerance %v)", off.Round(time.Millisecond), delays[0], tol)
-		}
+	first := all[0]
+	off := first.At.Sub(admitted[0]) - delays[0]
+	t.Logf("the first job, sent by %s: promised %v, off by %v", first.by, delays[0], off.Round(time.Millisecond))
+	if tol := max(50*time.Millisecond, delays[0]/20); first.Key == ids[0] && off.Abs() > tol {
+		t.Errorf("the first job arrived %v off its promise of %v (tolerance %v)", off.Round(time.Millisecond), delays[0], tol)
 	}
 	downstreamtest.CheckWindows(t, plain, T, 1)
 }

@@ -102,9 +102,7 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 	if len(got) != n {
 		t.Fatalf("downstream saw %d requests, want %d", len(got), n)
 	}
-	if !testutil.Race {
-		downstreamtest.CheckWindows(t, got, T, 1)
-	}
+	downstreamtest.CheckWindows(t, got, T, 1)
 }
 
 // kill -9 of a worker mid-attempt, and of another while jobs wait: every
@@ -154,9 +152,7 @@ func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
 		t.Fatalf("%d repeats: only attempts in flight at a kill may repeat", repeats)
 	}
 	checkCarriedOutOnce(t, carriedOut(), ids)
-	if !testutil.Race {
-		downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
-	}
+	downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
 }
 
 // Redis restarted (AOF on) while jobs wait: the API answers 503 with
@@ -212,9 +208,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 			t.Fatalf("%s arrived %d times", key, n)
 		}
 	}
-	if !testutil.Race {
-		downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
-	}
+	downstreamtest.CheckWindows(t, all, 100*time.Millisecond, 1)
 }
 
 // The same burst on a Redis Cluster of three masters.

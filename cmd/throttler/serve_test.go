@@ -18,16 +18,18 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	defer func() {
-		if binDir != "" {
-			os.RemoveAll(binDir)
-		}
-	}()
+	// The built binary (30 MB a run) is removed in goleak's Cleanup: the
+	// verifier exits the process itself, so a deferred call would not run.
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("os/signal.signal_recv"))
+		goleak.IgnoreTopFunction("os/signal.signal_recv"),
+		goleak.Cleanup(func(int) {
+			if binDir != "" {
+				os.RemoveAll(binDir)
+			}
+		}))
 }
 
 type answer struct {

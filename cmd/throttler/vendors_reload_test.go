@@ -213,8 +213,5 @@ func TestHTTPSDeliveriesArePaced(t *testing.T) {
 	if len(a) != 30 || len(ds.Keys()) != 30 {
 		t.Fatalf("%d arrivals of %d jobs, want 30 jobs once each", len(a), len(ds.Keys()))
 	}
-	if testutil.Race {
-		t.Skip("spacing is checked without -race")
-	}
 	downstreamtest.CheckWindows(t, a, 50*time.Millisecond, 1)
 }
