@@ -15,6 +15,19 @@ type Clock interface {
 	After(d time.Duration) <-chan time.Time
 }
 
+// AfterAt fires once c reads t. A wait computed from an earlier reading
+// (After(t.Sub(now))) fires late by however long the caller took since it
+// read the clock: a busy machine's pass over the store, or a fake clock
+// moved meanwhile. A clock that can wait for an instant (Fake) does so.
+func AfterAt(c Clock, t time.Time) <-chan time.Time {
+	if a, ok := c.(interface {
+		AfterAt(time.Time) <-chan time.Time
+	}); ok {
+		return a.AfterAt(t)
+	}
+	return c.After(t.Sub(c.Now()))
+}
+
 // Real is the wall clock (with Go's monotonic reading for durations).
 type Real struct{}
 
@@ -46,13 +59,23 @@ func (f *Fake) Now() time.Time {
 func (f *Fake) After(d time.Duration) <-chan time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.afterAt(f.now.Add(d))
+}
+
+// AfterAt fires once the clock reads t (at once if it does already).
+func (f *Fake) AfterAt(t time.Time) <-chan time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.afterAt(t)
+}
+
+func (f *Fake) afterAt(t time.Time) <-chan time.Time {
 	ch := make(chan time.Time, 1)
-	at := f.now.Add(d)
-	if d <= 0 {
+	if !t.After(f.now) {
 		ch <- f.now
 		return ch
 	}
-	f.waiters = append(f.waiters, fakeWaiter{at: at, ch: ch})
+	f.waiters = append(f.waiters, fakeWaiter{at: t, ch: ch})
 	return ch
 }
 

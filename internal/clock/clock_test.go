@@ -28,3 +28,34 @@ func TestFakeNext(t *testing.T) {
 		t.Fatalf("all fired, Next %v, %d waiters", at, f.Waiters())
 	}
 }
+
+// AfterAt waits for an instant: the clock moving between the caller's
+// reading and its wait does not move the wake.
+func TestAfterAtFiresAtTheInstant(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := NewFake(t0)
+	wake := f.Now().Add(50 * time.Millisecond)
+	f.Advance(30 * time.Millisecond) // the caller took this long
+	ch := AfterAt(f, wake)
+	if at, ok := f.Next(); !ok || !at.Equal(wake) {
+		t.Fatalf("Next %v %v, want the instant asked for, t0+50ms", at, ok)
+	}
+	f.Advance(20 * time.Millisecond)
+	select {
+	case <-ch:
+	default:
+		t.Fatal("not fired with the clock at its instant")
+	}
+	select {
+	case <-AfterAt(f, t0): // passed already: at once
+	default:
+		t.Fatal("an instant already passed did not fire at once")
+	}
+	// A clock that cannot wait for an instant waits what is left of it.
+	real := AfterAt(Real{}, time.Now().Add(-time.Second))
+	select {
+	case <-real:
+	case <-time.After(time.Second):
+		t.Fatal("Real: an instant already passed did not fire at once")
+	}
+}

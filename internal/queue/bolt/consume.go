@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/queue"
 )
 
@@ -58,13 +59,17 @@ func (s *Store) Consume(ctx context.Context, h queue.Handler, opts queue.Consume
 		} else if !next.IsZero() {
 			wait = min(wait, next.Add(-lead+claimEvery).Sub(now))
 		}
-		s.nextWake.Store(now.Add(wait).UnixNano())
+		// The wake is an instant, not a wait from now: the pass above may
+		// have taken a while (a busy machine; a fake clock moved), and a
+		// wait would wake that much late.
+		wakeAt := now.Add(max(wait, time.Millisecond))
+		s.nextWake.Store(wakeAt.UnixNano())
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.wake:
 		case <-full:
-		case <-s.clock.After(max(wait, time.Millisecond)):
+		case <-clock.AfterAt(s.clock, wakeAt):
 		}
 	}
 }

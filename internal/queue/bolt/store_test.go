@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -683,5 +684,61 @@ func TestRetryAfterHoldsWhenTheStartLagFalls(t *testing.T) {
 	clk.Advance(refused.Rejected.RetryAfter - 50*time.Millisecond)
 	if again := queuetest.EnqueueOne(t, s, "otp", queuetest.Payload(2)); again.Rejected != nil {
 		t.Fatalf("sent again after its Retry-After %v: refused again, retry after %v", refused.Rejected.RetryAfter, again.Rejected.RetryAfter)
+	}
+}
+
+// slowPassClock is a fake clock that moves on by step every time it is
+// read while armed: a pass over the store that takes that long (a busy
+// machine's fsync, or the model test's clock moved on meanwhile).
+type slowPassClock struct {
+	*clock.Fake
+	step  time.Duration
+	armed atomic.Bool
+}
+
+func (c *slowPassClock) Now() time.Time {
+	now := c.Fake.Now()
+	if c.armed.Load() {
+		c.Fake.Set(now.Add(c.step))
+	}
+	return now
+}
+
+// The dispatcher wakes for the next job at an instant, not after a wait
+// counted from the start of a pass that took a while: it waited that much
+// too long (a CI run's model test found a job due at its time and not
+// handed over, the clock having moved while the dispatcher read the
+// store).
+func TestConsumeWakesAtItsInstantAfterASlowPass(t *testing.T) {
+	t.Parallel()
+	clk := &slowPassClock{Fake: clock.NewFake(queuetest.T0), step: 50 * time.Millisecond}
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: func(string) leaky.Policy {
+		return leaky.Policy{Interval: time.Second, Burst: 1, Capacity: 10}
+	}})
+	first := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(1))
+	second := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(2))
+	if !second.Job.DispatchAt.Equal(first.Job.DispatchAt.Add(time.Second)) {
+		t.Fatalf("slots %v and %v, want a second apart", first.Job.DispatchAt, second.Job.DispatchAt)
+	}
+	got := make(chan queue.Job, 2)
+	clk.armed.Store(true)
+	queuetest.Consume(t, s, 20*time.Millisecond, func(ctx context.Context, j queue.Job) queue.Outcome {
+		got <- j
+		return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: j.DispatchAt}
+	})
+	if j := <-got; j.ID != first.Job.ID {
+		t.Fatalf("handed over %s first, want %s", j.ID, first.Job.ID)
+	}
+	clk.armed.Store(false)
+	// The dispatcher's wake for the second job is set by now (or soon:
+	// the deadline below is for that). Move the clock to its slot exactly.
+	clk.Fake.Set(second.Job.DispatchAt)
+	select {
+	case j := <-got:
+		if j.ID != second.Job.ID {
+			t.Fatalf("handed over %s, want %s", j.ID, second.Job.ID)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the second job, due at %v, not handed over with the clock at its slot (%v)", second.Job.DispatchAt.Sub(queuetest.T0), clk.Fake.Now().Sub(queuetest.T0))
 	}
 }

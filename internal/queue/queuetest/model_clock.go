@@ -25,5 +25,10 @@ func (c *stepClock) After(d time.Duration) <-chan time.Time {
 	return c.Fake.After(d)
 }
 
+func (c *stepClock) AfterAt(t time.Time) <-chan time.Time {
+	c.afters.Add(1)
+	return c.Fake.AfterAt(t)
+}
+
 // afterCalls counts the waits begun so far.
 func (c *stepClock) afterCalls() uint64 { return c.afters.Load() }
