@@ -45,6 +45,17 @@ type Handler interface {
 	Handle(ctx context.Context, job *Job) ([]byte, error)
 }
 
+// Preparer is a Handler that can do its preparation before its slot. The
+// dispatcher calls Prepare before the attempt waits at the gate and the
+// function it returns at the slot, so that little lies between the instant
+// the gate records as the send and the handler's own first line (a busy
+// machine can stretch any work there past DESIGN.md's 2 ms of jitter).
+// Handle must do the same as Prepare and then its function.
+type Preparer interface {
+	Handler
+	Prepare(ctx context.Context, job *Job) func() ([]byte, error)
+}
+
 // HandlerFunc is a function as a Handler.
 type HandlerFunc func(ctx context.Context, job *Job) ([]byte, error)
 

@@ -104,8 +104,12 @@ func calls(m *Mux) map[string]dispatch.Call {
 			// Built before the gate: after it, only the call.
 			job := jobOf(downstream, j)
 			ctx = context.WithValue(ctx, jobKey{}, job)
+			run := func() ([]byte, error) { return h.Handle(ctx, job) }
+			if p, ok := h.(Preparer); ok {
+				run = p.Prepare(ctx, job)
+			}
 			return func() dispatch.Reply {
-				body, err := h.Handle(ctx, job)
+				body, err := run()
 				return reply(body, err)
 			}
 		}

@@ -39,14 +39,28 @@ import (
 )
 
 // New returns h as a throttler handler.
-func New(h asynq.Handler) handler.Handler {
-	return handler.HandlerFunc(func(ctx context.Context, job *handler.Job) ([]byte, error) {
-		typ := job.Type
-		if typ == "" {
-			typ = job.Downstream
-		}
-		return nil, decide(h.ProcessTask(ctx, asynq.NewTask(typ, job.Payload)))
-	})
+func New(h asynq.Handler) handler.Handler { return adapter{h} }
+
+// adapter builds the task, and an *asynq.ServeMux routes it through its
+// middleware, before the slot (handler.Preparer): at the slot only the
+// handler's own chain runs.
+type adapter struct{ h asynq.Handler }
+
+func (a adapter) Handle(ctx context.Context, job *handler.Job) ([]byte, error) {
+	return a.Prepare(ctx, job)()
+}
+
+func (a adapter) Prepare(ctx context.Context, job *handler.Job) func() ([]byte, error) {
+	typ := job.Type
+	if typ == "" {
+		typ = job.Downstream
+	}
+	task := asynq.NewTask(typ, job.Payload)
+	h := a.h
+	if mux, ok := h.(*asynq.ServeMux); ok {
+		h, _ = mux.Handler(task) // what mux.ProcessTask does first
+	}
+	return func() ([]byte, error) { return nil, decide(h.ProcessTask(ctx, task)) }
 }
 
 // decide maps asynq's sentinel errors onto throttler's outcomes.

@@ -186,3 +186,37 @@ func do(t *testing.T, method, url, body string) (int, map[string]any) {
 	json.Unmarshal(raw, &out)
 	return resp.StatusCode, out
 }
+
+// The task is built and a ServeMux's routing and middleware chain are
+// put together in Prepare, before the slot; the function it returns runs
+// only the handler's own chain (the middleware's body, then the handler).
+func TestServeMuxIsRoutedBeforeTheSlot(t *testing.T) {
+	t.Parallel()
+	var events []string
+	mux := asynq.NewServeMux()
+	mux.Use(func(next asynq.Handler) asynq.Handler {
+		events = append(events, "chained")
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			events = append(events, "middleware")
+			return next.ProcessTask(ctx, task)
+		})
+	})
+	mux.HandleFunc("sms:otp", func(ctx context.Context, task *asynq.Task) error {
+		events = append(events, "handler "+string(task.Payload()))
+		return nil
+	})
+	p, ok := asynqhandler.New(mux).(handler.Preparer)
+	if !ok {
+		t.Fatal("the adapter is not a handler.Preparer")
+	}
+	run := p.Prepare(context.Background(), &handler.Job{Type: "sms:otp", Payload: []byte(`{"to":"1"}`)})
+	if fmt.Sprint(events) != "[chained]" {
+		t.Fatalf("after Prepare: %v, want the chain built and nothing run", events)
+	}
+	if _, err := run(); err != nil {
+		t.Fatal(err)
+	}
+	if want := `[chained middleware handler {"to":"1"}]`; fmt.Sprint(events) != want {
+		t.Fatalf("after the call: %v, want %v", events, want)
+	}
+}

@@ -298,7 +298,10 @@ func takeOverAll(s *Store) error {
 	var wg sync.WaitGroup
 	taken := map[int]chan struct{}{}
 	var failed error
+	// The manager may call Acquired before New returns it: the calls'
+	// goroutines read mgr once it is set.
 	var mgr *owner.Manager
+	mgrSet := make(chan struct{})
 	mgr, err := owner.New(owner.Options{Client: s.rdb, Partitions: s.partitions, WorkerID: fmt.Sprintf("model-restart-%p", s),
 		Lease: s.timing.Lease, Logger: s.log,
 		Acquired: func(p int, epoch int64) {
@@ -310,6 +313,7 @@ func takeOverAll(s *Store) error {
 			go func() {
 				defer wg.Done()
 				defer close(done)
+				<-mgrSet
 				f, ok := mgr.Fence(p)
 				if !ok || f.Epoch != epoch {
 					return
@@ -330,6 +334,7 @@ func takeOverAll(s *Store) error {
 			}
 		},
 	})
+	close(mgrSet)
 	if err != nil {
 		return err
 	}
