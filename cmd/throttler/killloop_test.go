@@ -67,18 +67,7 @@ func killLoop(t *testing.T, answerUpTo time.Duration) {
 		restarts = append(restarts, time.Since(killed))
 		t.Logf("kill %d after %d arrivals; listening again %v after the kill", k+1, n, restarts[k].Round(time.Millisecond))
 	}
-	testutil.WaitFor(t, 60*time.Second, "every accepted job delivered", func() bool {
-		n := 0
-		for key := range ds.Keys() {
-			if _, ok := names[key]; ok {
-				n++
-			}
-		}
-		return n == len(names)
-	})
-	nothingMoreWithin(3 * T) // a late repeat would come now
-	all := ds.All()
-	repeats := checkKeys(t, all, names)
+	all, repeats := awaitEveryKey(t, ds, names, T)
 	t.Logf("seed %d: %d jobs, %d kills, %d arrivals, %d repeats (each with its key)", seed, len(names), kills, len(all), repeats)
 	closest := time.Hour
 	for tn := range tenants {
@@ -159,6 +148,25 @@ func postAtOnce(t *testing.T, base string, tenants, perTenant int) map[string]st
 		t.Fatalf("%d jobs not accepted: %v", len(failed), failed)
 	}
 	return names
+}
+
+// awaitEveryKey waits until every accepted job (names: id -> key) has
+// arrived, then three intervals more (a late repeat would come then), and
+// checks every arrival with checkKeys: it returns them and the repeats.
+func awaitEveryKey(t *testing.T, ds *downstreamtest.Server, names map[string]string, T time.Duration) ([]downstreamtest.Arrival, int) {
+	t.Helper()
+	testutil.WaitFor(t, 60*time.Second, "every accepted job delivered", func() bool {
+		n := 0
+		for key := range ds.Keys() {
+			if _, ok := names[key]; ok {
+				n++
+			}
+		}
+		return n == len(names)
+	})
+	nothingMoreWithin(3 * T)
+	all := ds.All()
+	return all, checkKeys(t, all, names)
 }
 
 // checkKeys fails t unless every arrival is of an accepted job and carries

@@ -75,18 +75,7 @@ func TestRedisChaosKeepsEveryTenantSpaced(t *testing.T) {
 	at(2900 * time.Millisecond)
 	w2.kill9(t)
 
-	testutil.WaitFor(t, 60*time.Second, "every accepted job delivered", func() bool {
-		n := 0
-		for key := range ds.Keys() {
-			if _, ok := names[key]; ok {
-				n++
-			}
-		}
-		return n == len(names)
-	})
-	nothingMoreWithin(3 * T) // a late repeat would come now
-	all := ds.All()
-	repeats := checkKeys(t, all, names)
+	all, repeats := awaitEveryKey(t, ds, names, T)
 	t.Logf("%d jobs, %d arrivals, %d repeats (each with its key)", len(names), len(all), repeats)
 	closest, across := time.Hour, time.Hour // across: a pair sent by two workers (a handover)
 	for tn := range tenants {
