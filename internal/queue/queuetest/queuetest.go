@@ -10,7 +10,7 @@
 // file each: admission, consume, pause, deadlines, windows, ceilings,
 // restart, responses (a job's request and answers kept with it), handlers
 // (a job's type, and a Go handler's cancel), callbacks (what a job's end
-// owes its producer).
+// owes its producer), finishes (who waits for a job's end is told).
 package queuetest
 
 import (
@@ -77,6 +77,7 @@ func Run(t *testing.T, d Driver) {
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
 		{"TypesAndHandlerCancels", testTypesAndHandlerCancels},
 		{"CallbacksOwedWithTheFinalState", testCallbacksOwedWithTheFinalState},
+		{"FinalStatesTellTheirWatchers", testFinalStatesTellTheirWatchers},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
