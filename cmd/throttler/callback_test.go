@@ -251,8 +251,15 @@ max_attempts = 100
 		t.Fatalf("the vendor saw %d requests, want %d", len(got), n)
 	}
 	downstreamtest.CheckWindows(t, ds.Of("shop"), T, 1)
-	_, _, metrics := send(t, "GET", p.base+"/metrics", "")
-	for _, want := range []string{`throttler_callbacks_total{outcome="delivered"} ` + strconv.Itoa(n), `throttler_callbacks_total{outcome="failed"} 0`} {
+	// The sender counts an attempt once its record is written: a moment
+	// after the job says delivered.
+	var metrics []byte
+	delivered := `throttler_callbacks_total{outcome="delivered"} ` + strconv.Itoa(n) + "\n"
+	testutil.WaitFor(t, 10*time.Second, "every callback counted delivered", func() bool {
+		_, _, metrics = send(t, "GET", p.base+"/metrics", "")
+		return strings.Contains(string(metrics), delivered)
+	})
+	for _, want := range []string{`throttler_callbacks_total{outcome="failed"} 0`} {
 		if !strings.Contains(string(metrics), want+"\n") {
 			t.Errorf("metrics lack %q", want)
 		}

@@ -71,7 +71,7 @@ func (r *runner) checkAll() {
 		}
 		switch {
 		case st.QueueDepth != depth:
-			r.failf("depth", "tenant %s: queue_depth %d, want %d", name, st.QueueDepth, depth)
+			r.failf("depth", "tenant %s: queue_depth %d, want %d; its jobs (model, store): %s", name, st.QueueDepth, depth, r.jobStates(tn))
 		case st.InFlight != inflight:
 			r.failf("in flight", "tenant %s: in_flight %d, want %d", name, st.InFlight, inflight)
 		case len(tn.wins) == 0 && st.ExpectedDelay != delay, len(tn.wins) > 0 && st.ExpectedDelay < delay:
@@ -173,4 +173,19 @@ func lastN[T any](s []T, n int) []T {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// jobStates lists tn's jobs as the model and the store have them: what a
+// failed count is made of.
+func (r *runner) jobStates(tn *mtenant) string {
+	var out []string
+	for _, j := range tn.jobs {
+		sj, err := r.store.Job(r.ctx, j.id)
+		store := string(sj.State)
+		if err != nil {
+			store = err.Error()
+		}
+		out = append(out, fmt.Sprintf("#%d %v/%s", j.n, j.state, store))
+	}
+	return strings.Join(out, ", ")
 }

@@ -83,7 +83,7 @@ func (r *runner) recoverTenant(tn *mtenant, at time.Time) {
 		}
 	}
 	r.respaceOverdue(tn, overdue, at)
-	r.takeRestartTAT(tn, respaced)
+	r.takeRestartTAT(tn, respaced, at)
 }
 
 // restartBound is the soonest j may go after a restart: no sooner than the
@@ -178,9 +178,9 @@ func (r *runner) respaceOverdue(tn *mtenant, overdue []*mjob, at time.Time) {
 	}
 }
 
-// takeRestartTAT checks the tenant's schedule after a restart and takes
-// it; respaced says whether the restart wrote it back.
-func (r *runner) takeRestartTAT(tn *mtenant, respaced bool) {
+// takeRestartTAT checks the tenant's schedule after a restart at at and
+// takes it; respaced says whether the restart wrote it back.
+func (r *runner) takeRestartTAT(tn *mtenant, respaced bool, at time.Time) {
 	// The next send no sooner than one interval after the last one
 	// recorded, whatever the schedule says.
 	if !tn.lastRecorded.IsZero() {
@@ -188,7 +188,11 @@ func (r *runner) takeRestartTAT(tn *mtenant, respaced bool) {
 	}
 	// What the restart chose beyond that is the store's to choose.
 	if got, ok := r.storeTAT(tn); ok {
-		if got.Before(tn.tat) {
+		// A schedule behind the restart's moment admits as one at it
+		// (the next slot is max(now, tat - tolerance)): only a part
+		// ahead of it can give burst credit.
+		tnow := tn.pz.tenantTime(at)
+		if laterOf(got, tnow).Before(laterOf(tn.tat, tnow)) {
 			r.failf("restart", "tenant %s: after a restart its schedule is at T0+%v (tenant time), sooner than its jobs and last send allow (T0+%v)", tn.name, got.Sub(T0), tn.tat.Sub(T0))
 			return
 		}

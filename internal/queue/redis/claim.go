@@ -71,7 +71,8 @@ const heldRecheck = time.Second
 func (s *Store) claimBatch(ctx context.Context, f owner.Fence, k partKeys, due []*entry, horizon time.Duration) (claimReplies, error) {
 	args := []any{f.Token(), s.now(), horizon.Microseconds(), s.retain.Milliseconds(), heldRecheck.Microseconds(), k.tag, s.idle.Milliseconds(), usCeil(s.clockMargin())}
 	for _, e := range due {
-		args = append(args, e.id, e.tenant, usCeil(s.policy(e.tenant).Interval))
+		p := s.policy(e.tenant)
+		args = append(args, e.id, e.tenant, usCeil(p.Interval), usCeil(p.Tolerance()))
 	}
 	var r claimReplies
 	err := claimScript.Run(ctx, s.rdb, []string{f.Key(), k.active(), k.sending()}, args, &r)

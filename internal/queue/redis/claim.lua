@@ -17,9 +17,11 @@
 -- ARGV[8]  the owner's clock margin (Store.clockMargin): it waits for a
 --          dispatch time on its reading of Redis's clock, which may be
 --          this early
--- ARGV[9..] per job: its id, its tenant, and the tenant's interval (a new
+-- ARGV[9..] per job: its id, its tenant, the tenant's interval (a new
 --          owner sends the tenant's next job no earlier than this job's
---          dispatch time plus its cost times the interval, plus the margin)
+--          dispatch time plus its cost times the interval, plus the
+--          margin) and its burst's tolerance (a new owner gives it no
+--          burst credit until that much after: partKeys.recent)
 --
 -- Returns {now, reply, ...}, one reply per job, each
 --   {code, wait, dispatch_at, attempts, field, value, ...}, code one of
@@ -27,7 +29,7 @@
 --   1  not yet: come back in wait (a pause moved it)
 --   2  claimed: its dispatch time, its attempts now, and its hash (but
 --      'resp', the answer kept of the last attempt)
---   3  expired: its deadline comes first
+--   3  expired: its deadline came before it could go
 --   5  its tenant is held: look again in wait
 
 local now = server_now(ARGV[2])
@@ -36,8 +38,8 @@ local prefix, idle_ms, margin = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 
 -- Each tenant's hash, read once: its pause, and what the batch changes.
 local tenant_of, tenants = tenant_batch(prefix,
-  {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'}, {'next', 'next'}},
-  function(t) t.claimed, t.expired = 0, 0 end)
+  {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'}, {'next', 'next'}, {'tat', 'tat'}},
+  function(t) t.claimed, t.expired, t.tau, t.sent_by = 0, 0, 0, 0 end)
 
 local expired = {}
 local function expire(jk, id, t, key)
@@ -50,8 +52,8 @@ local function expire(jk, id, t, key)
 end
 
 local out = {now}
-for i = 9, #ARGV, 3 do
-  local id, tname, interval = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+for i = 9, #ARGV, 4 do
+  local id, tname, interval, tau = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local jk = prefix .. 'job:' .. id
   local all = redis.call('HGETALL', jk)
   local j = {}
@@ -74,9 +76,13 @@ for i = 9, #ARGV, 3 do
       reply = {5, recheck - now % recheck + at_least(0, slot - frozen), 0, 0}
     else
       local dispatch_at = at_least(t.untl, slot + t.shift)
-      if deadline and dispatch_at > deadline then
+      if deadline and dispatch_at > deadline and now >= deadline then
         expire(jk, id, t, j.key)
         reply = {3, 0, 0, 0}
+      elseif deadline and dispatch_at > deadline then
+        -- It will miss its deadline (a pause moved it): it waits, and
+        -- counts, until then, as on the embedded store.
+        reply = {1, deadline - now, dispatch_at, 0}
       elseif dispatch_at - now > horizon then
         local wait = dispatch_at - now - horizon
         if deadline and deadline - now < wait then wait = deadline - now end
@@ -88,7 +94,9 @@ for i = 9, #ARGV, 3 do
         redis.call('ZADD', prefix .. 'claimed:' .. tname, slot, id)
         redis.call('ZADD', KEYS[3], slot, id)
         t.claimed = t.claimed + 1
-        t.next = at_least(t.next, dispatch_at + interval * at_least(tonumber(j.cost) or 1, 1) + margin)
+        local after = dispatch_at + interval * at_least(tonumber(j.cost) or 1, 1)
+        t.next = at_least(t.next, after + margin)
+        t.sent_by, t.tau = at_least(t.sent_by, after), tau
         reply = {2, 0, dispatch_at, attempts}
         -- The hash but the answer kept of the last attempt (up to 1 MiB),
         -- which the attempt does not need.
@@ -104,15 +112,28 @@ for i = 9, #ARGV, 3 do
   out[#out + 1] = reply
 end
 
+local recent, recent_until = prefix .. 'recent', 0
 for _, t in ipairs(tenants) do
   if t.claimed + t.expired > 0 then
     redis.call('HSET', t.key, 'depth', t.depth - t.claimed - t.expired, 'inflight', t.inflight + t.claimed, 'next', t.next)
+  end
+  -- Until its next send plus its tolerance, a takeover must not give it
+  -- burst credit: noted where its schedule does not say as much already
+  -- (a burst, or a claim later than its slot); a tenant sent on time at
+  -- burst 1 costs nothing here.
+  if t.claimed > 0 and t.sent_by - t.shift + t.tau > t.tat then
+    redis.call('ZADD', recent, t.next + t.tau, t.name)
+    recent_until = at_least(recent_until, t.next + t.tau)
   end
   if t.expired > 0 then
     redis.call('HINCRBY', t.key, 'expired', t.expired)
     for _ = 1, t.expired do inactive(KEYS[2], t.name) end
     settle(t.key, now, idle_ms)
   end
+end
+if recent_until > 0 then
+  redis.call('ZREMRANGEBYSCORE', recent, '-inf', now) -- past: nothing to space from
+  keep(recent, math.floor((recent_until - now) / 1000) + idle_ms) -- gone once none of it matters, as its tenants' hashes
 end
 owe_callbacks(prefix, expired, now)
 tell_finished(expired)

@@ -82,6 +82,13 @@ func (k partKeys) arrivals() string { return k.tag + "arrivals" }
 func (k partKeys) active() string   { return k.tag + "active" }
 func (k partKeys) sending() string  { return k.tag + "sending" }
 
+// recent: the tenants a claim gave a "next" (the last claim's dispatch
+// time plus its cost in intervals) that still matters, whether they have
+// jobs or not: tenant -> next plus the burst's tolerance. A new owner
+// starts each from it with no burst credit: the old owner may have sent
+// until just before (or, frozen, send late).
+func (k partKeys) recent() string { return k.tag + "recent" }
+
 // Gate lanes live under their downstream's hash tag: a send checks its
 // tenant's lane and its downstream's in one script.
 func gateKeys(downstream, tenant string) (tenantLane, downstreamLane string) {

@@ -499,6 +499,88 @@ func TestModelRegression(t *testing.T) {
 				{Kind: queuetest.OpAdvance, D: 250 * ms},
 			},
 		},
+		{
+			// Found by the random run (seed 13): a job whose dispatch time
+			// a pause had moved past its deadline, taken over, was looked at
+			// only at its dispatch time: queued (and counted) 80 ms past its
+			// deadline. takeover.lua now tells the owner the deadline.
+			name: "TakenOverPastDeadline",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: 520 * ms}}},
+				{Kind: queuetest.OpAdvance, D: 200 * ms},
+				{Kind: queuetest.OpAdvance, D: 200 * ms},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpAdvance, D: 100 * ms},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+			},
+		},
+		{
+			// Found by the random run (seed 8): a retry that a pause (429)
+			// moved past its deadline was expired when claimed, 120 ms
+			// before its deadline, where the embedded store keeps it
+			// waiting until then. claim.lua now expires it at its deadline.
+			name: "PausedPastDeadlineExpiresAtIt",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 0}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPermanent}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: 320 * ms}}},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 3}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 2}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpRetry, Pick: 916},
+				{Kind: queuetest.OpAdvance, D: 200 * ms},
+			},
+		},
+		{
+			// Found by the random run (seed 9): a burst-2 tenant's send
+			// recorded, then a crash: the new owner's schedule for the
+			// tenant (no jobs waiting) kept the burst credit the last send
+			// may have used (a frozen old owner may even send late), so a
+			// job admitted next was promised the old owner's instant, though
+			// the floor held its send an interval later. takeover.lua now
+			// starts every tenant whose next send was still to come from it
+			// (partKeys.recent), jobs or not.
+			name: "NoBurstCreditAcrossATakeover",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 2}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+			},
+		},
+		{
+			// Found by the random run (seed 18), after the fix above: a held
+			// tenant's schedule was raised only while its next send was
+			// ahead in real time, but a held tenant's clock stands still.
+			// takeover.lua compares in the tenant's time.
+			name: "NoBurstCreditForAHeldTenant",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k5"}}},
+				{Kind: queuetest.OpHold, Tenant: "b"},
+				{Kind: queuetest.OpAdvance, D: 100 * ms},
+				{Kind: queuetest.OpCrash},
+			},
+		},
+		{
+			// Found by the random run (seed 20; fails one replay in three
+			// without the fix): a job the restart's first takeover moved past
+			// its deadline was not reported by the second (the store's own
+			// owner taking the partition again), so it stayed queued past
+			// its deadline. takeover.lua looks at every waiting job's
+			// deadline now.
+			name: "DeadlineAcrossASecondTakeover",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 0}},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpCancel, Pick: 95},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k3", Deadline: 70 * ms}, {}}},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+			},
+		},
 	}
 	ks := newModelKeyspaces(t)
 	for _, c := range cases {

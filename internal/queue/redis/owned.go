@@ -242,6 +242,11 @@ func (o *owned) load() bool {
 				}
 				for _, w := range t.Waiting {
 					at := clock.Later(queue.DispatchAt(t.Pause, w.Slot, now), o.floor[t.Name])
+					if !w.Missed.IsZero() {
+						// Moved past its deadline: claimed at the deadline
+						// (a lead after its entry's time), which expires it.
+						at = w.Missed.Add(o.c.lead)
+					}
 					o.addLocked(&entry{at: at, id: w.ID, tenant: t.Name, held: !t.Pause.Held.IsZero()})
 				}
 				waiting += len(t.Waiting)

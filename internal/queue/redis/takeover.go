@@ -35,6 +35,9 @@ type takenTenant struct {
 type waitingJob struct {
 	ID   string
 	Slot time.Time // tenant time
+	// Missed is the job's deadline if its dispatch time is past it (zero
+	// if not): it is to be expired then.
+	Missed time.Time
 }
 
 func (t *takenTenant) Decode(r *luascript.Reply) {
@@ -48,7 +51,8 @@ func (t *takenTenant) Decode(r *luascript.Reply) {
 			r.Fail(fmt.Errorf("job %s: slot %q: %w", id, score, err))
 			return
 		}
-		t.Waiting = append(t.Waiting, waitingJob{ID: id, Slot: fromMicros(int64(slot))})
+		missed := r.Time()
+		t.Waiting = append(t.Waiting, waitingJob{ID: id, Slot: fromMicros(int64(slot)), Missed: missed})
 	}
 }
 
@@ -76,6 +80,24 @@ func (s *Store) takeOver(ctx context.Context, f owner.Fence, k partKeys) (now ti
 	names, err := s.rdb.ZRange(ctx, k.active(), 0, -1).Result()
 	if err != nil {
 		return now, 0, nil, queue.Unavailable(err)
+	}
+	// And the tenants without jobs whose next send may still be to come:
+	// their schedules start from it too (takeover.lua). Claims keep the
+	// set to those.
+	recent, err := s.rdb.ZRange(ctx, k.recent(), 0, -1).Result()
+	if err != nil {
+		return now, 0, nil, queue.Unavailable(err)
+	}
+	if len(recent) > 0 {
+		seen := make(map[string]bool, len(names))
+		for _, name := range names {
+			seen[name] = true
+		}
+		for _, name := range recent {
+			if !seen[name] {
+				names = append(names, name)
+			}
+		}
 	}
 	for first := true; first || len(names) > 0; first = false {
 		n := min(len(names), takeoverTenants)

@@ -15,9 +15,20 @@
 --          suffix (leaky.Window.String), N and length
 --
 -- Returns {now, taken back, {tenant, shift, until, held, next, id, slot,
--- id, slot, ...}, ...}: how many jobs it took back, and per tenant its
--- pause, the earliest its next send may go (the last owner's last claim's
--- dispatch time plus its cost in intervals), and its waiting jobs by slot.
+-- deadline, id, slot, deadline, ...}, ...}: how many jobs it took back,
+-- and per tenant its pause, the earliest its next send may go (the last
+-- owner's last claim's dispatch time plus its cost in intervals), and its
+-- waiting jobs by slot, each with its deadline if its dispatch time is
+-- past it (moved by a takeover or a pause; else 0): the owner looks at
+-- such a job at its deadline, when the claim expires it, not at its
+-- dispatch time.
+--
+-- Every tenant's schedule starts no sooner than its next (see
+-- partKeys.recent): its tat is raised to next plus the burst's tolerance,
+-- in tenant time, so that the tenant has no burst credit at the takeover
+-- (the old owner's last sends may have used it; a frozen old owner may
+-- even send late), and a job admitted after it is promised no sooner than
+-- the owner's floor lets it go.
 --
 -- A tenant whose waiting jobs' slots passed while nobody sent them (the
 -- partition had no owner: a worker cut off from Redis, or killed) has them
@@ -125,7 +136,23 @@ while i <= #ARGV do
   local r = {name, shift, untl, held, nxt}
   local waiting = redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')
   respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tonumber(h[5]) or 0)
-  for _, v in ipairs(waiting) do r[#r + 1] = v end
+  local floor = nxt - shift + tau -- tenant time
+  if floor > tenant_time(tk, now) then -- held: its clock stands still, and so does its credit
+    if floor > (tonumber(redis.call('HGET', tk, 'tat')) or 0) then redis.call('HSET', tk, 'tat', floor) end
+  end
+  -- A job moved past its deadline, by a takeover (this run or an earlier
+  -- one of the same or another tenure) or by a pause: the owner is told
+  -- the deadline. One HGET per waiting job.
+  for w = 1, #waiting, 2 do
+    local missed = 0
+    if held == 0 then
+      local deadline = tonumber(redis.call('HGET', prefix .. 'job:' .. waiting[w], 'deadline')) or 0
+      if deadline > 0 and at_least(untl, tonumber(waiting[w + 1]) + shift) > deadline then missed = deadline end
+    end
+    r[#r + 1] = waiting[w]
+    r[#r + 1] = waiting[w + 1]
+    r[#r + 1] = missed
+  end
   out[#out + 1] = r
 end
 return out
