@@ -44,21 +44,23 @@ func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Po
 		cur.State = StateExpired
 		cur.FinishedAt = now
 		cur.LastError = "expired: its deadline passed before it could be sent"
+		rec.Unbook(cur.ID)
 	default: // Retry
 		cur.State = StateRetrying
 		if !o.PauseUntil.IsZero() && !o.PauseUntil.After(now) {
 			// A pushback already over: not a failure, but the job needs a
 			// new slot (its own has passed).
 			tnow := rec.Pause.TenantTime(now)
-			cur.Slot = rec.Reserve(p, tnow, tnow, cur.EffectiveCost())
+			cur.Slot = rec.Reserve(p, tnow, tnow, cur.EffectiveCost(), cur.ID)
 		} else if o.PauseUntil.IsZero() {
 			// A failure. The retry takes one interval of the schedule,
-			// like any job, and waits out its backoff too. Reserving at
-			// the end of the backoff instead would push the schedule
-			// seconds ahead and refuse new jobs as if the queue were full.
+			// like any job, and waits out its backoff too: past its place
+			// it is booked at the backoff's end (Reserve). Moving the
+			// schedule's end there instead would push it seconds ahead
+			// and refuse new jobs as if the queue were full.
 			cur.Failures++
 			pz := rec.Pause
-			cur.Slot = rec.Reserve(p, pz.TenantTime(now), pz.TenantTime(o.NotBefore), cur.EffectiveCost())
+			cur.Slot = rec.Reserve(p, pz.TenantTime(now), pz.TenantTime(o.NotBefore), cur.EffectiveCost(), cur.ID)
 		} // pushback keeps its place: the pause moves it
 	}
 	if o.PauseUntil.After(now) && !cur.State.Finished() {
@@ -79,6 +81,7 @@ func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Po
 			// Its next attempt would come too late: it ends here.
 			cur.State, cur.FinishedAt = StateExpired, now
 			cur.LastError = "expired: its deadline passes before its next attempt; last attempt: " + cur.LastError
+			rec.Unbook(cur.ID)
 		}
 	}
 	return cur, paused

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"slices"
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/clock"
@@ -26,6 +27,60 @@ type TenantRecord struct {
 	// Windows is each window's bookkeeping (by the window as written): the
 	// slots, in tenant time (unix ns), of its last N sends.
 	Windows map[string][]int64 `json:"recent,omitempty"`
+	// Booked is the retries sent later than their place in the schedule
+	// (their backoff ends after it), soonest first, until the schedule
+	// reaches them (Absorb).
+	Booked []Booking `json:"booked,omitempty"`
+}
+
+// Booking is a retry due at the end of its backoff, past the schedule's
+// end when it failed: it keeps that slot (tenant time, unix ns), and the
+// jobs admitted meanwhile are placed around it, not on it.
+type Booking struct {
+	Slot int64  `json:"slot"`
+	Cost int    `json:"cost,omitempty"` // 0 read as 1
+	Job  string `json:"job"`
+}
+
+func (b Booking) cost() int { return max(b.Cost, 1) }
+
+// Absorb takes into the schedule the bookings a job of cost arriving at
+// arrival (tenant time) would pass or crowd: each one due before the job's
+// slot, or too soon after it for the rate (the job's own place and the
+// booking would be closer than the schedule allows). The job is then placed
+// after them. A booking ahead of the job's place stays out of the schedule,
+// so that a long backoff does not fill the queue.
+func (r *TenantRecord) Absorb(p leaky.Policy, arrival time.Time, cost int) {
+	cost = max(cost, 1)
+	tau := p.Tolerance()
+	for len(r.Booked) > 0 {
+		b := r.Booked[0]
+		at := time.Unix(0, b.Slot)
+		slot := clock.Later(arrival, r.TAT.Add(-tau))
+		after := clock.Later(r.TAT, arrival).Add(time.Duration(cost) * p.Interval)
+		if len(p.Windows) > 0 && p.Capacity > 0 {
+			slot = leaky.WindowSlot(r.Recent(p), p, slot, cost)
+			after = clock.Later(after, slot.Add(time.Duration(cost)*p.Interval))
+		}
+		if slot.Before(at) && !at.Before(after.Add(-tau)) {
+			return
+		}
+		r.TAT = clock.Later(r.TAT, at).Add(time.Duration(b.cost()) * p.Interval)
+		r.Booked = r.Booked[1:] // a new slice header: a copy of r shares the array
+	}
+}
+
+// Unbook drops job's booking, if it has one: it will not be sent there
+// (cancelled, expired). The schedule keeps the place it counted for it.
+func (r *TenantRecord) Unbook(job string) {
+	if i := slices.IndexFunc(r.Booked, func(b Booking) bool { return b.Job == job }); i >= 0 {
+		r.Booked = slices.Delete(slices.Clone(r.Booked), i, i+1)
+	}
+}
+
+// IsBooked reports whether job has a booking.
+func (r TenantRecord) IsBooked(job string) bool {
+	return slices.ContainsFunc(r.Booked, func(b Booking) bool { return b.Job == job })
 }
 
 // Recent is the bookkeeping of p's windows (empty for a window new to it).
@@ -67,14 +122,25 @@ func (r *TenantRecord) Record(p leaky.Policy, slot time.Time, cost int) {
 	r.SetRecent(p, leaky.Record(r.Recent(p), p, slot, cost))
 }
 
-// Reserve takes a slot for another attempt of a job of cost, at or after
+// Reserve takes a slot for another attempt of job (of cost), at or after
 // tenant time from and no earlier than notBefore (a backoff), paced like any
 // job and within every window; it does not refuse (the job was admitted).
-func (r *TenantRecord) Reserve(p leaky.Policy, from, notBefore time.Time, cost int) time.Time {
+// The attempt takes the schedule's next place, which counts it in the
+// queue's bound; when its backoff ends after that place it is booked at
+// the backoff's end instead, and the jobs admitted meanwhile are placed
+// around it (Absorb), so that no two sends share a slot.
+func (r *TenantRecord) Reserve(p leaky.Policy, from, notBefore time.Time, cost int, job string) time.Time {
+	r.Absorb(p, from, cost)
 	slot, st := leaky.ReserveCost(leaky.State{TAT: r.TAT}, from, p, cost)
 	at := clock.Later(slot, notBefore)
 	if len(p.Windows) > 0 {
 		at = leaky.WindowSlot(r.Recent(p), p, at, cost)
+	}
+	if notBefore.After(slot) {
+		at = r.clearOfBookings(p, at, cost)
+		r.book(Booking{Slot: at.UnixNano(), Cost: cost, Job: job})
+	}
+	if len(p.Windows) > 0 {
 		r.Record(p, at, cost)
 		if !notBefore.After(slot) {
 			st = leaky.Push(st, at, p, cost) // a window moved it: the rest follow
@@ -82,6 +148,41 @@ func (r *TenantRecord) Reserve(p leaky.Policy, from, notBefore time.Time, cost i
 	}
 	r.TAT = st.TAT
 	return at
+}
+
+// clearOfBookings is the first time at or after at when a send of cost is
+// a whole cost apart from every booking, in every window.
+func (r *TenantRecord) clearOfBookings(p leaky.Policy, at time.Time, cost int) time.Time {
+	for range len(r.Booked) + 1 {
+		moved := false
+		for _, b := range r.Booked {
+			bs := time.Unix(0, b.Slot)
+			if at.Before(bs.Add(time.Duration(b.cost())*p.Interval)) && bs.Before(at.Add(time.Duration(cost)*p.Interval)) {
+				at, moved = bs.Add(time.Duration(b.cost())*p.Interval), true
+			}
+		}
+		if len(p.Windows) > 0 {
+			ws := leaky.WindowSlot(r.Recent(p), p, at, cost)
+			moved = moved || ws.After(at)
+			at = ws
+		}
+		if !moved {
+			break
+		}
+	}
+	return at
+}
+
+// book adds b in slot order (after any of the same slot).
+func (r *TenantRecord) book(b Booking) {
+	if b.Cost <= 1 {
+		b.Cost = 0
+	}
+	i := len(r.Booked)
+	for i > 0 && r.Booked[i-1].Slot > b.Slot {
+		i--
+	}
+	r.Booked = slices.Insert(slices.Clone(r.Booked), i, b)
 }
 
 // NextAfterLastAttempt is the soonest real time the next send may come

@@ -272,6 +272,7 @@ func (s *Store) expire(entries []dueEntry) {
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.depth--
 			tm.rec.Expired++
+			tm.rec.Unbook(j.ID) // never sent: nothing to place around
 			tm.dirty = true
 		}
 		if s.onExpired != nil {

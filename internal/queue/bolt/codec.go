@@ -287,15 +287,17 @@ func (d *decoder) time() time.Time {
 
 // A tenant's record in the tenants bucket is binary too (it is written with
 // every admission): a version byte, then TenantRecord's fields in order.
-// Version 2 adds LastAttemptCost at the end. Records written by earlier
-// versions (version 1, or JSON objects) are still read.
+// Version 2 adds LastAttemptCost at the end, version 3 the bookings after
+// it. Records written by earlier versions (1, 2, or JSON objects) are
+// still read.
 const (
 	tenantRecordV1 = 1
 	tenantRecordV2 = 2
+	tenantRecordV3 = 3
 )
 
 func encodeTenant(b []byte, r queue.TenantRecord) []byte {
-	b = append(b, tenantRecordV2)
+	b = append(b, tenantRecordV3)
 	b = appendTime(b, r.TAT)
 	b = binary.AppendVarint(b, int64(r.Pause.Shift))
 	b = appendTime(b, r.Pause.Until)
@@ -312,7 +314,14 @@ func encodeTenant(b []byte, r queue.TenantRecord) []byte {
 			b = binary.AppendVarint(b, ns)
 		}
 	}
-	return binary.AppendUvarint(b, uint64(max(r.LastAttemptCost, 0)))
+	b = binary.AppendUvarint(b, uint64(max(r.LastAttemptCost, 0)))
+	b = binary.AppendUvarint(b, uint64(len(r.Booked)))
+	for _, bk := range r.Booked {
+		b = binary.AppendVarint(b, bk.Slot)
+		b = binary.AppendUvarint(b, uint64(max(bk.Cost, 0)))
+		b = appendString(b, bk.Job)
+	}
+	return b
 }
 
 func decodeTenant(raw []byte) (queue.TenantRecord, error) {
@@ -323,7 +332,7 @@ func decodeTenant(raw []byte) (queue.TenantRecord, error) {
 	}
 	d := decoder{b: raw}
 	version := d.byte()
-	if version != tenantRecordV1 && version != tenantRecordV2 {
+	if version < tenantRecordV1 || version > tenantRecordV3 {
 		return r, errBadRecord
 	}
 	r.TAT = d.time()
@@ -354,6 +363,17 @@ func decodeTenant(raw []byte) (queue.TenantRecord, error) {
 	}
 	if version >= tenantRecordV2 {
 		r.LastAttemptCost = int(min(d.uvarint(), math.MaxInt32))
+	}
+	if version >= tenantRecordV3 {
+		n := d.uvarint()
+		if d.bad || n > uint64(len(d.b)) {
+			return queue.TenantRecord{}, errBadRecord
+		}
+		for range n {
+			bk := queue.Booking{Slot: d.varint(), Cost: int(min(d.uvarint(), math.MaxInt32))}
+			bk.Job = d.string()
+			r.Booked = append(r.Booked, bk)
+		}
 	}
 	if d.bad || len(d.b) != 0 {
 		return queue.TenantRecord{}, errBadRecord

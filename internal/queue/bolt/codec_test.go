@@ -153,8 +153,8 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 	t.Parallel()
 	// The codec writes every field of TenantRecord: a new one must be
 	// added to it (and here).
-	if n := reflect.TypeFor[queue.TenantRecord]().NumField(); n != 11 {
-		t.Fatalf("queue.TenantRecord has %d fields; encodeTenant and decodeTenant know 11: add the new one to both", n)
+	if n := reflect.TypeFor[queue.TenantRecord]().NumField(); n != 12 {
+		t.Fatalf("queue.TenantRecord has %d fields; encodeTenant and decodeTenant know 12: add the new one to both", n)
 	}
 	if n := reflect.TypeFor[leaky.Pause]().NumField(); n != 3 {
 		t.Fatalf("leaky.Pause has %d fields; encodeTenant and decodeTenant know 3: add the new one to both", n)
@@ -164,6 +164,7 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 		{},
 		{TAT: t0, LastAttemptAt: t0.Add(-time.Second), LastAttemptCost: 4, Accepted: 1 << 40, Rejected: 2, Delivered: 3, Failed: 4, Cancelled: 5, Expired: 6},
 		{TAT: t0, Pause: leaky.Pause{Shift: -3 * time.Second, Until: t0.Add(time.Minute), Held: t0}, Windows: map[string][]int64{"1000/d": {1, -2, t0.UnixNano()}, "5/s": {}}},
+		{TAT: t0, LastAttemptCost: 2, Booked: []queue.Booking{{Slot: t0.UnixNano(), Job: "a"}, {Slot: t0.Add(time.Second).UnixNano(), Cost: 3, Job: "b"}}},
 	}
 	for i, r := range recs {
 		got, err := decodeTenant(encodeTenant(nil, r))
@@ -183,12 +184,19 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 			t.Fatalf("%d: JSON record\n got %s\nwant %s", i, again, want)
 		}
 		full := encodeTenant(nil, r)
-		if r.LastAttemptCost == 0 {
-			// Version 1, before LastAttemptCost: the same bytes without
-			// the last one.
-			v1 := append([]byte{tenantRecordV1}, full[1:len(full)-1]...)
-			if old, err := decodeTenant(v1); err != nil || !reflect.DeepEqual(old, got) {
-				t.Fatalf("%d: version 1 record: %+v, %v; want %+v", i, old, err, got)
+		if len(r.Booked) == 0 {
+			// Version 2, before the bookings: the same bytes without the
+			// last one (their count).
+			v2 := append([]byte{tenantRecordV2}, full[1:len(full)-1]...)
+			if old, err := decodeTenant(v2); err != nil || !reflect.DeepEqual(old, got) {
+				t.Fatalf("%d: version 2 record: %+v, %v; want %+v", i, old, err, got)
+			}
+			if r.LastAttemptCost == 0 {
+				// Version 1, before LastAttemptCost: one byte fewer again.
+				v1 := append([]byte{tenantRecordV1}, full[1:len(full)-2]...)
+				if old, err := decodeTenant(v1); err != nil || !reflect.DeepEqual(old, got) {
+					t.Fatalf("%d: version 1 record: %+v, %v; want %+v", i, old, err, got)
+				}
 			}
 		}
 		for n := range len(full) {

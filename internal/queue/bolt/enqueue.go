@@ -123,7 +123,7 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 		}
 	}
 	cost := max(nj.Cost, 1)
-	d, st, recent := s.admit(c, cost)
+	d, st, recent, booked := s.admit(c, cost)
 	if !d.Admitted {
 		tm.rec.Rejected++
 		tm.dirty = true
@@ -137,7 +137,7 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 		c.out[i] = queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: delay, Deadline: nj.Deadline}, QueueDepth: tm.depth, Capacity: p.Capacity}
 		return nil
 	}
-	tm.rec.TAT = st.TAT
+	tm.rec.TAT, tm.rec.Booked = st.TAT, booked
 	tm.rec.SetRecent(p, recent)
 	tm.rec.Accepted++
 	tm.depth++
@@ -255,9 +255,12 @@ func (s *Store) settle(c *call, commitErr error) error {
 //     than the tenant's rate, so jobs wait past their slots;
 //   - with windows, a job waits for room in a window, not only for its
 //     slot: capacity jobs may wait however long that is (see waiting).
-func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
+func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.Recent, []queue.Booking) {
 	rec, p, depth := c.tm.rec, c.policy, c.tm.depth
 	tnow := rec.Pause.TenantTime(c.now)
+	// Placed around the retries booked ahead (the admission keeps what
+	// this takes in; a refusal leaves them as they were).
+	rec.Absorb(p, c.arrival, cost)
 	windowed := len(p.Windows) > 0 && p.Capacity > 0
 	var waiting []time.Time
 	if windowed {
@@ -298,7 +301,7 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 	if !d.Admitted {
 		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), c.now).Sub(c.now)
 	}
-	return d, st, recent
+	return d, st, recent, rec.Booked
 }
 
 // countedAtArrival is how many of the tenant's depth jobs will still be

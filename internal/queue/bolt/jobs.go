@@ -114,8 +114,12 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 			// The last job of the schedule gives its place back, so that
 			// cancelling does not leave the queue looking fuller than it is.
 			// (Only then: a place in the middle is already spaced around.)
+			// A booked retry is not in that line: it gives back its
+			// booking only.
 			p := s.policy(j.Tenant)
-			if p.Burst == 1 && len(p.Windows) == 0 && j.EffectiveSlot().Add(time.Duration(j.EffectiveCost())*p.Interval).Equal(tm.rec.TAT) {
+			if tm.rec.IsBooked(j.ID) {
+				tm.rec.Unbook(j.ID)
+			} else if p.Burst == 1 && len(p.Windows) == 0 && j.EffectiveSlot().Add(time.Duration(j.EffectiveCost())*p.Interval).Equal(tm.rec.TAT) {
 				tm.rec.TAT = j.EffectiveSlot()
 			}
 		}
@@ -154,7 +158,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 		s.mu.Unlock()
 		return queue.CostTooLarge(c.tenant, cost, most, c.policy.Capacity), nil
 	}
-	d, st, recent := s.admit(c, failed.EffectiveCost())
+	d, st, recent, booked := s.admit(c, failed.EffectiveCost())
 	at := queue.DispatchAt(tm.rec.Pause, d.Slot, c.now)
 	delay := max(at.Sub(c.now), queue.CeilingDelay(c.ceiling, tm.depth))
 	switch {
@@ -167,7 +171,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 		s.mu.Unlock()
 		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: delay, Deadline: failed.Deadline}, QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
 	}
-	tm.rec.TAT = st.TAT
+	tm.rec.TAT, tm.rec.Booked = st.TAT, booked
 	tm.rec.SetRecent(c.policy, recent)
 	tm.depth++
 	tm.pending++

@@ -27,7 +27,7 @@ import (
 // modelKnown are the defects of issue 12 this store still has: the model
 // tolerates them here so that the rest is checked, and the regression
 // cases below pin each one (skipped until it is fixed; then drop its flag).
-const modelKnown = queuetest.DefectPushbackWindow | queuetest.DefectRetryPacing |
+const modelKnown = queuetest.DefectPushbackWindow |
 	queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture
 
 // modelDriver runs the model on the embedded store; known are the defects
@@ -247,7 +247,6 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			name: "RetryPacing", defect: queuetest.DefectRetryPacing,
-			skip: "defect: a retry sent at the end of its backoff, past its place, goes 50ms after the next job at T=100ms (the store leaves spacing to the gate), see report",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 250 * ms}},
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
@@ -258,7 +257,6 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			name: "RetryPacingCancel", defect: queuetest.DefectRetryPacing,
-			skip: "defect: cancelling a retry placed by its backoff gives back a place it never held: the next job shares a slot, see report",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 100 * ms, Timeout: 50 * ms}},
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},

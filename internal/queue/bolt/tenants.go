@@ -44,9 +44,28 @@ func (s *Store) loadTenantTx(tx *bbolt.Tx, name string) (*tenantMem, error) {
 		}
 		tm.rec = rec
 	}
+	if err := dropStaleBookings(tx, &tm.rec); err != nil {
+		return nil, fmt.Errorf("tenant %q: %w", name, err)
+	}
 	tm.rec.FloorAfterLastAttempt(s.policy(name))
 	s.tenants[name] = tm
 	return tm, nil
+}
+
+// dropStaleBookings drops the bookings of jobs cancelled or expired: a
+// cancel or an expiry drops its job's booking from the record in memory,
+// which a crash can lose before the record is next written.
+func dropStaleBookings(tx *bbolt.Tx, rec *queue.TenantRecord) error {
+	for _, b := range rec.Booked {
+		j, found, err := getJob(tx, b.Job, false)
+		if err != nil {
+			return err
+		}
+		if found && (j.State == queue.StateCancelled || j.State == queue.StateExpired) {
+			rec.Unbook(b.Job)
+		}
+	}
+	return nil
 }
 
 // loadTenant is loadTenantTx in its own read transaction (s.mu held).
@@ -165,8 +184,10 @@ func (s *Store) status(name string, tm *tenantMem, now time.Time) queue.TenantSt
 	pz := tm.rec.Pause
 	tnow := pz.TenantTime(now)
 	p := s.policy(name)
-	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: tm.rec.TAT}, tnow, p))
-	slot = leaky.WindowSlot(tm.rec.Recent(p), p, slot, 1)
+	rec := tm.rec
+	rec.Absorb(p, tnow, 1) // as a job admitted now would be placed
+	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: rec.TAT}, tnow, p))
+	slot = leaky.WindowSlot(rec.Recent(p), p, slot, 1)
 	paused, until := pz.Paused(now)
 	return queue.TenantStatus{
 		Tenant:        name,

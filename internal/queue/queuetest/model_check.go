@@ -60,7 +60,8 @@ func (r *runner) checkAll() {
 		}
 		depth, inflight := len(tn.waiting()), tn.count(msInFlight)
 		tt := tn.pz.tenantTime(now)
-		s0 := laterOf(tt, tn.tat.Add(-tn.tau()))
+		tat, _ := tn.absorbed(tt, 1, r.m.known) // as a job admitted now would be placed
+		s0 := laterOf(tt, tat.Add(-tn.tau()))
 		delay := tn.pz.told(s0, now).Sub(now)
 		if len(tn.wins) > 0 {
 			delay = tn.pz.told(tn.earliestWindow(s0, 1), now).Sub(now)

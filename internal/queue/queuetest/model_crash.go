@@ -202,7 +202,7 @@ func (r *runner) takeRestartTAT(tn *mtenant, respaced bool, at time.Time) {
 	// others the floor holds in memory and is found again at the next
 	// start.
 	if respaced {
-		tn.persistedTAT = tn.tat
+		tn.persist()
 		clear(tn.dormant)
 	}
 }
@@ -211,7 +211,7 @@ func (r *runner) takeRestartTAT(tn *mtenant, respaced bool, at time.Time) {
 func (r *runner) takeRestartSlot(tn *mtenant, j *mjob, slot time.Time) {
 	tag := tn.tagNow()
 	tag.T, tag.tau = min(tag.T, j.tag.T), max(tag.tau, j.tag.tau)
-	j.slot, j.tag, j.lateRetry = slot, tag, false
+	j.slot, j.tag = slot, tag
 	tn.recordWindows(slot, j.cost)
 	tn.tat = laterOf(tn.tat, slot.Add(time.Duration(j.cost)*tn.pol.Interval))
 }
@@ -246,9 +246,9 @@ func (m *model) crash(durable bool) {
 	for _, name := range m.order {
 		tn := m.tenants[name]
 		if durable {
-			tn.persistedTAT = tn.tat
+			tn.persist()
 		}
-		tn.tat = tn.persistedTAT
+		tn.tat, tn.booked = tn.persistedTAT, tn.persistedBooked
 		for _, j := range tn.jobs {
 			if j.state == msInFlight {
 				j.state = msWaiting

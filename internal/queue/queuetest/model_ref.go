@@ -189,7 +189,6 @@ type mjob struct {
 	// between): sending it again is allowed, with the same id.
 	possiblySent  bool
 	pushedBack    bool // its last attempt was answered 429: the next is a resend
-	lateRetry     bool // its slot is a retry's, set by the backoff past its place in the schedule
 	heldResend    bool // possibly sent before a crash while its tenant was held (DefectHeldRestart)
 	lateExpiry    bool // past its deadline, held: expired when the store gets to it (DefectLateExpiry)
 	staleDispatch bool // overdue at a restart: the store's dispatch_at is its old slot's (DefectRestartOverdue)
@@ -231,9 +230,62 @@ type mtenant struct {
 	writes            []time.Time
 	lastWriteT        time.Duration
 	lastWriteCost     int
-	// rewound: spans of the schedule a cancelled late retry gave back
-	// without holding them (DefectRetryPacing): they may be booked twice
-	rewound [][2]time.Time
+	// booked: retries whose backoff ends past their place in the
+	// schedule, at their slots (queue.TenantRecord.Booked), soonest first
+	booked, persistedBooked []mbooking
+}
+
+type mbooking struct {
+	slot time.Time
+	cost int
+	j    *mjob
+}
+
+// persist notes the tenant's schedule as written with its record.
+func (tn *mtenant) persist() {
+	tn.persistedTAT, tn.persistedBooked = tn.tat, slices.Clone(tn.booked)
+}
+
+// absorbed is the schedule's end and bookings once a job of cost arriving
+// at tenant time tt is placed around the bookings (queue.TenantRecord's
+// Absorb): each one it would pass or crowd is taken into the schedule.
+// A booking of a job cancelled or expired meanwhile is dropped: the store
+// drops it then.
+func (tn *mtenant) absorbed(tt time.Time, cost int, known Defect) (time.Time, []mbooking) {
+	T, tau := tn.pol.Interval, tn.tau()
+	tat, booked := tn.tat, tn.booked
+	for len(booked) > 0 {
+		b := booked[0]
+		if b.j.state == msCancelled || b.j.state == msExpired {
+			booked = booked[1:]
+			continue
+		}
+		slot := laterOf(tt, tat.Add(-tau))
+		after := laterOf(tat, tt).Add(time.Duration(cost) * T)
+		if len(tn.wins) > 0 && tn.pol.Capacity > 0 {
+			if known&DefectWindowFuture != 0 {
+				slot = tn.earliestAsIfBefore(slot, cost)
+			} else {
+				slot = tn.earliestWindow(slot, cost)
+			}
+			after = laterOf(after, slot.Add(time.Duration(cost)*T))
+		}
+		if slot.Before(b.slot) && !b.slot.Before(after.Add(-tau)) {
+			break
+		}
+		tat = laterOf(tat, b.slot).Add(time.Duration(b.cost) * T)
+		booked = booked[1:]
+	}
+	return tat, booked
+}
+
+// unbook drops j's booking, if any; it reports whether there was one.
+func (tn *mtenant) unbook(j *mjob) bool {
+	i := slices.IndexFunc(tn.booked, func(b mbooking) bool { return b.j == j })
+	if i >= 0 {
+		tn.booked = slices.Delete(slices.Clone(tn.booked), i, i+1)
+	}
+	return i >= 0
 }
 
 func (tn *mtenant) tau() time.Duration { return time.Duration(tn.pol.Burst-1) * tn.pol.Interval }
@@ -349,20 +401,6 @@ func (tn *mtenant) recordWindows(at time.Time, cost int) {
 	}
 }
 
-// inRewound reports whether slot lies in a span a cancelled late retry
-// gave back (only when DefectRetryPacing is tolerated).
-func (tn *mtenant) inRewound(slot time.Time, known Defect) bool {
-	if known&DefectRetryPacing == 0 {
-		return false
-	}
-	for _, r := range tn.rewound {
-		if !slot.Before(r[0]) && slot.Before(r[1]) {
-			return true
-		}
-	}
-	return false
-}
-
 // capacityBound is the most queued jobs admitted since since may hold: the
 // largest capacity in force meanwhile.
 func (tn *mtenant) capacityBound(since time.Time) int {
@@ -467,6 +505,7 @@ func (m *model) decideCost(tn *mtenant, now time.Time, cost int, deadline time.T
 		return mdecision{kind: mCostTooLarge, maxCost: mc}
 	}
 	tt := tn.pz.tenantTime(now)
+	tat, _ := tn.absorbed(tt, cost, m.known) // placed around the retries booked ahead
 	paused := tn.pz.paused(now)
 	told := func(s time.Time) time.Time { return tn.pz.told(s, now) }
 	waiting := tn.waiting()
@@ -492,8 +531,8 @@ func (m *model) decideCost(tn *mtenant, now time.Time, cost int, deadline time.T
 	}
 	var d mdecision
 	if len(tn.wins) == 0 {
-		base := laterOf(tn.tat, tt)
-		slot := laterOf(tt, tn.tat.Add(-tau))
+		base := laterOf(tat, tt)
+		slot := laterOf(tt, tat.Add(-tau))
 		excess := base.Add(time.Duration(cost-1) * T).Add(-tau).Sub(tt)
 		if excess > time.Duration(C)*T {
 			return mdecision{kind: mRejected, ra: told(tt.Add(excess - time.Duration(C)*T)).Sub(now), raExact: true, raWhy: "schedule"}
@@ -511,17 +550,17 @@ func (m *model) decideCost(tn *mtenant, now time.Time, cost int, deadline time.T
 		}
 		d = mdecision{kind: mAdmitted, slot: slot, delay: told(slot).Sub(now), exact: true}
 	} else {
-		s0 := laterOf(tt, tn.tat.Add(-tau))
+		s0 := laterOf(tt, tat.Add(-tau))
 		s := tn.earliestWindow(s0, cost)
 		atOnce := !paused && s.Equal(tt)
 		// The earliest time it could go at once: the schedule and every
 		// window allow it then (tenant time, as if resumed).
-		onceAt := tn.earliestWindow(laterOf(tt, tn.tat.Add(time.Duration(cost-1)*T).Add(-tau)), cost)
+		onceAt := tn.earliestWindow(laterOf(tt, tat.Add(time.Duration(cost-1)*T).Add(-tau)), cost)
 		if C == 0 {
 			if room := B; paused || len(waiting) >= room {
 				return mdecision{kind: mRejected, ra: laterOf(now, tn.pz.resume(now).until, untilFewer(room)).Sub(now), raExact: false, raWhy: "count"}
 			}
-			excess := laterOf(tn.tat, tt).Add(time.Duration(cost-1) * T).Add(-tau).Sub(tt)
+			excess := laterOf(tat, tt).Add(time.Duration(cost-1) * T).Add(-tau).Sub(tt)
 			if excess > 0 || !atOnce {
 				return mdecision{kind: mRejected, ra: told(onceAt).Sub(now), raExact: false, raWhy: "window"}
 			}
@@ -559,6 +598,7 @@ func earliest(a, b time.Time) time.Time {
 func (m *model) take(tn *mtenant, j *mjob, now time.Time, slot time.Time) {
 	T := tn.pol.Interval
 	tt := tn.pz.tenantTime(now)
+	tn.tat, tn.booked = tn.absorbed(tt, j.cost, m.known)
 	next := laterOf(tn.tat, tt).Add(time.Duration(j.cost) * T)
 	if len(tn.wins) > 0 {
 		next = laterOf(next, slot.Add(time.Duration(j.cost)*T)) // the rest follow a moved job
@@ -567,7 +607,6 @@ func (m *model) take(tn *mtenant, j *mjob, now time.Time, slot time.Time) {
 	tn.tat = next
 	clear(tn.dormant) // an admission writes the record's windows
 	j.slot, j.tag, j.state, j.attempts = slot, tn.tagNow(), msWaiting, 0
-	j.lateRetry = tn.inRewound(slot, m.known)
 	j.admittedAt, j.promised, j.disturbed = now, tn.pz.told(slot, now).Sub(now), false
 	j.possiblySent = false
 }
@@ -579,18 +618,47 @@ func (m *model) reserve(tn *mtenant, j *mjob, now, notBefore time.Time) (at time
 	T := tn.pol.Interval
 	tnow := tn.pz.tenantTime(now)
 	tnb := tn.pz.tenantTime(notBefore)
+	tn.tat, tn.booked = tn.absorbed(tnow, j.cost, m.known)
 	r := laterOf(tnow, tn.tat.Add(-tn.tau()))
 	tn.tat = laterOf(tn.tat, tnow).Add(time.Duration(j.cost) * T)
 	at = laterOf(r, tnb)
 	if len(tn.wins) > 0 {
 		at = tn.earliestWindow(at, j.cost)
 	}
+	if tnb.After(r) {
+		at = tn.clearOfBookings(at, j.cost)
+	}
 	return at, tnb.After(r)
+}
+
+// clearOfBookings is the first time at or after at when a send of cost is
+// a whole cost apart from every booking (and fits the windows).
+func (tn *mtenant) clearOfBookings(at time.Time, cost int) time.Time {
+	T := tn.pol.Interval
+	for range len(tn.booked) + 1 {
+		moved := false
+		for _, b := range tn.booked {
+			if b.j.state == msCancelled || b.j.state == msExpired {
+				continue
+			}
+			if end := b.slot.Add(time.Duration(b.cost) * T); at.Before(end) && b.slot.Before(at.Add(time.Duration(cost)*T)) {
+				at, moved = end, true
+			}
+		}
+		if len(tn.wins) > 0 {
+			ws := tn.earliestWindow(at, cost)
+			moved = moved || ws.After(at)
+			at = ws
+		}
+		if !moved {
+			break
+		}
+	}
+	return at
 }
 
 // placeReserved completes reserve once the slot is known (windows).
 func (m *model) placeReserved(tn *mtenant, j *mjob, slot time.Time, backoffRuled bool) {
-	j.lateRetry = backoffRuled || tn.inRewound(slot, m.known)
 	if len(tn.wins) > 0 {
 		tn.recordWindows(slot, j.cost)
 		if !backoffRuled {
@@ -598,6 +666,22 @@ func (m *model) placeReserved(tn *mtenant, j *mjob, slot time.Time, backoffRuled
 		}
 	}
 	j.slot, j.tag = slot, tn.tagNow()
+}
+
+// book books j's retry at slot (its backoff ends past its place).
+func (tn *mtenant) book(j *mjob, slot time.Time) {
+	i := len(tn.booked)
+	for i > 0 && tn.booked[i-1].slot.After(slot) {
+		i--
+	}
+	tn.booked = slices.Insert(slices.Clone(tn.booked), i, mbooking{slot: slot, cost: j.cost, j: j})
+}
+
+// expiresAt reports whether j, given slot at now, expires then (its next
+// attempt as told would come after its deadline): the store keeps no
+// booking of it.
+func (j *mjob) expiresAt(slot, now time.Time) bool {
+	return !j.deadline.IsZero() && j.tn.pz.told(slot, now).After(j.deadline)
 }
 
 // expireIfLate ends j if its next attempt, as told now, would come after its

@@ -140,7 +140,7 @@ func (r *runner) enqueue(op Op, now time.Time) {
 		}
 	}
 	if admittedAny {
-		tn.persistedTAT = tn.tat
+		tn.persist()
 	}
 }
 
@@ -302,11 +302,8 @@ func (r *runner) cancel(op Op, now time.Time) {
 	tn := j.tn
 	// The last job of the schedule gives its place back (leaky, no
 	// windows); only in memory until the tenant's record is next written.
-	if tn.pol.Burst == 1 && len(tn.wins) == 0 && j.slot.Add(time.Duration(j.cost)*tn.pol.Interval).Equal(tn.tat) {
-		if j.lateRetry {
-			// not its place to give: see DefectRetryPacing
-			tn.rewound = append(tn.rewound, [2]time.Time{j.slot, tn.tat})
-		}
+	// A booked retry gives back its booking only.
+	if !tn.unbook(j) && tn.pol.Burst == 1 && len(tn.wins) == 0 && j.slot.Add(time.Duration(j.cost)*tn.pol.Interval).Equal(tn.tat) {
 		tn.tat = j.slot
 	}
 }
@@ -340,7 +337,7 @@ func (r *runner) retry(op Op, now time.Time) {
 		return
 	}
 	if r.admitJob(tn, j, dec, a, "retry of "+r.m.describe(j), now, nil) {
-		tn.persistedTAT = tn.tat
+		tn.persist()
 	}
 }
 
@@ -363,7 +360,7 @@ func (r *runner) hold(op Op, now time.Time) {
 		tn.disturb() // jobs admitted while held were told: as if resumed then
 	}
 	if tn.pz != before {
-		tn.persistedTAT = tn.tat
+		tn.persist()
 	}
 	if err != nil {
 		r.failf("hold", "%v of %s: %v", op.Kind, tn.name, err)

@@ -152,7 +152,7 @@ func (r *runner) answerWrite(j *mjob, ev writeEvent) (reservation, bool) {
 		tn.disturb()
 		j.state = msWaiting
 		r.m.expireIfLate(j, ev.at)
-		tn.persistedTAT = tn.tat
+		tn.persist()
 	case AnswerRetry:
 		return r.onFailure(j, ev.at, ev.at.Add(ev.answer.Backoff), ev.at, 1), true
 	case AnswerTimeout:
@@ -165,7 +165,7 @@ func (r *runner) answerWrite(j *mjob, ev writeEvent) (reservation, bool) {
 func (r *runner) recorded(j *mjob, sentAt time.Time) {
 	j.attempts++
 	j.tn.lastRecorded = laterOf(j.tn.lastRecorded, sentAt)
-	j.tn.persistedTAT = j.tn.tat
+	j.tn.persist()
 }
 
 // onFailure: a 5xx or a timeout answered at now; the next attempt no
@@ -212,7 +212,7 @@ func (r *runner) adopt(rs []reservation, now time.Time) {
 		for _, rv := range group {
 			r.m.expireIfLate(rv.j, now)
 		}
-		tn.persistedTAT = tn.tat
+		tn.persist()
 	}
 }
 
@@ -220,7 +220,7 @@ func (r *runner) adopt(rs []reservation, now time.Time) {
 // tenant with windows (each no sooner than the earliest the windows allow),
 // in the order of their outcomes that gives the store's schedule.
 func (r *runner) placeWindowed(tn *mtenant, group []reservation, stored map[*mjob]time.Time, now time.Time) bool {
-	tat0 := tn.tat
+	tat0, booked0 := tn.tat, tn.booked
 	entries := make([][]mentry, len(tn.wins))
 	for i, w := range tn.wins {
 		entries[i] = slices.Clone(w.entries)
@@ -229,8 +229,11 @@ func (r *runner) placeWindowed(tn *mtenant, group []reservation, stored map[*mjo
 	// allow: sorted, the store's slots are no sooner than the model's.
 	var mins, got []time.Time
 	for _, rv := range group {
-		min, _ := r.m.reserve(tn, rv.j, now, rv.nb)
+		min, late := r.m.reserve(tn, rv.j, now, rv.nb)
 		tn.recordWindows(min, rv.j.cost)
+		if late && !rv.j.expiresAt(min, now) {
+			tn.book(rv.j, min)
+		}
 		mins, got = append(mins, min), append(got, stored[rv.j])
 	}
 	slices.SortFunc(mins, func(a, b time.Time) int { return a.Compare(b) })
@@ -245,11 +248,13 @@ func (r *runner) placeWindowed(tn *mtenant, group []reservation, stored map[*mjo
 		w.entries = entries[i]
 	}
 	apply := func(order []reservation) {
-		tn.tat = tat0
+		tn.tat, tn.booked = tat0, booked0
 		for _, rv := range order {
-			r0 := laterOf(tn.pz.tenantTime(rv.now), tn.tat.Add(-tn.tau()))
-			r.m.reserve(tn, rv.j, rv.now, rv.nb)
-			r.m.placeReserved(tn, rv.j, stored[rv.j], tn.pz.tenantTime(rv.nb).After(r0))
+			_, late := r.m.reserve(tn, rv.j, rv.now, rv.nb)
+			r.m.placeReserved(tn, rv.j, stored[rv.j], late)
+			if late && !rv.j.expiresAt(stored[rv.j], rv.now) {
+				tn.book(rv.j, stored[rv.j])
+			}
 		}
 	}
 	if r.d.TAT == nil || len(group) == 1 {
@@ -291,18 +296,23 @@ func (r *runner) placeWindowed(tn *mtenant, group []reservation, stored map[*mjo
 // the store's slots are known (stored), in the first order within phases
 // that gives them.
 func (r *runner) placeInSomeOrder(tn *mtenant, group []reservation, stored map[*mjob]time.Time) bool {
-	tat0 := tn.tat
+	tat0, booked0 := tn.tat, tn.booked
 	late := map[*mjob]bool{}
 	run := func(order []reservation) (map[*mjob]time.Time, time.Time) {
-		tn.tat = tat0
+		tn.tat, tn.booked = tat0, booked0
 		slots := map[*mjob]time.Time{}
 		for _, rv := range order {
 			slots[rv.j], late[rv.j] = r.m.reserve(tn, rv.j, rv.now, rv.nb)
+			if late[rv.j] && !rv.j.expiresAt(slots[rv.j], rv.now) {
+				tn.book(rv.j, slots[rv.j])
+			}
 		}
 		return slots, tn.tat
 	}
 	first, firstTAT := run(group)
+	firstBooked := tn.booked
 	if len(stored) == 0 {
+		tn.booked = firstBooked
 		for j, at := range first {
 			r.m.placeReserved(tn, j, at, late[j])
 		}
@@ -393,7 +403,7 @@ func (r *runner) checkRate(j *mjob, at time.Time) {
 
 func (r *runner) checkSpacing(j *mjob, at time.Time) {
 	tn := j.tn
-	if j.lateRetry && r.m.known&DefectRetryPacing != 0 || j.pushedBack && r.m.known&DefectPushbackBurst != 0 || j.heldResend || j.staleDispatch {
+	if j.pushedBack && r.m.known&DefectPushbackBurst != 0 || j.heldResend || j.staleDispatch {
 		return // the store does not space it: see the Defect
 	}
 	// Only a slot given under the rate in force is checked against it: a

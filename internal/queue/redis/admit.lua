@@ -8,7 +8,7 @@
 -- TAT are in tenant time (real time minus the pauses so far, see
 -- internal/leaky/pause.go).
 --
--- KEYS[1]    the tenant's hash: tat, shift, until, held, depth
+-- KEYS[1]    the tenant's hash: tat, shift, until, held, depth, booked
 -- KEYS[2]    the tenant's waiting jobs (a zset: id -> slot), not yet claimed
 -- KEYS[3]    the tenant's claimed jobs (a zset: id -> slot), being sent
 -- KEYS[4..]  one list per window: the slots of its last N sends, oldest first
@@ -55,7 +55,7 @@ local waiting, commit = tonumber(ARGV[7]), ARGV[8] == '1'
 local deadline = tonumber(ARGV[9]) -- nil: none
 local ceiling_T, ceiling_burst = tonumber(ARGV[10]), tonumber(ARGV[11])
 
-local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth')
+local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth', 'booked')
 local tat = tonumber(h[1]) or 0
 local shift, untl, held = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
 local depth = tonumber(h[5]) or 0
@@ -127,6 +127,24 @@ local function count_retry(n)
 end
 local function window_slot(at) return windows_slot(windows, at, cost) end
 
+-- queue.TenantRecord.Absorb: the job is placed around the retries
+-- booked ahead (their backoff ends past their place); each booking it
+-- would pass or crowd joins the schedule first. An admission keeps that.
+local booked = booked_parse(h[6])
+local absorbed = 0
+while absorbed < #booked do
+  local b = booked[absorbed + 1]
+  local s = at_least(arrival, tat - tau)
+  local after = at_least(tat, arrival) + cost * T
+  if #windows > 0 and capacity > 0 then
+    s = window_slot(s)
+    after = at_least(after, s + cost * T)
+  end
+  if s < b.slot and b.slot >= after - tau then break end
+  tat = at_least(tat, b.slot) + b.cost * T
+  absorbed = absorbed + 1
+end
+
 -- leaky.Decide.
 local admitted, slot, retry, newtat = false, 0, 0, tat
 local earliest = at_least(arrival, tat - tau)
@@ -192,6 +210,7 @@ if deadline and now + delay > deadline then
 end
 if commit then
   redis.call('HSET', KEYS[1], 'tat', newtat, 'depth', depth + 1)
+  if absorbed > 0 then booked_write(KEYS[1], booked, absorbed + 1) end
   windows_record(windows, slot, cost)
 end
 local prompt = 0

@@ -24,7 +24,9 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[2]))
 redis.call('HINCRBY', KEYS[2], 'depth', -1)
 redis.call('HINCRBY', KEYS[2], 'cancelled', 1)
-if ARGV[4] == '1' then
+-- A booked retry is not in the schedule's line: it gives back its booking
+-- only.
+if not booked_drop(KEYS[2], j[5]) and ARGV[4] == '1' then
   -- So that cancelling does not leave the queue looking fuller than it
   -- is. (Only the last: a place in the middle is already spaced around.)
   local slot = tonumber(j[2])

@@ -48,6 +48,7 @@ local function expire(jk, id, t, key)
   redis.call('PEXPIRE', jk, retention)
   if key and key ~= '' then redis.call('PEXPIRE', idem_key(prefix, t.name, key), retention) end
   redis.call('ZREM', prefix .. 'waiting:' .. t.name, id)
+  booked_drop(t.key, id) -- never sent: nothing to place around
   t.expired = t.expired + 1
 end
 

@@ -149,3 +149,43 @@ local function windows_record(windows, slot, cost)
     redis.call('LTRIM', w.key, -w.n, -1)
   end
 end
+
+-- A tenant's bookings (queue.TenantRecord.Booked): its hash's 'booked'
+-- field, "slot cost id" per booking, soonest first, joined by ';'
+-- (tenants.go's parseBooked). A list of {slot, cost, id}.
+local function booked_parse(f)
+  local out = {}
+  if not f then return out end
+  for slot, cost, id in string.gmatch(f, '(%-?%d+) (%d+) ([^;]+)') do
+    out[#out + 1] = {slot = tonumber(slot), cost = tonumber(cost), id = id}
+  end
+  return out
+end
+
+-- Writes list[from..] as tenant hash tk's bookings (none: no field).
+local function booked_write(tk, list, from)
+  local parts = {}
+  for i = from, #list do
+    local b = list[i]
+    parts[#parts + 1] = string.format('%d %d %s', b.slot, b.cost, b.id)
+  end
+  if #parts == 0 then
+    redis.call('HDEL', tk, 'booked')
+  else
+    redis.call('HSET', tk, 'booked', table.concat(parts, ';'))
+  end
+end
+
+-- Drops job id's booking from tenant hash tk (cancelled, expired: it
+-- will not be sent there); true if it had one.
+local function booked_drop(tk, id)
+  local list = booked_parse(redis.call('HGET', tk, 'booked'))
+  for i, b in ipairs(list) do
+    if b.id == id then
+      table.remove(list, i)
+      booked_write(tk, list, 1)
+      return true
+    end
+  end
+  return false
+end

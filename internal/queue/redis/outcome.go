@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -201,6 +202,13 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k part
 	if rec.TAT != st.rec.TAT || rec.Pause != st.rec.Pause {
 		pipe.HSet(ctx, tk, "tat", microsOf(rec.TAT), "shift", rec.Pause.Shift.Microseconds(),
 			"until", microsOf(rec.Pause.Until), "held", microsOf(rec.Pause.Held))
+	}
+	if !slices.Equal(rec.Booked, st.rec.Booked) {
+		if len(rec.Booked) == 0 {
+			pipe.HDel(ctx, tk, "booked")
+		} else {
+			pipe.HSet(ctx, tk, "booked", formatBooked(rec.Booked))
+		}
 	}
 	s.writeWindows(ctx, pipe, k, cur.Tenant, rec, now, p)
 	switch cur.State {

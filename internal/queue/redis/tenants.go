@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -24,7 +26,7 @@ type tenantState struct {
 }
 
 // tenantFields are the fields of a tenant's hash that parseTenant reads.
-var tenantFields = []string{"tat", "shift", "until", "held", "depth", "inflight", "accepted", "rejected", "delivered", "failed", "cancelled", "expired"}
+var tenantFields = []string{"tat", "shift", "until", "held", "depth", "inflight", "accepted", "rejected", "delivered", "failed", "cancelled", "expired", "booked"}
 
 // parseTenant reads HMGET's answer for tenantFields (a field not there
 // reads 0).
@@ -37,14 +39,65 @@ func parseTenant(v []any) tenantState {
 		x, _ := strconv.ParseInt(s, 10, 64)
 		return x
 	}
+	field := func(i int) string {
+		if i >= len(v) {
+			return ""
+		}
+		s, _ := v[i].(string)
+		return s
+	}
 	return tenantState{
 		rec: queue.TenantRecord{
 			TAT:      fromMicros(n(0)),
 			Pause:    leaky.Pause{Shift: time.Duration(n(1)) * time.Microsecond, Until: fromMicros(n(2)), Held: fromMicros(n(3))},
 			Accepted: n(6), Rejected: n(7), Delivered: n(8), Failed: n(9), Cancelled: n(10), Expired: n(11),
+			Booked: parseBooked(field(12)),
 		},
 		depth: int(n(4)), inFlight: int(n(5)),
 	}
+}
+
+// A tenant's bookings (queue.TenantRecord.Booked) live in its hash's
+// "booked" field, soonest first: "slot cost id" per booking (slot in
+// microseconds, tenant time), joined by ";" (lib.lua's booked_parse).
+// Most tenants have none, and a hash field costs an admission nothing
+// more to read.
+
+// parseBooked reads a "booked" field (an entry it cannot read is left
+// out: a booking only ever spaces sends).
+func parseBooked(f string) []queue.Booking {
+	if f == "" {
+		return nil
+	}
+	var out []queue.Booking
+	for e := range strings.SplitSeq(f, ";") {
+		parts := strings.Fields(e)
+		if len(parts) != 3 {
+			continue
+		}
+		us, err1 := strconv.ParseInt(parts[0], 10, 64)
+		cost, err2 := strconv.Atoi(parts[1])
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if cost <= 1 {
+			cost = 0
+		}
+		out = append(out, queue.Booking{Slot: us * 1000, Cost: cost, Job: parts[2]})
+	}
+	return out
+}
+
+// formatBooked is the "booked" field of bookings ("" for none).
+func formatBooked(bookings []queue.Booking) string {
+	var b strings.Builder
+	for i, bk := range bookings {
+		if i > 0 {
+			b.WriteByte(';')
+		}
+		fmt.Fprintf(&b, "%d %d %s", micros(time.Unix(0, bk.Slot)), max(bk.Cost, 1), bk.Job)
+	}
+	return b.String()
 }
 
 // parseRecent reads a window's list: the slots of its last sends, in
@@ -103,7 +156,7 @@ func (s *Store) status(ctx context.Context, name string, ts tenantState, now tim
 	p := s.policy(name)
 	pz := ts.rec.Pause
 	tnow := pz.TenantTime(now)
-	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: ts.rec.TAT}, tnow, p))
+	rec := ts.rec
 	if len(p.Windows) > 0 {
 		k := keysOf(s.partOf(name))
 		recent := make([]leaky.Recent, len(p.Windows))
@@ -114,8 +167,11 @@ func (s *Store) status(ctx context.Context, name string, ts tenantState, now tim
 			}
 			recent[i] = parseRecent(l)
 		}
-		slot = leaky.WindowSlot(recent, p, slot, 1)
+		rec.SetRecent(p, recent)
 	}
+	rec.Absorb(p, tnow, 1) // as a job admitted now would be placed
+	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: rec.TAT}, tnow, p))
+	slot = leaky.WindowSlot(rec.Recent(p), p, slot, 1)
 	_, ceiling := s.ceiling(name)
 	depth := max(ts.depth, 0)
 	paused, until := pz.Paused(now)
