@@ -14,6 +14,7 @@ import (
 func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Policy) (cur Job, paused bool) {
 	cur = j
 	cur.Payload = nil
+	moved := false // a pushback given a new place (Reserve counted it in the windows)
 	cur.ResponseStatus = cmp.Or(o.Status, cur.ResponseStatus)
 	cur.LastError = cmp.Or(o.Error, cur.LastError)
 	if !o.SentAt.IsZero() {
@@ -61,10 +62,17 @@ func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Po
 			cur.Failures++
 			pz := rec.Pause
 			cur.Slot = rec.Reserve(p, pz.TenantTime(now), pz.TenantTime(o.NotBefore), cur.EffectiveCost(), cur.ID)
-		} // pushback keeps its place: the pause moves it
+		} else if fz := rec.Pause.TenantTime(now); rec.Pause.Until.After(now) && !cur.Slot.Before(fz) && cur.Slot.Before(fz.Add(p.Interval)) {
+			// A pushback during a pause that another job's pushback began,
+			// of a job sent with that one (a burst): at the pause's end
+			// its resend would go with that one's, a burst after the pause
+			// (DESIGN 3.6). It takes the schedule's next place instead.
+			cur.Slot = rec.Reserve(p, fz, fz, cur.EffectiveCost(), cur.ID)
+			moved = true
+		} // else a pushback keeps its place: the pause moves it
 	}
 	if o.PauseUntil.After(now) && !cur.State.Finished() {
-		if o.Result == Retry {
+		if o.Result == Retry && !moved {
 			// The resend keeps the slot, but it is a send of its own: the
 			// windows count it.
 			rec.Record(p, cur.Slot, cur.EffectiveCost())

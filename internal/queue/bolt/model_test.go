@@ -28,7 +28,7 @@ import (
 // tolerates them here so that the rest is checked, and the regression
 // cases below pin each one (skipped until it is fixed; then drop its flag).
 const modelKnown = queuetest.DefectPushbackWindow |
-	queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture
+	queuetest.DefectWindowFuture
 
 // modelDriver runs the model on the embedded store; known are the defects
 // it tolerates.
@@ -280,7 +280,6 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			name: "PushbackBurst", defect: queuetest.DefectPushbackBurst,
-			skip: "defect: a burst answered 429 is sent again as a burst when the pause ends (4 sends within 100ms at 10/s burst 2), see report",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 2}},
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},

@@ -170,6 +170,7 @@ func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.T
 			next = next.Add(p.Tolerance()) // no burst credit: see above
 		}
 		tm.rec.TAT = clock.Later(tm.rec.TAT, next)
+		tm.rec.Unbook(w.job.ID) // a booked retry moved: it is in the schedule now
 		moved++
 	}
 	tm.rec.SetRecent(p, recent)
@@ -206,6 +207,7 @@ func respaceHeld(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.Tim
 		recent = leaky.Record(recent, p, w.slot, cost)
 		floor = w.slot.Add(time.Duration(cost) * p.Interval)
 		tm.rec.TAT = clock.Later(tm.rec.TAT, floor.Add(p.Tolerance())) // no burst credit
+		tm.rec.Unbook(w.job.ID)
 		moved++
 	}
 	tm.rec.SetRecent(p, recent)

@@ -100,6 +100,13 @@ func (r *runner) checkAll() {
 				return err != nil || sj.State != want
 			})
 		}
+		if err == nil && sj.State == queue.StateDispatching && sj.State != want && j.state == msWaiting {
+			// Claimed a lead ahead of its dispatch time (which the gate
+			// may have moved past its slot: mjob.latest), not written yet.
+			if due, ok := j.tn.pz.real(j.slot); ok && !sj.DispatchAt.Before(due) && !sj.DispatchAt.After(now.Add(modelLead)) {
+				continue
+			}
+		}
 		switch {
 		case err != nil:
 			r.failf("lost", "%s: %v", r.m.describe(j), err)

@@ -212,6 +212,7 @@ func (r *runner) takeRestartSlot(tn *mtenant, j *mjob, slot time.Time) {
 	tag := tn.tagNow()
 	tag.T, tag.tau = min(tag.T, j.tag.T), max(tag.tau, j.tag.tau)
 	j.slot, j.tag = slot, tag
+	tn.unbook(j) // a booked retry moved: it is in the schedule now
 	tn.recordWindows(slot, j.cost)
 	tn.tat = laterOf(tn.tat, slot.Add(time.Duration(j.cost)*tn.pol.Interval))
 }

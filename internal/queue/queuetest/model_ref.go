@@ -228,6 +228,8 @@ type mtenant struct {
 	// cost and not
 	rateTAT, rateTAT1 time.Time
 	writes            []time.Time
+	writeCosts        []int       // of each write
+	gateHeld          []time.Time // writes later than their slot: held by the gate (mjob.latest)
 	lastWriteT        time.Duration
 	lastWriteCost     int
 	// booked: retries whose backoff ends past their place in the
@@ -440,6 +442,11 @@ func (m *model) reload(tn *mtenant, p PolicySpec, now time.Time) {
 		last := tn.writes[n-1]
 		tn.rateTAT = earliest(tn.rateTAT, last.Add(time.Duration(tn.lastWriteCost)*p.Interval))
 		tn.rateTAT1 = earliest(tn.rateTAT1, last.Add(p.Interval))
+	}
+	if p.Interval > tn.pol.Interval || time.Duration(p.Burst-1)*p.Interval < tn.tau() {
+		// Slower: the gate holds the jobs scheduled before back to the
+		// new rate (latest); what they were told no longer binds.
+		tn.disturb()
 	}
 	tn.pol = p
 	tn.maxT = max(tn.maxT, p.Interval)
@@ -705,14 +712,35 @@ func (tn *mtenant) disturb() {
 func (m *model) due(now time.Time) []*mjob {
 	var out []*mjob
 	for _, j := range m.jobs {
-		if j.state != msWaiting {
+		if j.state != msWaiting || j.lateExpiry {
 			continue
 		}
-		if at, ok := j.tn.pz.real(j.slot); ok && !at.After(now) {
+		if at, ok := j.latest(); ok && !at.After(now) {
 			out = append(out, j)
 		}
 	}
 	return out
+}
+
+// latest is the last moment j may be written at: its slot's real time,
+// or, where the tenant's writes so far and the rate in force do not allow
+// that yet, when they do. A reload to a slower rate leaves the jobs
+// scheduled before it at their slots, and the dispatcher's gate holds
+// them back to the new rate (Redis's owner paces its claims as the gate
+// will: it reads the gate ahead), and the jobs after them with them. For a
+// schedule kept at the rate in force this is the slot.
+func (j *mjob) latest() (time.Time, bool) {
+	tn := j.tn
+	due, ok := tn.pz.real(j.slot)
+	if !ok || len(tn.writes) == 0 {
+		return due, ok
+	}
+	// GCRA on the latest writes, each at its cost, at the rate in force.
+	var tat time.Time
+	for i := max(0, len(tn.writes)-32); i < len(tn.writes); i++ {
+		tat = laterOf(tat, tn.writes[i]).Add(time.Duration(tn.writeCosts[i]) * tn.pol.Interval)
+	}
+	return laterOf(due, tat.Add(-tn.tau())), true
 }
 
 // next is the model's next event after now: a job due, a timeout's answer,
@@ -728,6 +756,9 @@ func (m *model) next(now time.Time) time.Time {
 		switch j.state {
 		case msWaiting:
 			if r, ok := j.tn.pz.real(j.slot); ok {
+				consider(r)
+			}
+			if r, ok := j.latest(); ok {
 				consider(r)
 			}
 			if !j.deadline.IsZero() {
@@ -750,6 +781,14 @@ func (m *model) expire(now time.Time) {
 			if !j.tn.pz.held.IsZero() && m.known&DefectLateExpiry != 0 {
 				j.lateExpiry = true
 				continue
+			}
+			if due, ok := j.tn.pz.real(j.slot); ok && !due.After(j.deadline) {
+				if latest, _ := j.latest(); latest.After(j.deadline) {
+					// Due in time, held by the gate past its deadline: the
+					// store expires it when the gate would let it go.
+					j.lateExpiry = true
+					continue
+				}
 			}
 			j.state = msExpired
 		}

@@ -39,7 +39,7 @@ local prefix, idle_ms, margin = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 -- Each tenant's hash, read once: its pause, and what the batch changes.
 local tenant_of, tenants = tenant_batch(prefix,
   {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'}, {'next', 'next'}, {'tat', 'tat'}},
-  function(t) t.claimed, t.expired, t.tau, t.sent_by = 0, 0, 0, 0 end)
+  function(t) t.claimed, t.expired, t.tau, t.sent_by, t.last, t.last_cost = 0, 0, 0, 0, 0, 1 end)
 
 local expired = {}
 local function expire(jk, id, t, key)
@@ -80,6 +80,11 @@ for i = 9, #ARGV, 4 do
       if deadline and dispatch_at > deadline and now >= deadline then
         expire(jk, id, t, j.key)
         reply = {3, 0, 0, 0}
+      elseif deadline and now > deadline then
+        -- Its deadline passed while its tenant's pace held it (the rate in
+        -- force after a reload, say): it would be sent too late.
+        expire(jk, id, t, j.key)
+        reply = {3, 0, 0, 0}
       elseif deadline and dispatch_at > deadline then
         -- It will miss its deadline (a pause moved it): it waits, and
         -- counts, until then, as on the embedded store.
@@ -98,6 +103,7 @@ for i = 9, #ARGV, 4 do
         local after = dispatch_at + interval * at_least(tonumber(j.cost) or 1, 1)
         t.next = at_least(t.next, after + margin)
         t.sent_by, t.tau = at_least(t.sent_by, after), tau
+        if dispatch_at >= t.last then t.last, t.last_cost = dispatch_at, at_least(tonumber(j.cost) or 1, 1) end
         reply = {2, 0, dispatch_at, attempts}
         -- The hash but the answer kept of the last attempt (up to 1 MiB),
         -- which the attempt does not need.
@@ -118,11 +124,15 @@ for _, t in ipairs(tenants) do
   if t.claimed + t.expired > 0 then
     redis.call('HSET', t.key, 'depth', t.depth - t.claimed - t.expired, 'inflight', t.inflight + t.claimed, 'next', t.next)
   end
+  if t.claimed > 0 then
+    -- The last claim, which a takeover spaces the next send from by the
+    -- rate then in force (a reload may slow it after next was worked out).
+    redis.call('HSET', t.key, 'last', t.last, 'lastcost', t.last_cost)
+  end
   -- Until its next send plus its tolerance, a takeover must not give it
-  -- burst credit: noted where its schedule does not say as much already
-  -- (a burst, or a claim later than its slot); a tenant sent on time at
-  -- burst 1 costs nothing here.
-  if t.claimed > 0 and t.sent_by - t.shift + t.tau > t.tat then
+  -- burst credit, whatever its schedule says: a reload may raise the
+  -- tolerance (or slow the rate) before the takeover.
+  if t.claimed > 0 then
     redis.call('ZADD', recent, t.next + t.tau, t.name)
     recent_until = at_least(recent_until, t.next + t.tau)
   end

@@ -35,7 +35,7 @@ import (
 // modelKnown are the defects the model tolerates on this store; the
 // regression cases below pin each one.
 const modelKnown = queuetest.DefectPushbackWindow |
-	queuetest.DefectPushbackBurst | queuetest.DefectWindowFuture |
+	queuetest.DefectWindowFuture |
 	queuetest.DefectLateExpiry | queuetest.DefectRestartOverdue
 
 // modelLease is the partitions' lease in model runs: a crash waits for it.
@@ -361,18 +361,22 @@ func takeOverAll(s *Store) error {
 	return failed
 }
 
-// TestModel: CI size; a soak with THROTTLER_MODEL_SEEDS.
+// TestModel: seeds 1-16 (about 10 s) with THROTTLER_MODEL_REDIS=1; a soak
+// with THROTTLER_MODEL_SEEDS as well.
 //
-// Off by default (THROTTLER_MODEL_REDIS=1 runs it): the random run still
-// finds defects that no flag tolerates yet (the regression cases below,
-// and docs/RELIABILITY.md, "The model test on Redis").
+// Off by default: a soak of 200 seeds still fails one seed, and under a
+// heavy load (six runs at once on two cores beside other tests) about one
+// seed in a hundred fails for the load alone (its crashes wait out real
+// leases, its owners poll in real time), which in CI would decide by chance
+// what lands. docs/RELIABILITY.md, "The model test on Redis", has the
+// soaks. The regression cases below run by default.
 func TestModel(t *testing.T) {
 	if os.Getenv("THROTTLER_MODEL_REDIS") == "" {
-		t.Skip("the model on Redis still finds defects no flag tolerates: THROTTLER_MODEL_REDIS=1 runs it")
+		t.Skip("off by default (see the comment): THROTTLER_MODEL_REDIS=1 runs it")
 	}
-	seeds, steps := 5, 80
+	seeds, steps := 16, 80
 	if testutil.Race {
-		seeds, steps = 2, 50
+		seeds, steps = 4, 50
 	}
 	queuetest.RunModel(t, modelDriver(newModelKeyspaces(t), modelKnown), seeds, steps)
 }
@@ -595,6 +599,91 @@ func TestModelRegression(t *testing.T) {
 				{Kind: queuetest.OpAdvance, D: 50 * ms},
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerOK}},
 				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+			},
+		},
+		{
+			// Two jobs sent together (burst 2) and answered 429 kept their
+			// slot, so they went again together when the pause ended: a
+			// burst after the pause (DESIGN 3.6), which the owner's pace
+			// then made up for by sending the next pair an interval late.
+			// The second takes the schedule's next place now
+			// (queue.ApplyOutcome), as on the embedded store.
+			name: "PushbackBurst", defect: queuetest.DefectPushbackBurst,
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 0}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}, {}}},
+				{Kind: queuetest.OpAdvance, D: 150 * ms},
+			},
+		},
+		{
+			// Seed 29: after a reload to a slower rate, the owner's pace
+			// (the gate, read ahead) held a retry booked at the old spacing
+			// past its slot; the model now takes such a write up to when
+			// the rate in force allows it.
+			name: "HeldToTheNewRate",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 200 * ms, Timeout: 100 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k5"}}},
+				{Kind: queuetest.OpAdvance, D: 150 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 150 * ms, Burst: 1, Capacity: 4}},
+			},
+		},
+		{
+			// Seed 90: a job a second pushback moved past its deadline was
+			// looked at at its deadline only once its tenant's pace allowed
+			// a send: queued past its deadline. Such a look passes the pace.
+			name: "ExpiryPassesThePace",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 4}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: 470 * ms}}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},
+				{Kind: queuetest.OpAdvance, D: 150 * ms},
+				{Kind: queuetest.OpAdvance, D: 300 * ms},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+			},
+		},
+		{
+			// Seed 86: a takeover after a reload gave a tenant with no jobs
+			// left burst credit. Every claim notes its tenants in recent,
+			// and its last dispatch and cost, spaced at the rate in force.
+			name: "NoBurstCreditAfterAReload",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 3}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 3, Deadline: 70 * ms}}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 0}},
+				{Kind: queuetest.OpCrash},
+			},
+		},
+		{
+			// Seed 132, found with the fix above (every claimed tenant in
+			// recent, so a takeover gives it a floor): a job admitted after
+			// the takeover was held to the last owner's floor, past the
+			// slot it was promised (a reload gave more burst). The floor
+			// holds only the jobs waiting at the takeover now.
+			name: "AdmittedAfterATakeoverGoesAtItsSlot",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k4", Deadline: 470 * ms}}},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 2}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k1"}}},
+			},
+		},
+		{
+			// Seed 91: a second takeover took a booked retry for a job a
+			// vacancy placed past the schedule's end and raised the
+			// schedule past it. That rule skips bookings now.
+			name: "SecondTakeoverSkipsABooking",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 350 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 200 * ms},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpAdvance, D: 250 * ms},
 			},
 		},
 		{

@@ -30,7 +30,6 @@ type owned struct {
 	mu    sync.Mutex
 	sched schedule
 	known map[string]bool      // scheduled, or claimed and not recorded yet
-	floor map[string]time.Time // a takeover's: each tenant's earliest next send
 	pace  map[string]time.Time // each tenant's next send by its rate, from the claims (see paced)
 	wake  chan struct{}
 	// lastHanded is closed once the job claimed last is handed over.
@@ -59,7 +58,7 @@ type ended struct {
 
 func newOwned(c *consumer, f owner.Fence) *owned {
 	o := &owned{c: c, s: c.s, k: keysOf(f.Partition), fence: f,
-		known: map[string]bool{}, floor: map[string]time.Time{}, pace: map[string]time.Time{}, wake: make(chan struct{}, 1),
+		known: map[string]bool{}, pace: map[string]time.Time{}, wake: make(chan struct{}, 1),
 		outcomes: make(chan ended, 1024), loopDone: make(chan struct{}), written: make(chan struct{})}
 	o.lastHanded = make(chan struct{})
 	close(o.lastHanded)
@@ -182,6 +181,10 @@ func (o *owned) paced(due []*entry) []*entry {
 	taken := map[string]int{}
 	for _, e := range due {
 		p := o.s.policy(e.tenant)
+		if e.expiry {
+			ready = append(ready, e)
+			continue
+		}
 		at := o.pace[e.tenant].Add(-p.Tolerance())
 		if at.After(by) || taken[e.tenant] >= max(p.Burst, 1) {
 			// Looked at again once the tenant's pace comes (past the
@@ -237,17 +240,18 @@ func (o *owned) load() bool {
 			o.mu.Lock()
 			margin := o.s.clockMargin() // this worker may read Redis's clock that early
 			for _, t := range tenants {
+				var floor time.Time
 				if next := t.Next.Add(margin); !t.Next.IsZero() && next.After(now) {
-					o.floor[t.Name] = next
+					floor = next
 				}
 				for _, w := range t.Waiting {
-					at := clock.Later(queue.DispatchAt(t.Pause, w.Slot, now), o.floor[t.Name])
+					at := clock.Later(queue.DispatchAt(t.Pause, w.Slot, now), floor)
 					if !w.Missed.IsZero() {
 						// Moved past its deadline: claimed at the deadline
 						// (a lead after its entry's time), which expires it.
 						at = w.Missed.Add(o.c.lead)
 					}
-					o.addLocked(&entry{at: at, id: w.ID, tenant: t.Name, held: !t.Pause.Held.IsZero()})
+					o.addLocked(&entry{at: at, id: w.ID, tenant: t.Name, held: !t.Pause.Held.IsZero(), floor: floor, expiry: !w.Missed.IsZero()})
 				}
 				waiting += len(t.Waiting)
 			}
@@ -285,7 +289,7 @@ func (o *owned) arrive(lines []string) {
 			continue
 		}
 		if !o.known[id] {
-			o.addLocked(&entry{at: clock.Later(at, o.floor[tenant]), id: id, tenant: tenant})
+			o.addLocked(&entry{at: at, id: id, tenant: tenant})
 		}
 	}
 	o.mu.Unlock()
@@ -352,16 +356,11 @@ func (o *owned) claim(due []*entry) error {
 			}
 		case claimNotYet, claimHeld:
 			e.at, e.held = now.Add(c.Wait+o.c.lead), c.Code == claimHeld
+			e.expiry = c.Code == claimNotYet && c.Wait < c.DispatchAt.Sub(now)-o.c.lead
 			later = append(later, e)
 		case claimed:
 			j := claimedJob(c)
-			o.mu.Lock()
-			floor, ok := o.floor[j.Tenant]
-			if ok && !floor.After(now) {
-				delete(o.floor, j.Tenant)
-			}
-			o.mu.Unlock()
-			j.DispatchAt = clock.Later(j.DispatchAt, floor)
+			j.DispatchAt = clock.Later(j.DispatchAt, e.floor)
 			o.claimedPace(j)
 			o.startSend(j)
 		}

@@ -98,6 +98,7 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
     end
     redis.call('ZADD', prefix .. 'waiting:' .. name, t, waiting[i])
     redis.call('HSET', jk, 'slot', t, 'dispatch', t + shift)
+    booked_drop(tk, waiting[i]) -- a booked retry moved: it is in the schedule now
     waiting[i + 1] = string.format('%d', t) -- as ZRANGE gives it (tostring would round to 14 digits)
     t, moved = t + cost * T, true
   end
@@ -111,10 +112,14 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
   end
   -- The schedule runs past the last job waiting: jobs admitted while the
   -- partition had no owner were placed at its start (admit.lua), past
-  -- the schedule's end.
+  -- the schedule's end. A booked retry is not in it (the jobs admitted
+  -- are placed around it: queue.TenantRecord.Absorb).
+  local booked = {}
+  for _, b in ipairs(booked_parse(redis.call('HGET', tk, 'booked'))) do booked[b.id] = true end
   local n = #waiting
-  local last = tonumber(waiting[n])
-  if last > t then
+  while n > 0 and booked[waiting[n - 1]] do n = n - 2 end
+  local last = tonumber(waiting[n]) or 0
+  if n > 0 and last > t then
     local cost = at_least(tonumber(redis.call('HGET', prefix .. 'job:' .. waiting[n - 1], 'cost')) or 1, 1)
     if last + cost * T > tat then redis.call('HSET', tk, 'tat', last + cost * T) end
   end
@@ -131,8 +136,12 @@ while i <= #ARGV do
   end
   i = i + 4 + #windows * 3
   local tk = prefix .. 'tenant:' .. name
-  local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'next', 'tat')
+  local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'next', 'tat', 'last', 'lastcost')
   local shift, untl, held, nxt = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
+  -- By the rate in force, from the last claim: a reload may have slowed
+  -- it since next was worked out.
+  local last = tonumber(h[6]) or 0
+  if last > 0 then nxt = at_least(nxt, last + T * at_least(tonumber(h[7]) or 1, 1)) end
   local r = {name, shift, untl, held, nxt}
   local waiting = redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')
   respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tonumber(h[5]) or 0)
