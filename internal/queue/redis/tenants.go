@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,7 +78,7 @@ func parseBooked(f string) []queue.Booking {
 		}
 		us, err1 := strconv.ParseInt(parts[0], 10, 64)
 		cost, err2 := strconv.Atoi(parts[1])
-		if err1 != nil || err2 != nil {
+		if err1 != nil || err2 != nil || us > math.MaxInt64/1000 || us < math.MinInt64/1000 {
 			continue
 		}
 		if cost <= 1 {
