@@ -237,57 +237,9 @@ type mtenant struct {
 	booked, persistedBooked []mbooking
 }
 
-type mbooking struct {
-	slot time.Time
-	cost int
-	j    *mjob
-}
-
 // persist notes the tenant's schedule as written with its record.
 func (tn *mtenant) persist() {
 	tn.persistedTAT, tn.persistedBooked = tn.tat, slices.Clone(tn.booked)
-}
-
-// absorbed is the schedule's end and bookings once a job of cost arriving
-// at tenant time tt is placed around the bookings (queue.TenantRecord's
-// Absorb): each one it would pass or crowd is taken into the schedule.
-// A booking of a job cancelled or expired meanwhile is dropped: the store
-// drops it then.
-func (tn *mtenant) absorbed(tt time.Time, cost int, known Defect) (time.Time, []mbooking) {
-	T, tau := tn.pol.Interval, tn.tau()
-	tat, booked := tn.tat, tn.booked
-	for len(booked) > 0 {
-		b := booked[0]
-		if b.j.state == msCancelled || b.j.state == msExpired {
-			booked = booked[1:]
-			continue
-		}
-		slot := laterOf(tt, tat.Add(-tau))
-		after := laterOf(tat, tt).Add(time.Duration(cost) * T)
-		if len(tn.wins) > 0 && tn.pol.Capacity > 0 {
-			if known&DefectWindowFuture != 0 {
-				slot = tn.earliestAsIfBefore(slot, cost)
-			} else {
-				slot = tn.earliestWindow(slot, cost)
-			}
-			after = laterOf(after, slot.Add(time.Duration(cost)*T))
-		}
-		if slot.Before(b.slot) && !b.slot.Before(after.Add(-tau)) {
-			break
-		}
-		tat = laterOf(tat, b.slot).Add(time.Duration(b.cost) * T)
-		booked = booked[1:]
-	}
-	return tat, booked
-}
-
-// unbook drops j's booking, if any; it reports whether there was one.
-func (tn *mtenant) unbook(j *mjob) bool {
-	i := slices.IndexFunc(tn.booked, func(b mbooking) bool { return b.j == j })
-	if i >= 0 {
-		tn.booked = slices.Delete(slices.Clone(tn.booked), i, i+1)
-	}
-	return i >= 0
 }
 
 func (tn *mtenant) tau() time.Duration { return time.Duration(tn.pol.Burst-1) * tn.pol.Interval }
@@ -638,32 +590,6 @@ func (m *model) reserve(tn *mtenant, j *mjob, now, notBefore time.Time) (at time
 	return at, tnb.After(r)
 }
 
-// clearOfBookings is the first time at or after at when a send of cost is
-// a whole cost apart from every booking (and fits the windows).
-func (tn *mtenant) clearOfBookings(at time.Time, cost int) time.Time {
-	T := tn.pol.Interval
-	for range len(tn.booked) + 1 {
-		moved := false
-		for _, b := range tn.booked {
-			if b.j.state == msCancelled || b.j.state == msExpired {
-				continue
-			}
-			if end := b.slot.Add(time.Duration(b.cost) * T); at.Before(end) && b.slot.Before(at.Add(time.Duration(cost)*T)) {
-				at, moved = end, true
-			}
-		}
-		if len(tn.wins) > 0 {
-			ws := tn.earliestWindow(at, cost)
-			moved = moved || ws.After(at)
-			at = ws
-		}
-		if !moved {
-			break
-		}
-	}
-	return at
-}
-
 // placeReserved completes reserve once the slot is known (windows).
 func (m *model) placeReserved(tn *mtenant, j *mjob, slot time.Time, backoffRuled bool) {
 	if len(tn.wins) > 0 {
@@ -673,22 +599,6 @@ func (m *model) placeReserved(tn *mtenant, j *mjob, slot time.Time, backoffRuled
 		}
 	}
 	j.slot, j.tag = slot, tn.tagNow()
-}
-
-// book books j's retry at slot (its backoff ends past its place).
-func (tn *mtenant) book(j *mjob, slot time.Time) {
-	i := len(tn.booked)
-	for i > 0 && tn.booked[i-1].slot.After(slot) {
-		i--
-	}
-	tn.booked = slices.Insert(slices.Clone(tn.booked), i, mbooking{slot: slot, cost: j.cost, j: j})
-}
-
-// expiresAt reports whether j, given slot at now, expires then (its next
-// attempt as told would come after its deadline): the store keeps no
-// booking of it.
-func (j *mjob) expiresAt(slot, now time.Time) bool {
-	return !j.deadline.IsZero() && j.tn.pz.told(slot, now).After(j.deadline)
 }
 
 // expireIfLate ends j if its next attempt, as told now, would come after its
@@ -720,27 +630,6 @@ func (m *model) due(now time.Time) []*mjob {
 		}
 	}
 	return out
-}
-
-// latest is the last moment j may be written at: its slot's real time,
-// or, where the tenant's writes so far and the rate in force do not allow
-// that yet, when they do. A reload to a slower rate leaves the jobs
-// scheduled before it at their slots, and the dispatcher's gate holds
-// them back to the new rate (Redis's owner paces its claims as the gate
-// will: it reads the gate ahead), and the jobs after them with them. For a
-// schedule kept at the rate in force this is the slot.
-func (j *mjob) latest() (time.Time, bool) {
-	tn := j.tn
-	due, ok := tn.pz.real(j.slot)
-	if !ok || len(tn.writes) == 0 {
-		return due, ok
-	}
-	// GCRA on the latest writes, each at its cost, at the rate in force.
-	var tat time.Time
-	for i := max(0, len(tn.writes)-32); i < len(tn.writes); i++ {
-		tat = laterOf(tat, tn.writes[i]).Add(time.Duration(tn.writeCosts[i]) * tn.pol.Interval)
-	}
-	return laterOf(due, tat.Add(-tn.tau())), true
 }
 
 // next is the model's next event after now: a job due, a timeout's answer,
