@@ -31,7 +31,13 @@ type owned struct {
 	sched schedule
 	known map[string]bool      // scheduled, or claimed and not recorded yet
 	pace  map[string]time.Time // each tenant's next send by its rate, from the claims (see paced)
-	wake  chan struct{}
+	// floors: each job waiting when the partition was taken over goes no
+	// sooner than its tenant's next send as the last owner left it
+	// (takeover.lua), whichever entry of it is claimed (its arrival may
+	// have been scheduled before the load); jobs admitted since are
+	// scheduled past it already.
+	floors map[string]time.Time
+	wake   chan struct{}
 	// lastHanded is closed once the job claimed last is handed over.
 	lastHanded chan struct{}
 	// claiming: due entries are popped and their claim has not returned
@@ -58,7 +64,7 @@ type ended struct {
 
 func newOwned(c *consumer, f owner.Fence) *owned {
 	o := &owned{c: c, s: c.s, k: keysOf(f.Partition), fence: f,
-		known: map[string]bool{}, pace: map[string]time.Time{}, wake: make(chan struct{}, 1),
+		known: map[string]bool{}, pace: map[string]time.Time{}, floors: map[string]time.Time{}, wake: make(chan struct{}, 1),
 		outcomes: make(chan ended, 1024), loopDone: make(chan struct{}), written: make(chan struct{})}
 	o.lastHanded = make(chan struct{})
 	close(o.lastHanded)
@@ -251,7 +257,10 @@ func (o *owned) load() bool {
 						// (a lead after its entry's time), which expires it.
 						at = w.Missed.Add(o.c.lead)
 					}
-					o.addLocked(&entry{at: at, id: w.ID, tenant: t.Name, held: !t.Pause.Held.IsZero(), floor: floor, expiry: !w.Missed.IsZero()})
+					if !floor.IsZero() {
+						o.floors[w.ID] = floor
+					}
+					o.addLocked(&entry{at: at, id: w.ID, tenant: t.Name, held: !t.Pause.Held.IsZero(), expiry: !w.Missed.IsZero()})
 				}
 				waiting += len(t.Waiting)
 			}
@@ -326,6 +335,7 @@ func (o *owned) reschedule(es []*entry, at time.Time) {
 func (o *owned) forget(id string) {
 	o.mu.Lock()
 	delete(o.known, id)
+	delete(o.floors, id)
 	o.mu.Unlock()
 }
 
@@ -360,7 +370,11 @@ func (o *owned) claim(due []*entry) error {
 			later = append(later, e)
 		case claimed:
 			j := claimedJob(c)
-			j.DispatchAt = clock.Later(j.DispatchAt, e.floor)
+			o.mu.Lock()
+			floor := o.floors[j.ID]
+			delete(o.floors, j.ID)
+			o.mu.Unlock()
+			j.DispatchAt = clock.Later(j.DispatchAt, floor)
 			o.claimedPace(j)
 			o.startSend(j)
 		}

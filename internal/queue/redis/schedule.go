@@ -13,10 +13,6 @@ type entry struct {
 	id     string
 	tenant string
 	held   bool // waiting out an operator's hold: a resume here wakes it
-	// floor: a job waiting when the partition was taken over goes no
-	// sooner than its tenant's next send as the last owner left it
-	// (takeover.lua); jobs admitted since are scheduled past it already.
-	floor time.Time
 	// expiry: its claim comes at its deadline, which a pause moved its
 	// dispatch time past: the claim expires it, it sends nothing, so the
 	// tenant's pace does not hold it.
