@@ -64,6 +64,14 @@ type ModelDriver struct {
 	// data (the test stops s's Consume and closes s next); restart runs
 	// after any downtime the test chooses, with the clock already moved.
 	Crash func(t testing.TB, s queue.Store) (restart func(t testing.TB, c Config) (queue.Store, error), err error)
+	// Freeze, if set, stops the process running s as SIGSTOP would (its
+	// commands wait; nothing it sends reaches the data) and returns how
+	// to start another process on the data (as Crash's restart: it takes
+	// over once s's leases lapse) and thaw, SIGCONT: what s had under way
+	// goes on, against data it no longer owns. thaw returns once s has
+	// seen that (its tenures ended); the test then stops s's Consume and
+	// closes it. Without Freeze, OpStale is a crash.
+	Freeze func(t testing.TB, s queue.Store) (restart func(t testing.TB, c Config) (queue.Store, error), thaw func(), err error)
 	// TakeStartLag, if set, reports the store's estimate of how long a
 	// prompt send takes to start (it schedules as if every job arrived
 	// that much later) and resets it to zero. On the fake clock sends start
@@ -77,6 +85,9 @@ type ModelDriver struct {
 	// it the test only watches for new waits on the clock, which a busy
 	// machine can outrun.
 	Quiet func(s queue.Store) bool
+	// Busy, if set, says what keeps the store from being Quiet (for a
+	// failure to settle).
+	Busy func(s queue.Store) string
 	// TAT, if set, reads a tenant's schedule: the theoretical arrival time
 	// of its next job, in tenant time. The model compares it with its own
 	// after every step (the first place two schedules part), and after a
@@ -92,6 +103,13 @@ type ModelDriver struct {
 	// schedule as last written with the tenant's record (the embedded
 	// store gives back a cancelled job's place in memory only).
 	Durable bool
+	// KeepsDroppedWindows: a window a reload drops keeps its sends (Redis:
+	// each window's list is a key of its own, which lives as long as it
+	// counts a send), and counts them again if a reload brings it back;
+	// without it the model forgets a dropped window once the tenant's
+	// record is next written (the embedded store writes the windows with
+	// it).
+	KeepsDroppedWindows bool
 	// Known are the defects the store is known to have: the checks they
 	// break are relaxed as Defect says, so that the rest still runs.
 	Known Defect
@@ -208,6 +226,17 @@ const (
 	// model places it as the embedded store would, from the restart, a
 	// cost apart, for what comes after it).
 	DefectRestartOverdue
+	// DefectSlowReloadPromise (found by the random run on Redis, seed
+	// 134): after a reload to a slower rate, a job admitted behind jobs
+	// (or a recent send) spaced at the old rate is placed by the old
+	// schedule's end, but the dispatcher's gate (and Redis's owner, which
+	// reads the gate ahead) holds those jobs, and it after them, to the
+	// new rate: its expected_delay is short by up to the difference of
+	// the intervals per job ahead. Both stores do it; the model sees it on
+	// Redis only (its embedded-store driver has no gate). Tolerated: a
+	// first write the rate in force held back (mjob.latest) past its
+	// promise is not a broken promise, once a reload has slowed the rate.
+	DefectSlowReloadPromise
 )
 
 // ModelFailure is what a model run found.
@@ -337,7 +366,7 @@ func ShrinkModel(t *testing.T, d ModelDriver, ops []Op, f *ModelFailure, budget 
 					}
 				}
 			}
-			if i < len(cur) && (cur[i].Kind == OpAdvance || cur[i].Kind == OpCrash) && cur[i].D > modelGrid {
+			if i < len(cur) && (cur[i].Kind == OpAdvance || cur[i].Kind == OpCrash || cur[i].Kind == OpStale) && cur[i].D > modelGrid {
 				c := append([]Op(nil), cur...)
 				c[i].D = (cur[i].D/2/modelGrid + 0) * modelGrid
 				if c[i].Kind == OpAdvance && c[i].D == 0 {

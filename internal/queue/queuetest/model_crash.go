@@ -2,6 +2,8 @@ package queuetest
 
 import (
 	"fmt"
+	"strings"
+	"testing"
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/queue"
@@ -11,11 +13,7 @@ import (
 
 // crash kills the process now and restarts it down later.
 func (r *runner) crash(down time.Duration) {
-	x := r.clk.Now()
-	r.mu.Lock()
-	r.crashing, r.crashArmed = true, false
-	r.cond.Broadcast()
-	r.mu.Unlock()
+	x := r.halt()
 	restart, err := r.d.Crash(r.t, r.store)
 	if err != nil {
 		r.failf("crash", "%v", err)
@@ -23,12 +21,90 @@ func (r *runner) crash(down time.Duration) {
 	}
 	r.stop()
 	r.store.Close()
+	r.endProcess(false)
+	r.startNext(restart, x, down)
+}
+
+// stale stops the process (SIGSTOP) past its lease: a new one starts and
+// takes its data over down later, and then the stopped one wakes
+// (SIGCONT) and goes on from where it was, against data it no longer
+// owns: the commands it had under way reach Redis now, and its handlers
+// waiting for a job's time go on. Every write of its must be refused (the
+// fence) and its handlers must not write (queue.MaySend); then it is
+// stopped. For the model it is a crash: what the stopped process was
+// doing is lost, and a job it may have written may go again (with its
+// key). A driver without Freeze has no other process to take over: it is
+// a crash there.
+func (r *runner) stale(down time.Duration) {
+	if r.d.Freeze == nil {
+		r.crash(down)
+		return
+	}
+	x := r.halt()
+	restart, thaw, err := r.d.Freeze(r.t, r.store)
+	if err != nil {
+		r.failf("freeze", "%v", err)
+		return
+	}
+	old, stopOld := r.store, r.stop
+	waiting := r.endProcess(true)
+	started := r.startNext(restart, x, down)
+	if started {
+		// It wakes while the new process works: first its handlers that
+		// were waiting for a job's time (the dispatcher's wait may end
+		// before the process sees its tenure gone), each asking whether
+		// it may still write; then everything else.
+		r.wakeStale(waiting)
+	}
+	thaw()
+	stopOld()
+	old.Close()
 	r.mu.Lock()
+	sends := r.staleSends
+	r.staleSends = nil
+	r.mu.Unlock()
+	if len(sends) > 0 {
+		r.failf("stale send", "a process stopped past its lease woke and its store let it write %s: the partition is another worker's", strings.Join(sends, ", "))
+	}
+}
+
+// halt marks the process as going (no handler of its writes from now on)
+// and returns the moment.
+func (r *runner) halt() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.crashing, r.crashArmed = true, false
+	r.cond.Broadcast()
+	return r.clk.Now()
+}
+
+// endProcess begins the next process: what the ended one had under way is
+// forgotten (the model's crash). frozen keeps the ended one's handlers
+// waiting for the clock, returned, to go on when it wakes.
+func (r *runner) endProcess(frozen bool) (waiting []*parking) {
+	r.mu.Lock()
+	if frozen {
+		if r.frozen == nil {
+			r.frozen = map[int]bool{}
+		}
+		r.frozen[r.gen] = true
+		for _, p := range r.parked {
+			if p.gen == r.gen {
+				waiting = append(waiting, p)
+			}
+		}
+	}
 	r.gen++
 	r.crashing, r.crashReq, r.inHandler = false, false, 0
 	r.pending, r.parked, r.events, r.answering = map[string]bool{}, nil, nil, map[string]bool{}
 	r.mu.Unlock()
 	r.m.crash(r.d.Durable)
+	return waiting
+}
+
+// startNext starts the next process down after x, checks what it made of
+// the data and lets it consume.
+func (r *runner) startNext(restart func(testing.TB, Config) (queue.Store, error), x time.Time, down time.Duration) bool {
 	if down > 0 {
 		r.clk.Set(x.Add(down))
 	}
@@ -37,11 +113,39 @@ func (r *runner) crash(down time.Duration) {
 	if err != nil {
 		r.failf("restart", "%v", err)
 		r.store = nil
-		return
+		return false
 	}
 	r.store = s
 	r.recover(at)
 	r.startConsume()
+	return true
+}
+
+// wakeStale lets a woken process's handlers that were waiting for a job's
+// time go on, and waits until each has asked whether it may write
+// (checkStaleSend); those waiting for an answer go on too.
+func (r *runner) wakeStale(waiting []*parking) {
+	r.mu.Lock()
+	want := r.staleAsked
+	r.mu.Unlock()
+	for _, p := range waiting {
+		if p.answer == "" {
+			want++
+		}
+		close(p.ch)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		r.mu.Lock()
+		asked := r.staleAsked
+		r.mu.Unlock()
+		if asked >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.failf("stale send", "the woken process's handlers waiting for a job's time did not go on within 10s (%d of %d asked whether they may write)", asked, want)
+			return
+		}
+	}
 }
 
 // recover checks what the restarted store made of each waiting job and
@@ -203,7 +307,7 @@ func (r *runner) takeRestartTAT(tn *mtenant, respaced bool, at time.Time) {
 	// start.
 	if respaced {
 		tn.persist()
-		clear(tn.dormant)
+		tn.forgetDropped()
 	}
 }
 

@@ -34,6 +34,9 @@ const (
 	// request is written and before its outcome is recorded; it restarts
 	// at once.
 	OpCrashOnWrite
+	// OpStale stops the process (SIGSTOP) past its lease; another takes
+	// over D later, and then the stopped one wakes (ModelDriver.Freeze).
+	OpStale
 )
 
 // Op is one step of a model run. Ops are plain data: a failing run prints
@@ -193,6 +196,9 @@ func GenerateOps(seed uint64, steps int) []Op {
 				down = time.Duration(1+pick(6)) * modelGrid
 			}
 			op = Op{Kind: OpCrash, D: down}
+			if pick(3) == 0 {
+				op.Kind = OpStale
+			}
 		default:
 			op = Op{Kind: OpCrashOnWrite}
 		}
@@ -344,6 +350,8 @@ func (o Op) String() string {
 		return fmt.Sprintf("crash, restart after %v", o.D)
 	case OpCrashOnWrite:
 		return "crash at the next write"
+	case OpStale:
+		return fmt.Sprintf("stop past the lease (SIGSTOP), another process after %v, then wake", o.D)
 	case 0:
 		return "final drain"
 	}
@@ -359,7 +367,7 @@ func (p PolicySpec) String() string {
 }
 
 func (k OpKind) String() string {
-	names := map[OpKind]string{OpEnqueue: "OpEnqueue", OpCancel: "OpCancel", OpRetry: "OpRetry", OpHold: "OpHold", OpResume: "OpResume", OpAdvance: "OpAdvance", OpDownstream: "OpDownstream", OpReload: "OpReload", OpCrash: "OpCrash", OpCrashOnWrite: "OpCrashOnWrite"}
+	names := map[OpKind]string{OpEnqueue: "OpEnqueue", OpCancel: "OpCancel", OpRetry: "OpRetry", OpHold: "OpHold", OpResume: "OpResume", OpAdvance: "OpAdvance", OpDownstream: "OpDownstream", OpReload: "OpReload", OpCrash: "OpCrash", OpCrashOnWrite: "OpCrashOnWrite", OpStale: "OpStale"}
 	if n, ok := names[k]; ok {
 		return "queuetest." + n
 	}

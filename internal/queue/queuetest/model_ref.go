@@ -230,6 +230,8 @@ type mtenant struct {
 	writes            []time.Time
 	writeCosts        []int       // of each write
 	gateHeld          []time.Time // writes later than their slot: held by the gate (mjob.latest)
+	slowed            bool        // a reload has slowed the rate (DefectSlowReloadPromise)
+	keepDropped       bool        // ModelDriver.KeepsDroppedWindows
 	lastWriteT        time.Duration
 	lastWriteCost     int
 	// booked: retries whose backoff ends past their place in the
@@ -348,7 +350,7 @@ func (tn *mtenant) earliestAsIfBefore(at time.Time, cost int) time.Time {
 
 func (tn *mtenant) recordWindows(at time.Time, cost int) {
 	if len(tn.wins) > 0 {
-		clear(tn.dormant)
+		tn.forgetDropped()
 	}
 	for _, w := range tn.wins {
 		w.entries = append(w.entries, mentry{at: at, weight: cost})
@@ -376,10 +378,10 @@ type model struct {
 	known   Defect
 }
 
-func newModel(known Defect) *model {
+func newModel(known Defect, keepDropped bool) *model {
 	m := &model{tenants: map[string]*mtenant{}, byID: map[string]*mjob{}, known: known}
 	for _, name := range modelTenants {
-		tn := &mtenant{name: name, keys: map[string]*mjob{}}
+		tn := &mtenant{name: name, keys: map[string]*mjob{}, keepDropped: keepDropped}
 		m.tenants[name] = tn
 		m.order = append(m.order, name)
 		m.reload(tn, defaultModelPolicy, T0)
@@ -399,13 +401,14 @@ func (m *model) reload(tn *mtenant, p PolicySpec, now time.Time) {
 		// Slower: the gate holds the jobs scheduled before back to the
 		// new rate (latest); what they were told no longer binds.
 		tn.disturb()
+		tn.slowed = tn.slowed || p.Interval > tn.pol.Interval
 	}
 	tn.pol = p
 	tn.maxT = max(tn.maxT, p.Interval)
 	tn.caps = append(tn.caps, capChange{at: now, c: p.Capacity})
 	// Windows are kept by what they say: one that stays keeps its sends, a
 	// new one starts empty, a dropped one is forgotten once the record's
-	// windows are next written.
+	// windows are next written (unless the store keeps it: forgetDropped).
 	if tn.dormant == nil {
 		tn.dormant = map[WindowSpec]*mwin{}
 	}
@@ -422,6 +425,16 @@ func (m *model) reload(tn *mtenant, p PolicySpec, now time.Time) {
 		wins = append(wins, found)
 	}
 	tn.wins = wins
+}
+
+// forgetDropped forgets the windows a reload dropped, as a store that
+// writes a tenant's windows with its record does at that write; one that
+// keeps each window apart (ModelDriver.KeepsDroppedWindows) counts their
+// sends again if a reload brings them back.
+func (tn *mtenant) forgetDropped() {
+	if !tn.keepDropped {
+		clear(tn.dormant)
+	}
 }
 
 // Decision kinds.
@@ -564,7 +577,7 @@ func (m *model) take(tn *mtenant, j *mjob, now time.Time, slot time.Time) {
 		tn.recordWindows(slot, j.cost)
 	}
 	tn.tat = next
-	clear(tn.dormant) // an admission writes the record's windows
+	tn.forgetDropped() // an admission writes the record's windows
 	j.slot, j.tag, j.state, j.attempts = slot, tn.tagNow(), msWaiting, 0
 	j.admittedAt, j.promised, j.disturbed = now, tn.pz.told(slot, now).Sub(now), false
 	j.possiblySent = false
@@ -666,7 +679,9 @@ func (m *model) next(now time.Time) time.Time {
 // (lateExpiry).
 func (m *model) expire(now time.Time) {
 	for _, j := range m.jobs {
-		if j.state == msWaiting && !j.deadline.IsZero() && j.deadline.Before(now) {
+		if j.state == msWaiting && !j.deadline.IsZero() && j.deadline.Before(now) && !j.lateExpiry {
+			// (A job found late stays the store's to expire, a resume
+			// after its deadline included: checkAll takes its word.)
 			if !j.tn.pz.held.IsZero() && m.known&DefectLateExpiry != 0 {
 				j.lateExpiry = true
 				continue

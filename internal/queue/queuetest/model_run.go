@@ -43,6 +43,9 @@ type runner struct {
 	crashReq   bool
 	answer     Answer
 	maxT       map[string]time.Duration
+	frozen     map[int]bool    // processes stopped (SIGSTOP) past their lease: OpStale
+	staleSends []string        // what woken stale processes' handlers were allowed to write
+	staleAsked int             // how many times they asked (checkStaleSend)
 	inHandler  int             // handlers of this process running (not parked)
 	parked     []*parking      // handlers waiting on the clock
 	events     []writeEvent    // writes not yet seen by the model
@@ -72,7 +75,7 @@ type writeEvent struct {
 // runModelOps runs ops on a fresh store and returns the first failure.
 func runModelOps(t testing.TB, d ModelDriver, ops []Op) (fail *ModelFailure) {
 	r := &runner{
-		t: t, d: d, clk: newStepClock(T0), m: newModel(d.Known), ctx: context.Background(),
+		t: t, d: d, clk: newStepClock(T0), m: newModel(d.Known, d.KeepsDroppedWindows), ctx: context.Background(),
 		pols: map[string]PolicySpec{}, maxT: map[string]time.Duration{}, pending: map[string]bool{}, answering: map[string]bool{},
 		answer: Answer{Kind: AnswerOK}, trace: os.Getenv("THROTTLER_MODEL_TRACE") != "",
 	}
@@ -174,6 +177,7 @@ func (r *runner) handler(gen int) queue.Handler {
 		r.mu.Lock()
 		if gen != r.gen || r.crashing {
 			r.mu.Unlock()
+			r.checkStaleSend(ctx, gen, j)
 			return released // this process is dead: nothing is written
 		}
 		r.inHandler++
@@ -193,6 +197,7 @@ func (r *runner) handler(gen int) queue.Handler {
 				r.inHandler--
 			}
 			r.mu.Unlock()
+			r.checkStaleSend(ctx, gen, j)
 			return released
 		}
 		w := r.clk.Now()
@@ -230,6 +235,22 @@ func (r *runner) handler(gen int) queue.Handler {
 		}
 		r.leave(gen, j.ID)
 		return o
+	}
+}
+
+// checkStaleSend is the dispatcher's last question before a write
+// (queue.MaySend), asked by a handler of a process stopped past its lease
+// (OpStale) that has woken: its store must say no, as the partition is
+// another worker's now. (A handler of a process killed never gets here.)
+func (r *runner) checkStaleSend(ctx context.Context, gen int, j queue.Job) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.frozen[gen] {
+		return
+	}
+	r.staleAsked++
+	if queue.MaySend(ctx) {
+		r.staleSends = append(r.staleSends, fmt.Sprintf("job %s of %s (attempt %d, due T0+%v)", j.ID, j.Tenant, j.Attempts, j.DispatchAt.Sub(T0)))
 	}
 }
 
@@ -389,7 +410,11 @@ func (r *runner) settle(expect []*mjob) (crash bool) {
 		}
 		if time.Since(start) > timeout {
 			if busy {
-				r.failf("settle", "the store did not settle within %v: %d handlers running, %d outcomes not recorded, %d in flight for %d parked", timeout, inH, left, inflight, parked)
+				why := ""
+				if r.d.Busy != nil {
+					why = ": " + r.d.Busy(r.store)
+				}
+				r.failf("settle", "the store did not settle within %v: %d handlers running, %d outcomes not recorded, %d in flight for %d parked%s", timeout, inH, left, inflight, parked, why)
 			}
 			return false // what was not written is the model's to report
 		}

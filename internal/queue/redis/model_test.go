@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
@@ -36,10 +38,25 @@ import (
 // regression cases below pin each one.
 const modelKnown = queuetest.DefectPushbackWindow |
 	queuetest.DefectWindowFuture |
-	queuetest.DefectLateExpiry | queuetest.DefectRestartOverdue
+	queuetest.DefectLateExpiry | queuetest.DefectRestartOverdue |
+	queuetest.DefectSlowReloadPromise
 
 // modelLease is the partitions' lease in model runs: a crash waits for it.
 const modelLease = 250 * time.Millisecond
+
+// modelSkews are how far the model's processes' own clocks are off the
+// run's clock (which stands for Redis's TIME), one after another: a
+// takeover is between workers whose clocks disagree by seconds, and
+// nothing may show it (issue 26 #3).
+var modelSkews = []time.Duration{0, 2 * time.Second, -1500 * time.Millisecond, 350 * time.Millisecond, -40 * time.Millisecond}
+
+// skewedClock reads clock plus skew; it waits as clock does.
+type skewedClock struct {
+	clock.Clock
+	skew time.Duration
+}
+
+func (c skewedClock) Now() time.Time { return c.Clock.Now().Add(c.skew) }
 
 // modelPartitions: the model has two tenants; a few partitions are enough
 // and quick to take.
@@ -135,28 +152,64 @@ func (sl *modelSlot) free() bool {
 }
 
 // cutHook fails every command of a client once cut: the process is dead
-// (kill -9), so nothing it does reaches Redis any more.
-type cutHook struct{ cut *atomic.Bool }
+// (kill -9), so nothing it does reaches Redis any more. While stopped
+// (SIGSTOP: stop set) its commands wait, and go on once stop is closed
+// (SIGCONT), all but its heartbeats: the test stops the woken process
+// (its Consume) at once, and a heartbeat in between would make it a live
+// worker again for a moment, to which the new one could hand partitions
+// back (a clean handover, tested elsewhere; here it would come at a
+// moment the model does not choose).
+type cutHook struct {
+	cut  *atomic.Bool
+	stop *atomic.Pointer[chan struct{}]
+}
 
-var errCut = errors.New("model: this process was killed (kill -9): nothing it sends reaches Redis")
+var (
+	errCut   = errors.New("model: this process was killed (kill -9): nothing it sends reaches Redis")
+	errWoken = errors.New("model: this process woke from SIGSTOP and is being stopped: it does not rejoin the live workers")
+)
+
+// pass is what becomes of cmds of the client now: an error, or nil (after
+// waiting out a stop).
+func (h cutHook) pass(ctx context.Context, cmds ...goredis.Cmder) error {
+	if ctx.Value(probe{}) != nil {
+		return nil
+	}
+	if h.cut.Load() {
+		return errCut
+	}
+	if ch := h.stop.Load(); ch != nil {
+		select {
+		case <-*ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		for _, c := range cmds {
+			if slices.Contains(c.Args(), any(owner.WorkersKey)) {
+				return errWoken
+			}
+		}
+	}
+	return nil
+}
 
 func (h cutHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
 func (h cutHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	return func(ctx context.Context, cmd goredis.Cmder) error {
-		if h.cut.Load() && ctx.Value(probe{}) == nil {
-			cmd.SetErr(errCut)
-			return errCut
+		if err := h.pass(ctx, cmd); err != nil {
+			cmd.SetErr(err)
+			return err
 		}
 		return next(ctx, cmd)
 	}
 }
 func (h cutHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		if h.cut.Load() {
+		if err := h.pass(ctx, cmds...); err != nil {
 			for _, c := range cmds {
-				c.SetErr(errCut)
+				c.SetErr(err)
 			}
-			return errCut
+			return err
 		}
 		return next(ctx, cmds)
 	}
@@ -166,20 +219,25 @@ func (h cutHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.P
 // ks; known are the defects it tolerates.
 func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriver {
 	var mu sync.Mutex
-	cuts := map[*Store]*atomic.Bool{}
+	cuts := map[*Store]cutHook{}
 	ready := map[*Store]bool{}
 	open := func(sl *modelSlot, c queuetest.Config) (queue.Store, error) {
-		cut := &atomic.Bool{}
+		cut := cutHook{cut: &atomic.Bool{}, stop: &atomic.Pointer[chan struct{}]{}}
 		rdb := goredis.NewClient(&goredis.Options{Addr: sl.addr, DB: sl.db})
-		rdb.AddHook(cutHook{cut: cut})
+		rdb.AddHook(cut)
 		ks.mu.Lock()
-		if i := slices.Index(sl.clients, nil); i >= 0 {
-			sl.clients[i] = rdb // the place take or a crash kept for it
+		n := slices.Index(sl.clients, nil) // which process of the run this is
+		if n >= 0 {
+			sl.clients[n] = rdb // the place take or a crash kept for it
 		} else {
+			n = len(sl.clients)
 			sl.clients = append(sl.clients, rdb)
 		}
 		ks.mu.Unlock()
-		s, err := Open(context.Background(), Options{Client: rdb, OwnsClient: true, Clock: c.Clock, Policy: c.Policy, StartLag: -1,
+		// Each process's own clock is off the run's (Redis's) by its own
+		// skew: it works in Redis's time through the offset it measures.
+		own := skewedClock{Clock: c.Clock, skew: modelSkews[n%len(modelSkews)]}
+		s, err := Open(context.Background(), Options{Client: rdb, OwnsClient: true, Clock: c.Clock, OwnClock: own, Policy: c.Policy, StartLag: -1,
 			Partitions: modelPartitions, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			// Quick polls of the arrivals (real time); a short lease, as
 			// each crash waits for it.
@@ -192,6 +250,49 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 		cuts[s] = cut
 		mu.Unlock()
 		return s, nil
+	}
+	// forget takes st out of the driver's stores (a process killed or
+	// stopped) and returns its client's hook and how to start the next
+	// process on its database.
+	forget := func(st *Store) (cutHook, func(testing.TB, queuetest.Config) (queue.Store, error), error) {
+		mu.Lock()
+		cut, ok := cuts[st]
+		delete(cuts, st)
+		delete(ready, st)
+		mu.Unlock()
+		if !ok {
+			return cut, nil, fmt.Errorf("model: crash of a store this driver did not open")
+		}
+		var sl *modelSlot
+		ks.mu.Lock()
+		for _, x := range ks.slots {
+			for _, c := range x.clients {
+				if c == st.rdb {
+					sl = x
+				}
+			}
+		}
+		if sl != nil {
+			// Taken until the restart opens its client: between the old
+			// client's close and the new one's, every client of the slot
+			// is closed, and another run would take (and flush) it.
+			sl.clients = append(sl.clients, nil)
+		}
+		ks.mu.Unlock()
+		if sl == nil {
+			return cut, nil, fmt.Errorf("model: the crashed store's database is not known")
+		}
+		return cut, func(t testing.TB, c queuetest.Config) (queue.Store, error) {
+			s, err := open(sl, c)
+			if err != nil {
+				return nil, err
+			}
+			if err := takeOverAll(s.(*Store)); err != nil {
+				s.Close()
+				return nil, err
+			}
+			return s, nil
+		}, nil
 	}
 	return queuetest.ModelDriver{
 		Open: func(t testing.TB, c queuetest.Config) (queue.Store, error) {
@@ -208,66 +309,62 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 		// on the same database, which takes the partitions once they do.
 		Crash: func(t testing.TB, s queue.Store) (func(testing.TB, queuetest.Config) (queue.Store, error), error) {
 			st := s.(*Store)
-			mu.Lock()
-			cut := cuts[st]
-			delete(cuts, st)
-			delete(ready, st)
-			mu.Unlock()
-			if cut == nil {
-				return nil, fmt.Errorf("model: crash of a store this driver did not open")
+			cut, restart, err := forget(st)
+			if err != nil {
+				return nil, err
 			}
-			cut.Store(true)
-			var sl *modelSlot
-			ks.mu.Lock()
-			for _, x := range ks.slots {
-				for _, c := range x.clients {
-					if c == st.rdb {
-						sl = x
-					}
+			cut.cut.Store(true)
+			return restart, nil
+		},
+		// SIGSTOP: the process's commands wait (its leases lapse, as it
+		// renews none), another process takes over, and at SIGCONT the
+		// commands go on: each finds the partition another's (the fence).
+		Freeze: func(t testing.TB, s queue.Store) (func(testing.TB, queuetest.Config) (queue.Store, error), func(), error) {
+			st := s.(*Store)
+			cut, restart, err := forget(st)
+			if err != nil {
+				return nil, nil, err
+			}
+			stopped := make(chan struct{})
+			cut.stop.Store(&stopped)
+			st.pauseWorkers(true)
+			thaw := func() {
+				close(stopped)
+				st.pauseWorkers(false)
+				// Awake, it finds its tenures gone (its renewals refused).
+				deadline := time.Now().Add(10 * time.Second)
+				for st.ownedCount() > 0 && time.Now().Before(deadline) {
+					time.Sleep(time.Millisecond)
 				}
 			}
-			if sl != nil {
-				// Taken until the restart opens its client: between the old
-				// client's close and the new one's, every client of the slot
-				// is closed, and another run would take (and flush) it.
-				sl.clients = append(sl.clients, nil)
-			}
-			ks.mu.Unlock()
-			if sl == nil {
-				return nil, fmt.Errorf("model: the crashed store's database is not known")
-			}
-			return func(t testing.TB, c queuetest.Config) (queue.Store, error) {
-				s, err := open(sl, c)
-				if err != nil {
-					return nil, err
-				}
-				if err := takeOverAll(s.(*Store)); err != nil {
-					s.Close()
-					return nil, err
-				}
-				return s, nil
-			}, nil
+			return restart, thaw, nil
 		},
 		// Quiet until the store hands over: every partition owned and
 		// loaded (a new Redis holds them vacant for a lease, a crashed
 		// process's lease must lapse first), so that the fake clock does
 		// not move while nobody can send.
+		//
+		// And quiet only once its owners have caught up: every arrival
+		// read, every job due by now and the lead handed over, no claim
+		// or record under way (Store.CaughtUp). That work takes real time
+		// (polls, round trips): on a busy machine, a check made before it
+		// saw the store a moment behind the fake clock.
 		Quiet: func(s queue.Store) bool {
 			st := s.(*Store)
 			mu.Lock()
 			ok := ready[st]
 			mu.Unlock()
-			if ok {
-				return true
+			if !ok {
+				if !st.Ready(context.Background()) {
+					return false
+				}
+				mu.Lock()
+				ready[st] = true
+				mu.Unlock()
 			}
-			if !st.Ready(context.Background()) {
-				return false
-			}
-			mu.Lock()
-			ready[st] = true
-			mu.Unlock()
-			return true
+			return st.CaughtUp(context.Background())
 		},
+		Busy: func(s queue.Store) string { return s.(*Store).busyWith() },
 		TAT: func(s queue.Store, tenant string) (time.Time, error) {
 			st := s.(*Store)
 			k := keysOf(st.partOf(tenant))
@@ -281,8 +378,80 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 			return fromMicros(v), nil
 		},
 		// Every change of a schedule is a script's write in Redis.
-		Durable: true,
-		Known:   known,
+		Durable:             true,
+		KeepsDroppedWindows: true,
+		Known:               known,
+	}
+}
+
+// ownedCount is how many partitions this process's consumers hold.
+func (s *Store) ownedCount() int {
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	n := 0
+	for c := range s.consumers {
+		n += len(c.owned())
+	}
+	return n
+}
+
+// busyWith says why CaughtUp does not hold (for a model run's failure to
+// settle).
+func (s *Store) busyWith() string {
+	ctx := context.Background()
+	if !s.Ready(ctx) {
+		return "not ready (a partition without a loaded owner)"
+	}
+	parts, ok := s.tenures(ctx)
+	if !ok {
+		return "a partition without a loaded tenure"
+	}
+	var out []string
+	for _, o := range parts {
+		o.mu.Lock()
+		next, any := o.sched.next()
+		claiming := o.claiming
+		o.mu.Unlock()
+		now := o.s.localNow()
+		switch {
+		case !o.isLoaded():
+			out = append(out, fmt.Sprintf("partition %d not loaded", o.fence.Partition))
+		case o.recording.Load() > 0:
+			out = append(out, fmt.Sprintf("partition %d recording %d", o.fence.Partition, o.recording.Load()))
+		case claiming:
+			out = append(out, fmt.Sprintf("partition %d claiming", o.fence.Partition))
+		case any && !next.After(now.Add(o.c.lead)):
+			out = append(out, fmt.Sprintf("partition %d has an entry due at %v (now %v, lead %v)", o.fence.Partition, next.Format("15:04:05.000000"), now.Format("15:04:05.000000"), o.c.lead))
+		}
+		select {
+		case <-o.lastHanded:
+		default:
+			out = append(out, fmt.Sprintf("partition %d has a claimed job not handed over", o.fence.Partition))
+		}
+		if n, err := s.rdb.LLen(ctx, o.k.arrivals()).Result(); err != nil || n > 0 {
+			out = append(out, fmt.Sprintf("partition %d arrivals %d (%v)", o.fence.Partition, n, err))
+		}
+	}
+	s.consumersMu.Lock()
+	for c := range s.consumers {
+		if c.polling.Load() {
+			out = append(out, "a poll under way")
+		}
+	}
+	s.consumersMu.Unlock()
+	if len(out) == 0 {
+		return "caught up now"
+	}
+	return strings.Join(out, "; ")
+}
+
+// pauseWorkers pauses (or resumes) the lease keeping of this process's
+// consumers (owner.Manager.Pause).
+func (s *Store) pauseWorkers(on bool) {
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	for c := range s.consumers {
+		c.mgr.Pause(on)
 	}
 }
 
@@ -361,19 +530,12 @@ func takeOverAll(s *Store) error {
 	return failed
 }
 
-// TestModel: seeds 1-16 (about 10 s) with THROTTLER_MODEL_REDIS=1; a soak
-// with THROTTLER_MODEL_SEEDS as well.
-//
-// Off by default: a soak of 200 seeds still fails one seed, and under a
-// heavy load (six runs at once on two cores beside other tests) about one
-// seed in a hundred fails for the load alone (its crashes wait out real
-// leases, its owners poll in real time), which in CI would decide by chance
-// what lands. docs/RELIABILITY.md, "The model test on Redis", has the
-// soaks. The regression cases below run by default.
+// TestModel: seeds 1-16 in CI (about 10 s; 4 under the race detector); a
+// soak with THROTTLER_MODEL_SEEDS. Its processes' clocks are skewed
+// (modelSkews), and some of its crashes are processes stopped past their
+// lease that wake once another has taken over (OpStale).
+// docs/RELIABILITY.md, "The model test on Redis", has the soaks.
 func TestModel(t *testing.T) {
-	if os.Getenv("THROTTLER_MODEL_REDIS") == "" {
-		t.Skip("off by default (see the comment): THROTTLER_MODEL_REDIS=1 runs it")
-	}
 	seeds, steps := 16, 80
 	if testutil.Race {
 		seeds, steps = 4, 50
@@ -684,6 +846,83 @@ func TestModelRegression(t *testing.T) {
 				{Kind: queuetest.OpAdvance, D: 200 * ms},
 				{Kind: queuetest.OpCrashOnWrite},
 				{Kind: queuetest.OpAdvance, D: 250 * ms},
+			},
+		},
+		{
+			// Seed 134: after a reload to a slower rate, the restart's
+			// first takeover left the schedule's end where the old rate
+			// put it, and the second (the store's own owner) raised it by
+			// the new rate past the last job: the two disagreed by half an
+			// interval. The rule for the schedule's end now runs in every
+			// takeover, not only where that job is still ahead of the
+			// jobs it moved.
+			name: "TakeoversAgreeAfterASlowerReload",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 3, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 200 * ms, Timeout: 150 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}, {Key: "k0"}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 2, Windows: []queuetest.WindowSpec{{N: 2, Length: 500 * ms}}}},
+				{Kind: queuetest.OpCrash, D: 300 * ms},
+			},
+		},
+		{
+			// Seed 134, once the case above passed: a job admitted after a
+			// reload from 100 ms to 150 ms, behind a job the old rate put at
+			// T0+100ms, was told 200 ms (the old schedule's end) and sent
+			// at 240 ms: the owner's pace (the gate's rate, read ahead)
+			// held it to the new rate. Open on both stores (the embedded
+			// store's gate does the same; its model driver has no gate).
+			name: "SlowReloadPromise", defect: queuetest.DefectSlowReloadPromise,
+			skip: "defect: after a reload to a slower rate, a job admitted behind the old rate's schedule is told that schedule's end, and the gate holds it to the new rate (told 200 ms, sent at 240 ms), see docs/RELIABILITY.md",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 150 * ms, Burst: 1, Capacity: 4}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k2", Deadline: 520 * ms}}},
+			},
+		},
+		{
+			// Found when the model's processes began to wake (seed 67 of
+			// that run): a held tenant's job whose write was lost in a
+			// crash waits at the takeover for its floor (the lost write
+			// plus an interval, in the owner's memory); the resume made it
+			// due at once, so it was claimed 100 ms before that floor and
+			// read "dispatching", out of the next hold's reach, until then.
+			// A resume now wakes it at its floor.
+			name: "ResumeWaitsForTheFloor",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 100 * ms, Timeout: 100 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpHold, Tenant: "b"},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpResume, Tenant: "b"},
+				{Kind: queuetest.OpHold, Tenant: "b"},
+			},
+		},
+		{
+			// Found when the model's seeds moved (seed 193 of that run), a
+			// fault of the model: a window that a reload drops and a later
+			// one brings back still counts its sends on Redis (each
+			// window's list is a key of its own), where the model had
+			// forgotten them as the embedded store does. Redis's refusal
+			// was right: the job sent at T0 was in it. The model now keeps
+			// such windows for a store that says so (KeepsDroppedWindows).
+			name: "DroppedWindowComesBack",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 3, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+				{Kind: queuetest.OpHold, Tenant: "a"},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 1, Capacity: 2, Windows: []queuetest.WindowSpec{{N: 2, Length: 500 * ms}}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 100 * ms, Timeout: 150 * ms}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+				{Kind: queuetest.OpResume, Tenant: "a"},
+				{Kind: queuetest.OpCancel, Pick: 826},
+				{Kind: queuetest.OpAdvance, D: 300 * ms},
+				{Kind: queuetest.OpAdvance, D: 100 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
 			},
 		},
 		{

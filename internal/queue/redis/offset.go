@@ -32,6 +32,9 @@ import (
 // gate's spacing is read on this clock.
 type redisClock struct {
 	own clock.Clock // the process's own clock
+	// server, if set, reads the clock that stands for Redis's TIME
+	// (Options.OwnClock), exactly: no microsecond grain.
+	server func(context.Context) (time.Time, error)
 
 	offset atomic.Int64 // ns to add to own.Now(), in use
 
@@ -68,14 +71,27 @@ func (c *redisClock) Offset() time.Duration { return time.Duration(c.offset.Load
 func (c *redisClock) Uncertainty() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.inUse.rtt/2 + 2*time.Microsecond
+	return c.inUse.rtt/2 + c.grain()
+}
+
+// grain is how coarse a reading of the server's clock is: TIME's
+// microsecond, and one more for reading it between two of ours.
+func (c *redisClock) grain() time.Duration {
+	if c.server != nil {
+		return 0
+	}
+	return 2 * time.Microsecond
 }
 
 // measure asks Redis its TIME once and takes the round trip into the
 // estimate.
 func (c *redisClock) measure(ctx context.Context, rdb goredis.UniversalClient) error {
+	read := func(ctx context.Context) (time.Time, error) { return rdb.Time(ctx).Result() }
+	if c.server != nil {
+		read = c.server
+	}
 	sent := c.own.Now()
-	server, err := rdb.Time(ctx).Result()
+	server, err := read(ctx)
 	back := c.own.Now()
 	if err != nil {
 		return err
@@ -107,7 +123,7 @@ func (c *redisClock) add(s sample) {
 	// Bounds: the offset is within rtt/2 of each estimate (plus Redis's
 	// microsecond and the reads' granularity).
 	gap := (best.offset - c.inUse.offset).Abs()
-	if c.inUse.at.IsZero() || gap > (best.rtt+c.inUse.rtt)/2+2*time.Microsecond {
+	if c.inUse.at.IsZero() || gap > (best.rtt+c.inUse.rtt)/2+c.grain() {
 		c.inUse = best
 		c.offset.Store(int64(best.offset))
 	}

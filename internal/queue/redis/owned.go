@@ -341,7 +341,7 @@ func (o *owned) forget(id string) {
 
 func (o *owned) wakeHeld(tenant string) {
 	o.mu.Lock()
-	o.sched.wake(tenant, o.s.localNow())
+	o.sched.wake(tenant, o.s.localNow(), func(id string) time.Time { return o.floors[id] })
 	o.mu.Unlock()
 	o.poke()
 }

@@ -3,6 +3,8 @@ package redis
 import (
 	"container/heap"
 	"time"
+
+	"github.com/throttler-dev/throttler/internal/clock"
 )
 
 // entry is one job in an owner's schedule: when to claim it (a lead
@@ -61,8 +63,10 @@ func (q schedule) next() (time.Time, bool) {
 	return q[0].at, true
 }
 
-// wake makes the held entries of tenant due at now.
-func (q *schedule) wake(tenant string, now time.Time) {
+// wake makes the held entries of tenant due at now, or at their floor if
+// later (see owned.floors): a job claimed before its floor would be
+// "dispatching" (out of a hold's or a cancel's reach) until then.
+func (q *schedule) wake(tenant string, now time.Time, floor func(id string) time.Time) {
 	var held []*entry
 	for _, e := range *q {
 		if e.held && e.tenant == tenant {
@@ -70,7 +74,7 @@ func (q *schedule) wake(tenant string, now time.Time) {
 		}
 	}
 	for _, e := range held { // fixed after the scan: Fix reorders the heap
-		e.at, e.held = now, false
+		e.at, e.held = clock.Later(now, floor(e.id)), false
 		heap.Fix(q, e.index)
 	}
 }

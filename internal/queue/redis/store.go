@@ -52,7 +52,7 @@ type Store struct {
 	policy     queue.PolicyFunc
 	ceiling    queue.CeilingFunc
 	clock      clock.Clock // nil: the Redis server's TIME
-	rclock     *redisClock // with clock nil: this process's reading of Redis's clock
+	rclock     *redisClock // this process's reading of Redis's clock (of Clock, with OwnClock); nil on an injected Clock alone
 	log        *slog.Logger
 	retain     time.Duration
 	idle       time.Duration
@@ -120,6 +120,13 @@ type Options struct {
 	// to Redis TIME from round trips and works in Redis's clock, so a skew
 	// must change nothing. Ignored with Clock set.
 	ClockSkew time.Duration
+	// OwnClock is for tests only, with Clock: this process's own clock,
+	// which may read other than Clock (a skew). Clock then stands for
+	// Redis's TIME: the store measures its offset to Clock as it does to
+	// Redis TIME, and reads Clock's time as own clock plus offset, as a
+	// worker on a machine whose clock is off does (the model test's
+	// workers, whose times must come out as with no skew).
+	OwnClock clock.Clock
 	// Retention keeps finished jobs this long. Default 24 h.
 	Retention time.Duration
 	// IdleTTL: a tenant's bucket state expires this long after its
@@ -180,11 +187,17 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := s.Ping(ctx); err != nil {
 		return nil, err
 	}
-	if s.clock == nil {
+	switch {
+	case s.clock == nil:
 		s.rclock = &redisClock{own: clock.Real{}}
 		if opts.ClockSkew != 0 {
 			s.rclock.own = skewed(opts.ClockSkew)
 		}
+	case opts.OwnClock != nil:
+		server := s.clock
+		s.rclock = &redisClock{own: opts.OwnClock, server: func(context.Context) (time.Time, error) { return server.Now(), nil }}
+	}
+	if s.rclock != nil {
 		if err := s.rclock.calibrate(ctx, s.rdb); err != nil {
 			return nil, queue.Unavailable(err)
 		}
@@ -271,8 +284,8 @@ func (s *Store) localNow() time.Time { return s.Clock().Now() }
 // writes on it, so a job's dispatch time and a send's time, which other
 // workers read, are in Redis's clock.
 func (s *Store) Clock() clock.Clock {
-	if s.clock != nil {
-		return s.clock
+	if s.rclock != nil {
+		return s.rclock
 	}
-	return s.rclock
+	return s.clock
 }

@@ -112,14 +112,17 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
   end
   -- The schedule runs past the last job waiting: jobs admitted while the
   -- partition had no owner were placed at its start (admit.lua), past
-  -- the schedule's end. A booked retry is not in it (the jobs admitted
+  -- the schedule's end; and after a reload to a slower rate the last job
+  -- is a new interval from the next. Every takeover applies it, so that
+  -- two of one restart agree (one that moved the jobs and one that found
+  -- them on schedule). A booked retry is not in it (the jobs admitted
   -- are placed around it: queue.TenantRecord.Absorb).
   local booked = {}
   for _, b in ipairs(booked_parse(redis.call('HGET', tk, 'booked'))) do booked[b.id] = true end
   local n = #waiting
   while n > 0 and booked[waiting[n - 1]] do n = n - 2 end
   local last = tonumber(waiting[n]) or 0
-  if n > 0 and last > t then
+  if n > 0 then
     local cost = at_least(tonumber(redis.call('HGET', prefix .. 'job:' .. waiting[n - 1], 'cost')) or 1, 1)
     if last + cost * T > tat then redis.call('HSET', tk, 'tat', last + cost * T) end
   end

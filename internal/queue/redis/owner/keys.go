@@ -43,6 +43,10 @@ const (
 	workersKey    = metaPrefix + "workers"
 )
 
+// WorkersKey is workersKey, for a test that must tell a worker's
+// heartbeat from its other commands.
+const WorkersKey = workersKey
+
 // LeaseKey is partition p's lease (a string: "worker:epoch", "" while held
 // vacant, none while free) and EpochKey its epoch, for a script of the
 // partition that must know whether it has an owner (admission).

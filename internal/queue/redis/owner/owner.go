@@ -293,6 +293,14 @@ func (m *Manager) unlessFrozen(pass func(context.Context)) func(context.Context)
 	}
 }
 
+// Pause is for tests: while on, the worker's renewer, balancer and
+// watchdog do nothing, as if its process were stopped (SIGSTOP), which a
+// test cannot do to some goroutines and not to its own.
+func (m *Manager) Pause(on bool) {
+	m.hooks.frozen.Store(on)
+	m.hooks.blind.Store(on)
+}
+
 // ID is this worker's id.
 func (m *Manager) ID() string { return m.o.WorkerID }
 
