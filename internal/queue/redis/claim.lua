@@ -119,22 +119,23 @@ for i = 9, #ARGV, 4 do
   out[#out + 1] = reply
 end
 
-local recent, recent_until = prefix .. 'recent', 0
+local recent, recent_until, recent_add = prefix .. 'recent', 0, {}
 for _, t in ipairs(tenants) do
-  if t.claimed + t.expired > 0 then
-    redis.call('HSET', t.key, 'depth', t.depth - t.claimed - t.expired, 'inflight', t.inflight + t.claimed, 'next', t.next)
-  end
   if t.claimed > 0 then
-    -- The last claim, which a takeover spaces the next send from by the
-    -- rate then in force (a reload may slow it after next was worked out).
-    redis.call('HSET', t.key, 'last', t.last, 'lastcost', t.last_cost)
-  end
-  -- Until its next send plus its tolerance, a takeover must not give it
-  -- burst credit, whatever its schedule says: a reload may raise the
-  -- tolerance (or slow the rate) before the takeover.
-  if t.claimed > 0 then
-    redis.call('ZADD', recent, t.next + t.tau, t.name)
+    -- With the last claim, which a takeover spaces the next send from by
+    -- the rate then in force (a reload may slow it after next was worked
+    -- out).
+    redis.call('HSET', t.key, 'depth', t.depth - t.claimed - t.expired, 'inflight', t.inflight + t.claimed, 'next', t.next,
+      'last', t.last, 'lastcost', t.last_cost)
+    -- Until its next send plus its tolerance, a takeover must not give it
+    -- burst credit, whatever its schedule says: a reload may raise the
+    -- tolerance (or slow the rate) before the takeover. (One ZADD for
+    -- the batch, below.)
+    recent_add[#recent_add + 1] = t.next + t.tau
+    recent_add[#recent_add + 1] = t.name
     recent_until = at_least(recent_until, t.next + t.tau)
+  elseif t.expired > 0 then
+    redis.call('HSET', t.key, 'depth', t.depth - t.expired, 'inflight', t.inflight, 'next', t.next)
   end
   if t.expired > 0 then
     redis.call('HINCRBY', t.key, 'expired', t.expired)
@@ -143,6 +144,7 @@ for _, t in ipairs(tenants) do
   end
 end
 if recent_until > 0 then
+  redis.call('ZADD', recent, unpack(recent_add))
   redis.call('ZREMRANGEBYSCORE', recent, '-inf', now) -- past: nothing to space from
   keep(recent, math.floor((recent_until - now) / 1000) + idle_ms) -- gone once none of it matters, as its tenants' hashes
 end
