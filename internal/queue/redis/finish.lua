@@ -37,14 +37,14 @@ local tenant_of, tenants = tenant_batch(prefix,
    {'tat', 'tat'}, {'delivered', 'delivered_before'}, {'failed', 'failed_before'}, {'next', 'next'}},
   function(t) t.after, t.delivered, t.failed, t.last_slot = 0, 0, 0, 0 end)
 
-local out, ended = {}, {}
+local out, ended, callbacks = {}, {}, {}
 for i = 6, #ARGV, 9 do
   local id, tname, state = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local sent, status, err, key = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
   local after = tonumber(ARGV[i + 7]) or 0
   local resp = ARGV[i + 8]
   local jk = prefix .. 'job:' .. id
-  local j = redis.call('HMGET', jk, 'state', 'slot', 'sent', 'status')
+  local j = redis.call('HMGET', jk, 'state', 'slot', 'sent', 'status', 'cbu', 'cbon')
   if j[1] ~= 'dispatching' then
     out[#out + 1] = 0
   else
@@ -69,9 +69,10 @@ for i = 6, #ARGV, 9 do
     end
     out[#out + 1] = 1
     ended[#ended + 1] = id
+    callbacks[id] = {j[5], j[6], state}
   end
 end
-owe_callbacks(prefix, ended, now)
+owe_callbacks(prefix, ended, now, callbacks)
 tell_finished(ended)
 
 for _, t in ipairs(tenants) do

@@ -76,10 +76,12 @@ end
 -- state (each hash's 'state' written), in the write that puts them there,
 -- so a crash between the two cannot lose one (DESIGN.md 6b): pending, due
 -- now, in the partition's callbacks zset (id -> when next due; callbacks.go).
-local function owe_callbacks(prefix, ids, now)
+-- known, if given, holds what the caller read already of a job: id ->
+-- {cbu, cbon, state}, which spares a read per job.
+local function owe_callbacks(prefix, ids, now, known)
   for _, id in ipairs(ids) do
     local jk = prefix .. 'job:' .. id
-    local c = redis.call('HMGET', jk, 'cbu', 'cbon', 'state')
+    local c = known and known[id] or redis.call('HMGET', jk, 'cbu', 'cbon', 'state')
     if c[1] and c[1] ~= '' and (not c[2] or c[2] == '' or string.find(',' .. c[2] .. ',', ',' .. c[3] .. ',', 1, true)) then
       redis.call('HSET', jk, 'cbs', 'pending', 'cba', 0, 'cbe', '', 'cbn', now)
       redis.call('ZADD', prefix .. 'callbacks', now, id)
