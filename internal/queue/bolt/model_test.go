@@ -149,6 +149,23 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// Found on Redis (seed 260 of a soak of seeds 201-500); the same
+			// here: in token mode, two retries booked past their places
+			// fill the room, and the rate refuses a job too; the answer is
+			// the rate's Retry-After (50 ms), where the model wants the
+			// count's (at least 100 ms). Open, see docs/RELIABILITY.md.
+			name: "BookedRetriesAndTheRate",
+			skip: "defect (or the model's): a token-mode refusal while booked retries fill the room says the rate's Retry-After (50 ms), the model wants at least 100 ms, see docs/RELIABILITY.md",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 400 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k3"}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 300 * ms},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: -120 * ms}}},
+			},
+		},
+		{
 			// Found by the model: a held tenant's write lost in a crash was sent
 			// again the instant it was resumed.
 			name: "HeldRestart", defect: queuetest.DefectHeldRestart,

@@ -101,21 +101,25 @@ func (j *mjob) expiresAt(slot, now time.Time) bool {
 
 // latest is the last moment j may be written at: its slot's real time,
 // or, where the tenant's writes so far and the rate in force do not allow
-// that yet, when they do. A reload to a slower rate leaves the jobs
-// scheduled before it at their slots, and the dispatcher's gate holds
-// them back to the new rate (Redis's owner paces its claims as the gate
-// will: it reads the gate ahead), and the jobs after them with them. For a
-// schedule kept at the rate in force this is the slot.
+// that yet (as the dispatcher's gate keeps them), when they do. A reload
+// to a slower rate leaves the jobs scheduled before it at their slots,
+// and the dispatcher's gate holds them back to the new rate (Redis's
+// owner paces its claims as the gate will: it reads the gate ahead), and
+// the jobs after them with them; a reload to less burst takes the
+// tolerance away from sends the old one allowed. For a schedule kept at
+// the rate in force this is the slot.
 func (j *mjob) latest() (time.Time, bool) {
 	tn := j.tn
 	due, ok := tn.pz.real(j.slot)
 	if !ok || len(tn.writes) == 0 {
 		return due, ok
 	}
-	// GCRA on the latest writes, each at its cost, at the rate in force.
+	// GCRA on the latest writes, as the gate keeps it: each write moves
+	// the schedule on by its cost at the interval in force when it was
+	// written, and the tolerance is the policy's now.
 	var tat time.Time
 	for i := max(0, len(tn.writes)-32); i < len(tn.writes); i++ {
-		tat = laterOf(tat, tn.writes[i]).Add(time.Duration(tn.writeCosts[i]) * tn.pol.Interval)
+		tat = laterOf(tat, tn.writes[i]).Add(tn.writeSteps[i])
 	}
 	return laterOf(due, tat.Add(-tn.tau())), true
 }

@@ -228,10 +228,11 @@ type mtenant struct {
 	// cost and not
 	rateTAT, rateTAT1 time.Time
 	writes            []time.Time
-	writeCosts        []int       // of each write
-	gateHeld          []time.Time // writes later than their slot: held by the gate (mjob.latest)
-	slowed            bool        // a reload has slowed the rate (DefectSlowReloadPromise)
-	keepDropped       bool        // ModelDriver.KeepsDroppedWindows
+	writeCosts        []int           // of each write
+	writeSteps        []time.Duration // each write's cost in intervals, at the interval in force then (the gate's step)
+	gateHeld          []time.Time     // writes later than their slot: held by the gate (mjob.latest)
+	slowed            bool            // a reload has slowed the rate (DefectSlowReloadPromise)
+	keepDropped       bool            // ModelDriver.KeepsDroppedWindows
 	lastWriteT        time.Duration
 	lastWriteCost     int
 	// booked: retries whose backoff ends past their place in the

@@ -451,6 +451,7 @@ func (r *runner) checkRate(j *mjob, at time.Time) {
 	tn := j.tn
 	tn.writes = append(tn.writes, at)
 	tn.writeCosts = append(tn.writeCosts, j.cost)
+	tn.writeSteps = append(tn.writeSteps, time.Duration(j.cost)*tn.pol.Interval)
 	r.checkSpacing(j, at)
 	if r.fail == nil && !(j.pushedBack && r.m.known&DefectPushbackWindow != 0) && !j.heldResend && !j.staleDispatch { // else: the store makes no room for it
 		r.checkWindows(j, at)

@@ -926,6 +926,61 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// Seeds 240 and 262 of a soak of seeds 201-500, a fault of the
+			// model: after a reload from burst 2 at 100 ms to burst 1 at
+			// 50 ms, two jobs sent together keep the gate's schedule where
+			// the old interval put it (the gate moves it on by each send's
+			// cost at the interval in force then, and takes the tolerance
+			// from the policy now), so the third goes at T0+200ms. The
+			// model had recomputed it at the new interval and wanted it
+			// at T0+100ms. It now keeps the gate's steps (mjob.latest).
+			name: "GateKeepsItsSteps",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 2}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}, {Key: "k3"}}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 3}},
+			},
+		},
+		{
+			// Seed 414 of that soak: a job behind another answered 429
+			// again and again is moved past its deadline by the pauses,
+			// but the owner looks at it only when its tenant's pace lets
+			// it, and the resends take every turn: it stays queued (and
+			// counted) past its deadline until they stop. Open.
+			name: "DeadlineBehindRepeatedPushbacks",
+			skip: "defect: a job a run of 429s moved past its deadline is expired only once its tenant's pace lets the owner look at it (queued at T0+950ms, deadline T0+470ms), see docs/RELIABILITY.md",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k0"}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 470 * ms}}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},
+				{Kind: queuetest.OpAdvance, D: 950 * ms},
+			},
+		},
+		{
+			// Seed 260 of that soak, on both stores: in token mode, two
+			// retries booked past their places fill the room, and the
+			// rate refuses a job too; the answer is the rate's Retry-After
+			// (50 ms), where the model wants the count's (at least 100 ms,
+			// when the first retry goes). Open: the model and the stores
+			// count booked retries differently for a refusal's
+			// Retry-After; which is right is not settled.
+			name: "BookedRetriesAndTheRate",
+			skip: "defect (or the model's): a token-mode refusal while booked retries fill the room says the rate's Retry-After (50 ms), the model wants at least 100 ms, see docs/RELIABILITY.md",
+			ops:  bookedRetriesAndTheRate,
+		},
+		{
+			// Seed 394 of that soak: a job the owner claimed a lead before
+			// its tenant's pace (the gate's rate, read ahead) let it go was
+			// handed over for its slot, long past, so it went 10 ms before
+			// the rate allowed (the gate holds it in a real process; the
+			// model has none). It is handed over for its pace now.
+			name: "HandedOverAtItsPace",
+			ops:  handedOverAtItsPace,
+		},
+		{
 			// Cancelling such a retry gave back a place it never held.
 			name: "RetryPacingCancel", defect: queuetest.DefectRetryPacing,
 			ops: []queuetest.Op{
@@ -949,3 +1004,45 @@ func TestModelRegression(t *testing.T) {
 		})
 	}
 }
+
+// Long cases of TestModelRegression, shared with the embedded store's
+// where both stores show them.
+var (
+	bookedRetriesAndTheRate = []queuetest.Op{
+		{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 400 * time.Millisecond}},
+		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k3"}}},
+		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+		{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
+		{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: -120 * time.Millisecond}}},
+	}
+	handedOverAtItsPace = []queuetest.Op{
+		{Kind: queuetest.OpAdvance, D: 250 * time.Millisecond},
+		{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 100 * time.Millisecond, Timeout: 50 * time.Millisecond}},
+		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+		{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 3, Windows: []queuetest.WindowSpec{{N: 3, Length: 1 * time.Second}}}},
+		{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 3}},
+		{Kind: queuetest.OpRetry, Pick: 576},
+		{Kind: queuetest.OpAdvance, D: 250 * time.Millisecond},
+		{Kind: queuetest.OpAdvance, D: 200 * time.Millisecond},
+		{Kind: queuetest.OpCancel, Pick: 282},
+		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+		{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
+		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+		{Kind: queuetest.OpCrashOnWrite},
+		{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
+		{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
+		{Kind: queuetest.OpRetry, Pick: 887},
+		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k1"}}},
+		{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 50 * time.Millisecond}},
+		{Kind: queuetest.OpAdvance, D: 150 * time.Millisecond},
+		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k3", Deadline: -120 * time.Millisecond}, {}, {Deadline: -20 * time.Millisecond}}},
+		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+		{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 150 * time.Millisecond, Burst: 1, Capacity: 4}},
+		{Kind: queuetest.OpAdvance, D: 150 * time.Millisecond},
+		{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
+		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+		{Kind: queuetest.OpResume, Tenant: "a"},
+	}
+)

@@ -373,8 +373,12 @@ func (o *owned) claim(due []*entry) error {
 			o.mu.Lock()
 			floor := o.floors[j.ID]
 			delete(o.floors, j.ID)
+			// Claimed a lead before its tenant's pace let it (paced): it is
+			// handed over for then, as the gate will let it go, not for its
+			// slot, which the pace has passed.
+			paced := o.pace[j.Tenant].Add(-o.s.policy(j.Tenant).Tolerance())
 			o.mu.Unlock()
-			j.DispatchAt = clock.Later(j.DispatchAt, floor)
+			j.DispatchAt = clock.Later(clock.Later(j.DispatchAt, floor), paced)
 			o.claimedPace(j)
 			o.startSend(j)
 		}
