@@ -969,16 +969,14 @@ func TestModelRegression(t *testing.T) {
 			// Retry-After; which is right is not settled.
 			name: "BookedRetriesAndTheRate",
 			skip: "defect (or the model's): a token-mode refusal while booked retries fill the room says the rate's Retry-After (50 ms), the model wants at least 100 ms, see docs/RELIABILITY.md",
-			ops:  bookedRetriesAndTheRate,
-		},
-		{
-			// Seed 394 of that soak: a job the owner claimed a lead before
-			// its tenant's pace (the gate's rate, read ahead) let it go was
-			// handed over for its slot, long past, so it went 10 ms before
-			// the rate allowed (the gate holds it in a real process; the
-			// model has none). It is handed over for its pace now.
-			name: "HandedOverAtItsPace",
-			ops:  handedOverAtItsPace,
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 400 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k3"}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 300 * ms},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: -120 * ms}}},
+			},
 		},
 		{
 			// Cancelling such a retry gave back a place it never held.
@@ -1004,45 +1002,3 @@ func TestModelRegression(t *testing.T) {
 		})
 	}
 }
-
-// Long cases of TestModelRegression, shared with the embedded store's
-// where both stores show them.
-var (
-	bookedRetriesAndTheRate = []queuetest.Op{
-		{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 400 * time.Millisecond}},
-		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k3"}}},
-		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
-		{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
-		{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
-		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: -120 * time.Millisecond}}},
-	}
-	handedOverAtItsPace = []queuetest.Op{
-		{Kind: queuetest.OpAdvance, D: 250 * time.Millisecond},
-		{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 100 * time.Millisecond, Timeout: 50 * time.Millisecond}},
-		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
-		{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 3, Windows: []queuetest.WindowSpec{{N: 3, Length: 1 * time.Second}}}},
-		{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 3}},
-		{Kind: queuetest.OpRetry, Pick: 576},
-		{Kind: queuetest.OpAdvance, D: 250 * time.Millisecond},
-		{Kind: queuetest.OpAdvance, D: 200 * time.Millisecond},
-		{Kind: queuetest.OpCancel, Pick: 282},
-		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
-		{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
-		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
-		{Kind: queuetest.OpCrashOnWrite},
-		{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
-		{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
-		{Kind: queuetest.OpRetry, Pick: 887},
-		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k1"}}},
-		{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 50 * time.Millisecond}},
-		{Kind: queuetest.OpAdvance, D: 150 * time.Millisecond},
-		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k3", Deadline: -120 * time.Millisecond}, {}, {Deadline: -20 * time.Millisecond}}},
-		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
-		{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 150 * time.Millisecond, Burst: 1, Capacity: 4}},
-		{Kind: queuetest.OpAdvance, D: 150 * time.Millisecond},
-		{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
-		{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
-		{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
-		{Kind: queuetest.OpResume, Tenant: "a"},
-	}
-)
