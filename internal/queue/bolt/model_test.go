@@ -156,14 +156,7 @@ func TestModelRegression(t *testing.T) {
 			// count's (at least 100 ms). Open, see docs/RELIABILITY.md.
 			name: "BookedRetriesAndTheRate",
 			skip: "defect (or the model's): a token-mode refusal while booked retries fill the room says the rate's Retry-After (50 ms), the model wants at least 100 ms, see docs/RELIABILITY.md",
-			ops: []queuetest.Op{
-				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 400 * ms}},
-				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k3"}}},
-				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
-				{Kind: queuetest.OpAdvance, D: 300 * ms},
-				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
-				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: -120 * ms}}},
-			},
+			ops:  queuetest.CaseBookedRetriesAndTheRate,
 		},
 		{
 			// Found by the model: a held tenant's write lost in a crash was sent

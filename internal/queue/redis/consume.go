@@ -5,6 +5,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -305,25 +306,29 @@ func (s *Store) Handed() int64 { return s.handed.Load() }
 // real time here (a poll, a claim's round trip): on a busy machine that
 // work is slow, and a clock moved meanwhile would make a job handed over
 // on time look late.
-func (s *Store) CaughtUp(ctx context.Context) bool {
+func (s *Store) CaughtUp(ctx context.Context) bool { return s.behind(ctx) == "" }
+
+// behind says what keeps CaughtUp from holding ("" nothing), for a test
+// that waited for it in vain.
+func (s *Store) behind(ctx context.Context) string {
 	parts, ok := s.tenures(ctx)
 	if !ok {
-		return false
+		return "a partition without a loaded tenure"
 	}
 	pipe := s.rdb.Pipeline()
 	lens := make([]*goredis.IntCmd, len(parts))
 	for i, o := range parts {
-		if !o.caughtUp() {
-			return false
+		if why := o.behind(); why != "" {
+			return why
 		}
 		lens[i] = pipe.LLen(ctx, o.k.arrivals())
 	}
 	if _, err := pipe.Exec(ctx); err != nil && len(parts) > 0 {
-		return false
+		return fmt.Sprintf("cannot count the arrivals: %v", err)
 	}
-	for _, n := range lens {
+	for i, n := range lens {
 		if n.Val() > 0 {
-			return false
+			return fmt.Sprintf("partition %d has %d arrivals to read", parts[i].fence.Partition, n.Val())
 		}
 	}
 	// Asked again after the arrivals were counted: lines a poll took
@@ -332,14 +337,14 @@ func (s *Store) CaughtUp(ctx context.Context) bool {
 	for c := range s.consumers {
 		if c.polling.Load() {
 			s.consumersMu.Unlock()
-			return false
+			return "a poll under way"
 		}
 	}
 	s.consumersMu.Unlock()
 	for _, o := range parts {
-		if !o.caughtUp() {
-			return false
+		if why := o.behind(); why != "" {
+			return why
 		}
 	}
-	return true
+	return ""
 }

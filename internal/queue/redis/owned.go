@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,20 +115,31 @@ func (o *owned) isLoaded() bool { return o.loaded.Load() }
 // caughtUp reports whether every job the tenure knows of and that is due
 // by now plus the lead has been handed over (arrivals not yet read are
 // the caller's to ask about).
-func (o *owned) caughtUp() bool {
-	if !o.isLoaded() || o.recording.Load() > 0 {
-		return false
+func (o *owned) caughtUp() bool { return o.behind() == "" }
+
+// behind says what the tenure has still to do at this moment ("" none):
+// caughtUp, in words, for a test that waited for it in vain.
+func (o *owned) behind() string {
+	p := o.fence.Partition
+	if !o.isLoaded() {
+		return fmt.Sprintf("partition %d not loaded", p)
+	}
+	if n := o.recording.Load(); n > 0 {
+		return fmt.Sprintf("partition %d recording %d outcomes", p, n)
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if next, any := o.sched.next(); o.claiming || (any && !next.After(o.s.localNow().Add(o.c.lead))) {
-		return false
+	if o.claiming {
+		return fmt.Sprintf("partition %d claiming", p)
+	}
+	if next, any := o.sched.next(); any && !next.After(o.s.localNow().Add(o.c.lead)) {
+		return fmt.Sprintf("partition %d has an entry due at %v (now %v, lead %v)", p, next.Format("15:04:05.000000"), o.s.localNow().Format("15:04:05.000000"), o.c.lead)
 	}
 	select {
 	case <-o.lastHanded:
-		return true
+		return ""
 	default:
-		return false
+		return fmt.Sprintf("partition %d has a claimed job not handed over", p)
 	}
 }
 
