@@ -289,3 +289,11 @@ type Store interface {
 	Ping(ctx context.Context) error
 	Close() error
 }
+
+// PolicyListener is a capability of a store that holds jobs back by its
+// tenants' policies ahead of the dispatcher (Redis's owners claim a
+// tenant's backlog at its rate, reading the gate ahead): it is told when
+// the policies its PolicyFunc reads have changed (a reload), so that a
+// faster rate or a larger burst lets them go when the new policy does,
+// not when the old one would have.
+type PolicyListener interface{ PoliciesChanged() }

@@ -407,6 +407,9 @@ func (r *running) reload(next *config.Config) {
 	}
 	r.out.Store(out)
 	r.live.Store(&merged)
+	if pl, ok := r.store.(queue.PolicyListener); ok {
+		pl.PoliciesChanged()
+	}
 	r.dispatcher.UseTLS(out.all())
 	log.Info("config reloaded", "config", next.File, "tenants", len(next.Tenants), "downstreams", len(next.Downstreams))
 }

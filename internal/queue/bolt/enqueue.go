@@ -291,6 +291,12 @@ func (s *Store) admit(c *call, cost int) (leaky.Decision, leaky.State, []leaky.R
 		// Decide refused it by count: room comes when enough have gone.
 		refuse(untilFewer(waiting, p.Capacity+p.Burst))
 	case !d.Admitted:
+		// The rate refused it; the count may refuse it for longer (retries
+		// booked past their places fill the room): the later of the two.
+		if !windowed && depth >= room && s.countedAtArrival(c, depth) >= room {
+			ra := s.countRetryAfter(c, untilFewer(s.depthSlots(c.tenant), p.Capacity+p.Burst), tnow)
+			d.RetryAfter = max(d.RetryAfter, ra)
+		}
 	case windowed && (c.paused || d.Slot.After(c.arrival)) && depth >= p.Capacity:
 		// It would wait, and capacity jobs wait already.
 		refuse(untilFewer(waiting, p.Capacity))

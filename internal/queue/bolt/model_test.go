@@ -150,12 +150,8 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			// Found on Redis (seed 260 of a soak of seeds 201-500); the same
-			// here: in token mode, two retries booked past their places
-			// fill the room, and the rate refuses a job too; the answer is
-			// the rate's Retry-After (50 ms), where the model wants the
-			// count's (at least 100 ms). Open, see docs/RELIABILITY.md.
+			// here (queuetest.CaseBookedRetriesAndTheRate).
 			name: "BookedRetriesAndTheRate",
-			skip: "defect (or the model's): a token-mode refusal while booked retries fill the room says the rate's Retry-After (50 ms), the model wants at least 100 ms, see docs/RELIABILITY.md",
 			ops:  queuetest.CaseBookedRetriesAndTheRate,
 		},
 		{

@@ -418,19 +418,26 @@ func (m *model) decideCost(tn *mtenant, now time.Time, cost int, deadline time.T
 		base := laterOf(tat, tt)
 		slot := laterOf(tt, tat.Add(-tau))
 		excess := base.Add(time.Duration(cost-1) * T).Add(-tau).Sub(tt)
-		if excess > time.Duration(C)*T {
-			return mdecision{kind: mRejected, ra: told(tt.Add(excess - time.Duration(C)*T)).Sub(now), raExact: true, raWhy: "schedule"}
-		}
 		room := C + B
 		if paused {
 			room = C // nothing goes at once: every job waits
 		}
+		// Admitted by count once the pause is over (room C+B again) and
+		// fewer than C+B wait.
+		countAt := laterOf(now, tn.pz.resume(now).until, untilFewer(C+B))
+		if excess > time.Duration(C)*T {
+			ra := told(tt.Add(excess - time.Duration(C)*T)).Sub(now)
+			if len(waiting) >= room {
+				// The count refuses it too (retries booked past their
+				// places fill the room): not before both let it in, and
+				// the job that leaves then moves the schedule on, which
+				// the answer may count too.
+				return mdecision{kind: mRejected, ra: max(ra, countAt.Sub(now)), raExact: false, raWhy: "schedule and count"}
+			}
+			return mdecision{kind: mRejected, ra: ra, raExact: true, raWhy: "schedule"}
+		}
 		if len(waiting) >= room {
-			// Admitted once the pause is over (room C+B again) and fewer
-			// than C+B wait.
-			at := laterOf(now, tn.pz.resume(now).until)
-			at = laterOf(at, untilFewer(C+B))
-			return mdecision{kind: mRejected, ra: at.Sub(now), raExact: true, raWhy: "count"}
+			return mdecision{kind: mRejected, ra: countAt.Sub(now), raExact: true, raWhy: "count"}
 		}
 		d = mdecision{kind: mAdmitted, slot: slot, delay: told(slot).Sub(now), exact: true}
 	} else {
@@ -543,15 +550,78 @@ func (tn *mtenant) disturb() {
 	}
 }
 
-// due lists the jobs that must be written at now (in admission order).
-func (m *model) due(now time.Time) []*mjob {
-	var out []*mjob
-	for _, j := range m.jobs {
-		if j.state != msWaiting || j.lateExpiry {
+// mdue is what the store must have written of one tenant by a moment: at
+// least n of jobs.
+type mdue struct {
+	jobs []*mjob
+	n    int
+}
+
+// missing is how many more of d's jobs the store must write: written says
+// which it has.
+func (d mdue) missing(written map[string]bool) int {
+	n := d.n
+	for _, j := range d.jobs {
+		if written[j.id] {
+			n--
+		}
+	}
+	return max(n, 0)
+}
+
+// due is what the store must have written by now, per tenant (in
+// modelTenants order): as many of its waiting jobs as the dispatcher's gate
+// lets go by then, each in turn (mjob.latest, moved on by the ones before
+// it). Jobs due at one turn of the gate compete for it, and which goes
+// first is the store's to choose: a tenant's jobs are not each required by
+// their own latest (two of them due at the same turn, the second goes an
+// interval later, and a wait for both would last until the settle's
+// timeout).
+func (m *model) due(now time.Time) []mdue {
+	var out []mdue
+	for _, name := range modelTenants {
+		tn := m.tenants[name]
+		if tn == nil {
 			continue
 		}
-		if at, ok := j.latest(); ok && !at.After(now) {
-			out = append(out, j)
+		type waiting struct {
+			j   *mjob
+			due time.Time
+		}
+		var ws []waiting
+		for _, j := range tn.jobs {
+			if j.state != msWaiting || j.lateExpiry {
+				continue
+			}
+			if due, ok := tn.pz.real(j.slot); ok {
+				ws = append(ws, waiting{j, due})
+			}
+		}
+		if len(ws) == 0 {
+			continue
+		}
+		slices.SortStableFunc(ws, func(a, b waiting) int { return a.due.Compare(b.due) })
+		// The gate's schedule from the writes so far (as mjob.latest),
+		// then moved on by each job it lets go by now.
+		var tat time.Time
+		for i := max(0, len(tn.writes)-32); i < len(tn.writes); i++ {
+			tat = laterOf(tat, tn.writes[i]).Add(tn.writeSteps[i])
+		}
+		d := mdue{}
+		for _, w := range ws {
+			d.jobs = append(d.jobs, w.j)
+			at := w.due
+			if !tat.IsZero() {
+				at = laterOf(at, tat.Add(-tn.tau()))
+			}
+			if at.After(now) {
+				continue
+			}
+			d.n++
+			tat = laterOf(tat, at).Add(time.Duration(w.j.cost) * tn.pol.Interval)
+		}
+		if d.n > 0 {
+			out = append(out, d)
 		}
 	}
 	return out

@@ -43,13 +43,16 @@ type runner struct {
 	crashReq   bool
 	answer     Answer
 	maxT       map[string]time.Duration
-	frozen     map[int]bool    // processes stopped (SIGSTOP) past their lease: OpStale
-	staleSends []string        // what woken stale processes' handlers were allowed to write
-	staleAsked int             // how many times they asked (checkStaleSend)
-	inHandler  int             // handlers of this process running (not parked)
-	parked     []*parking      // handlers waiting on the clock
-	events     []writeEvent    // writes not yet seen by the model
-	pending    map[string]bool // handlers returned, outcome not yet seen recorded
+	frozen     map[int]bool // processes stopped (SIGSTOP) past their lease: OpStale
+	staleSends []string     // what woken stale processes' handlers were allowed to write
+	staleAsked int          // how many times they asked (checkStaleSend)
+	inHandler  int          // handlers of this process running (not parked)
+	// waitedInVain: the writes the last settle waited for until its
+	// timeout, and did not see.
+	waitedInVain int
+	parked       []*parking      // handlers waiting on the clock
+	events       []writeEvent    // writes not yet seen by the model
+	pending      map[string]bool // handlers returned, outcome not yet seen recorded
 	// answering: timeouts answered at this moment, not yet seen recorded.
 	// A write's outcome waits for them (cond), so that the store records
 	// the outcomes of one moment in the order the model applies them.
@@ -343,7 +346,7 @@ func (r *runner) nextParked() (time.Time, bool) {
 // that the handler has not taken, the jobs the model expects written
 // written, and the store no longer starting new waits. It reports a crash
 // asked for by the handler.
-func (r *runner) settle(expect []*mjob) (crash bool) {
+func (r *runner) settle(expect []mdue) (crash bool) {
 	// The timeout is the store's time to finish what it does at one
 	// moment: seconds are a busy machine's, never a promise's. (Soaks of
 	// six seeds at once have timed out now and then, at 3 s and once at
@@ -398,10 +401,8 @@ func (r *runner) settle(expect []*mjob) (crash bool) {
 			}
 		}
 		missing := 0
-		for _, j := range expect {
-			if !written[j.id] {
-				missing++
-			}
+		for _, d := range expect {
+			missing += d.missing(written)
 		}
 		quiet := r.d.Quiet == nil || r.d.Quiet(r.store)
 		if !quiet {
@@ -427,7 +428,8 @@ func (r *runner) settle(expect []*mjob) (crash bool) {
 				}
 				r.failf("settle", "the store did not settle within %v: %d handlers running, %d outcomes not recorded, %d in flight for %d parked%s (of %d looks: %d not quiet, %d with new waits on the clock)", timeout, inH, left, inflight, parked, why, rounds, notQuiet, newWaits)
 			}
-			return false // what was not written is the model's to report
+			r.waitedInVain = missing // what was not written is the model's to report
+			return false
 		}
 		time.Sleep(poll)
 	}
@@ -449,10 +451,24 @@ func (r *runner) settleAndProcess() {
 			r.crash(0)
 			continue
 		}
-		for _, j := range r.m.due(now) {
+		if n := r.waitedInVain; n > 0 {
+			r.waitedInVain = 0
+			if len(r.m.due(now)) == 0 {
+				// The model expected writes it then did not require: its
+				// expectation is wrong, and each such moment costs a
+				// settle's whole timeout (and failed now and then when
+				// the store was busy just as it ran out).
+				r.failf("settle", "the model waited for %d writes at T0+%v that it then did not require (a fault of the model's due)", n, now.Sub(T0))
+				return
+			}
+		}
+		for _, d := range r.m.due(now) {
+			// The first of them the model would have let go (one the
+			// store could have sent instead is not written either).
+			j := d.jobs[0]
 			at, _ := j.tn.pz.real(j.slot)
 			sj, err := r.store.Job(r.ctx, j.id)
-			r.failf("not sent", "%s due at T0+%v was not sent by T0+%v (the store has it %s, dispatch_at T0+%v, %v)", r.m.describe(j), at.Sub(T0), now.Sub(T0), sj.State, sj.DispatchAt.Sub(T0), err)
+			r.failf("not sent", "%s due at T0+%v was not sent by T0+%v (the store has it %s, dispatch_at T0+%v, %v; %d of the tenant's %d waiting jobs were due)", r.m.describe(j), at.Sub(T0), now.Sub(T0), sj.State, sj.DispatchAt.Sub(T0), err, d.n, len(d.jobs))
 			return
 		}
 		if r.d.TakeStartLag != nil {

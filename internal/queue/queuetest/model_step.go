@@ -37,6 +37,9 @@ func (r *runner) do(op Op) {
 		r.polMu.Lock()
 		r.pols[op.Tenant] = op.Policy
 		r.polMu.Unlock()
+		if pl, ok := r.store.(queue.PolicyListener); ok {
+			pl.PoliciesChanged() // as the service does at a reload
+		}
 		r.m.reload(tn, op.Policy, now)
 		r.mu.Lock()
 		r.maxT[op.Tenant] = tn.maxT

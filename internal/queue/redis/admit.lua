@@ -180,8 +180,10 @@ if windowed then
 else
   local room = capacity + burst
   if paused then room = capacity end
-  if admitted and waiting >= room then
-    admitted, retry, newtat = false, count_retry(capacity + burst), tat
+  if waiting >= room then
+    -- Refused by the rate too (retries booked past their places fill
+    -- the room): the later of the two.
+    admitted, retry, newtat = false, at_least(retry, count_retry(capacity + burst)), tat
   end
 end
 

@@ -63,6 +63,16 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 				t.Fatal(err)
 			}
 			tnow := pz.TenantTime(now)
+			if rng.IntN(8) == 0 {
+				// A retry waiting past its place (booked at its backoff's
+				// end): counted, not in the schedule. With the room full
+				// the rate and the count both refuse.
+				slot := tnow.Add(us(1 + rng.Int64N(int64(6*p.Interval/time.Microsecond))))
+				pending = append(pending, slot)
+				if err := rdb.ZAdd(ctx, keys[1], goredis.Z{Score: float64(micros(slot)), Member: fmt.Sprintf("r%d", step)}).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
 			pending = slices.DeleteFunc(pending, func(s time.Time) bool { return !s.After(tnow) })
 			if err := rdb.ZRemRangeByScore(ctx, keys[1], "-inf", fmt.Sprint(micros(tnow))).Err(); err != nil {
 				t.Fatal(err)
@@ -143,6 +153,11 @@ func goAdmit(rec queue.TenantRecord, slots []time.Time, arrival, now time.Time, 
 	case windowed && !d.Admitted && waiting >= p.Capacity+p.Burst:
 		refuse(p.Capacity + p.Burst)
 	case !d.Admitted:
+		if !windowed && waiting >= room { // the rate and the count: the later
+			ra := d.RetryAfter
+			refuse(p.Capacity + p.Burst)
+			d.RetryAfter = max(ra, d.RetryAfter)
+		}
 	case windowed && (paused || d.Slot.After(arrival)) && waiting >= p.Capacity:
 		refuse(p.Capacity)
 	case !windowed && waiting >= room:

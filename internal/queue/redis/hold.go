@@ -79,6 +79,18 @@ func (s *Store) wakeResumed(tenant string) {
 	}
 }
 
+// PoliciesChanged re-paces, by the policies in force now, the jobs this
+// process's tenures hold back for their tenants' pace (queue.PolicyListener).
+func (s *Store) PoliciesChanged() {
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	for c := range s.consumers {
+		for _, o := range c.owned() {
+			o.repace()
+		}
+	}
+}
+
 // sleep waits d on the store's clock, or until wake has a value; false if
 // stop came first.
 func (s *Store) sleep(stop context.Context, d time.Duration, wake <-chan struct{}) bool {

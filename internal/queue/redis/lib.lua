@@ -50,6 +50,18 @@ local function tenant_time(tk, now)
   return t - shift
 end
 
+-- The deadline of waiting job id (its hash under prefix) of slot, if its
+-- tenant's pause (shift, until, held) moves its dispatch time past it;
+-- else 0. The owner then looks at it at its deadline, when its claim
+-- expires it, not when its tenant's pace would let it go (takeover.lua,
+-- missed.lua). A held tenant's jobs wait for the resume.
+local function missed_deadline(prefix, id, slot, shift, untl, held)
+  if held > 0 then return 0 end
+  local deadline = tonumber(redis.call('HGET', prefix .. 'job:' .. id, 'deadline')) or 0
+  if deadline > 0 and at_least(untl, slot + shift) > deadline then return deadline end
+  return 0
+end
+
 -- A claimed job of slot ended at tenant time tnow: it leaves the tenant's
 -- claimed set (see partKeys.claimed) once its slot has come. Until then
 -- it keeps its place, as any job short of its slot (an attempt that ended

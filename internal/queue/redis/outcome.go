@@ -22,6 +22,9 @@ var (
 	//go:embed finish.lua
 	finishLua    string
 	finishScript = newScript("finish.lua", owner.FenceLua+finishLua, true)
+	//go:embed missed.lua
+	missedLua    string
+	missedScript = newScript("missed.lua", missedLua, true)
 )
 
 // ending is an attempt that ended its job (Succeeded, or Failed with no
@@ -118,6 +121,27 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 		s.expired(expired)
 	}
 	return cur, ok, paused, nil
+}
+
+// missedDeadlines is the waiting jobs of tenant that its pause moved past
+// their deadlines, each with its deadline (missed.lua).
+func (s *Store) missedDeadlines(ctx context.Context, k partKeys, tenant string) (map[string]time.Time, error) {
+	var r missedReply
+	if err := missedScript.Run(ctx, s.rdb, []string{k.tenant(tenant), k.waiting(tenant)}, []any{k.tag}, &r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// missedReply is missed.lua's answer: job id to deadline.
+type missedReply map[string]time.Time
+
+func (m *missedReply) Decode(r *luascript.Reply) {
+	*m = map[string]time.Time{}
+	for r.More() {
+		id := r.Str()
+		(*m)[id] = r.Time()
+	}
 }
 
 // outcomeState is what an outcome is applied to: the tenant (its record

@@ -200,17 +200,23 @@ func (o *owned) paced(due []*entry) []*entry {
 	for _, e := range due {
 		p := o.s.policy(e.tenant)
 		if e.expiry {
+			e.paced = false
 			ready = append(ready, e)
 			continue
 		}
 		at := o.pace[e.tenant].Add(-p.Tolerance())
 		if at.After(by) || taken[e.tenant] >= max(p.Burst, 1) {
 			// Looked at again once the tenant's pace comes (past the
-			// claims of this batch, which move it on).
+			// claims of this batch, which move it on), or sooner if a
+			// reload lets it (repace).
+			if !e.paced {
+				e.paced, e.due = true, e.at
+			}
 			e.at = clock.Later(at, e.at)
 			o.sched.add(e)
 			continue
 		}
+		e.paced = false
 		taken[e.tenant]++
 		ready = append(ready, e)
 	}
@@ -222,6 +228,19 @@ func (o *owned) paced(due []*entry) []*entry {
 		}
 	}
 	return ready
+}
+
+// repace brings the entries held back for their tenants' pace to that
+// pace by the policies in force now (Store.PoliciesChanged): the pace
+// itself stands (the gate keeps each send's step at the interval it went
+// at), the tolerance is the new policy's.
+func (o *owned) repace() {
+	o.mu.Lock()
+	o.sched.repace(func(tenant string) time.Time {
+		return o.pace[tenant].Add(-o.s.policy(tenant).Tolerance())
+	})
+	o.mu.Unlock()
+	o.poke()
 }
 
 // claimedPace moves tenant's pace past claimed job j: its next job may
@@ -263,7 +282,8 @@ func (o *owned) load() bool {
 					floor = next
 				}
 				for _, w := range t.Waiting {
-					at := clock.Later(queue.DispatchAt(t.Pause, w.Slot, now), floor)
+					place := queue.DispatchAt(t.Pause, w.Slot, now)
+					at := clock.Later(place, floor)
 					if !w.Missed.IsZero() {
 						// Moved past its deadline: claimed at the deadline
 						// (a lead after its entry's time), which expires it.
@@ -272,7 +292,7 @@ func (o *owned) load() bool {
 					if !floor.IsZero() {
 						o.floors[w.ID] = floor
 					}
-					o.addLocked(&entry{at: at, id: w.ID, tenant: t.Name, held: !t.Pause.Held.IsZero(), expiry: !w.Missed.IsZero()})
+					o.addLocked(&entry{at: at, place: place, id: w.ID, tenant: t.Name, held: !t.Pause.Held.IsZero(), expiry: !w.Missed.IsZero()})
 				}
 				waiting += len(t.Waiting)
 			}
@@ -310,7 +330,7 @@ func (o *owned) arrive(lines []string) {
 			continue
 		}
 		if !o.known[id] {
-			o.addLocked(&entry{at: at, id: id, tenant: tenant})
+			o.addLocked(&entry{at: at, place: at, id: id, tenant: tenant})
 		}
 	}
 	o.mu.Unlock()
@@ -452,10 +472,31 @@ func (o *owned) record(j queue.Job, out queue.Outcome) {
 		}
 		if paused {
 			o.holdSharedLanes(ctx, j.Tenant, out)
+			o.expireMissed(ctx, j.Tenant)
 		}
-		o.reschedule([]*entry{{at: cur.DispatchAt, id: j.ID, tenant: j.Tenant}}, time.Time{})
+		o.reschedule([]*entry{{at: cur.DispatchAt, place: cur.DispatchAt, id: j.ID, tenant: j.Tenant}}, time.Time{})
 		return nil
 	})
+}
+
+// expireMissed makes the jobs of tenant that its new pause moved past
+// their deadlines due at those deadlines, when their claims expire them:
+// the tenant's pace, which resends of a job pushed back again and again
+// may take turn after turn, does not hold an expiry. If it cannot read
+// them they are expired when the pace lets the owner look at them.
+func (o *owned) expireMissed(ctx context.Context, tenant string) {
+	missed, err := o.s.missedDeadlines(ctx, o.k, tenant)
+	if err != nil {
+		o.s.log.Warn("cannot read which jobs a pushback moved past their deadlines: they expire when their tenant's pace reaches them", "tenant", tenant, "err", err)
+		return
+	}
+	if len(missed) == 0 {
+		return
+	}
+	o.mu.Lock()
+	o.sched.expire(missed, o.c.lead)
+	o.mu.Unlock()
+	o.poke()
 }
 
 // holdSharedLanes holds the shared gate's lanes of a tenant pushed back,

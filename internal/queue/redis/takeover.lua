@@ -156,14 +156,9 @@ while i <= #ARGV do
   -- one of the same or another tenure) or by a pause: the owner is told
   -- the deadline. One HGET per waiting job.
   for w = 1, #waiting, 2 do
-    local missed = 0
-    if held == 0 then
-      local deadline = tonumber(redis.call('HGET', prefix .. 'job:' .. waiting[w], 'deadline')) or 0
-      if deadline > 0 and at_least(untl, tonumber(waiting[w + 1]) + shift) > deadline then missed = deadline end
-    end
     r[#r + 1] = waiting[w]
     r[#r + 1] = waiting[w + 1]
-    r[#r + 1] = missed
+    r[#r + 1] = missed_deadline(prefix, waiting[w], tonumber(waiting[w + 1]), shift, untl, held)
   end
   out[#out + 1] = r
 end
