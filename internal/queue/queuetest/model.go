@@ -209,7 +209,8 @@ const (
 	// wake the dispatcher for its deadline, so it is expired only at the
 	// next poll, up to a second late, and counts in the depth (and against
 	// the room) meanwhile. Tolerated: the model expires such a job when
-	// the store does. (Fixed in the embedded store.)
+	// the store does. (Fixed in both stores: no driver tolerates it; the
+	// flag is kept for HeldDeadline, which shows it failing without.)
 	DefectLateExpiry
 	// DefectRestartOverdue (found by the model on Redis): a new owner's
 	// takeover left the waiting jobs whose slots passed while nobody sent

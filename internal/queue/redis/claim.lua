@@ -69,12 +69,20 @@ for i = 9, #ARGV, 4 do
     -- for none, and admission refuses a deadline at 1970 exactly).
     local deadline = tonumber(j.deadline)
     if deadline == 0 then deadline = nil end
-    if t.held > 0 then
+    if t.held > 0 and deadline and now > deadline then
+      -- Its deadline passed while its tenant was held: it would be sent
+      -- too late whenever the resume comes.
+      expire(jk, id, t, j.key)
+      reply = {3, 0, 0, 0}
+    elseif t.held > 0 then
       -- Held by an operator: look again at the next multiple of the
       -- recheck, plus the job's place in the schedule, so that after a
-      -- resume the tenant's jobs come back in slot order.
+      -- resume the tenant's jobs come back in slot order; or just past
+      -- its deadline, if that comes first, to expire it then.
       local frozen = at_least(t.untl, t.held) - t.shift
-      reply = {5, recheck - now % recheck + at_least(0, slot - frozen), 0, 0}
+      local wait = recheck - now % recheck + at_least(0, slot - frozen)
+      if deadline and deadline + 1 - now < wait then wait = deadline + 1 - now end
+      reply = {5, wait, 0, 0}
     else
       local dispatch_at = at_least(t.untl, slot + t.shift)
       if deadline and dispatch_at > deadline and now >= deadline then

@@ -51,14 +51,14 @@ local function tenant_time(tk, now)
 end
 
 -- The deadline of waiting job id (its hash under prefix) of slot, if its
--- tenant's pause (shift, until, held) moves its dispatch time past it;
+-- tenant's pause (shift, until) moves its dispatch time past it, or if
+-- its tenant is held (it goes at the resume, which may come after it);
 -- else 0. The owner then looks at it at its deadline, when its claim
--- expires it, not when its tenant's pace would let it go (takeover.lua,
--- missed.lua). A held tenant's jobs wait for the resume.
+-- expires it (held: a resume before that wakes it as any held job), not
+-- when its tenant's pace would let it go (takeover.lua, missed.lua).
 local function missed_deadline(prefix, id, slot, shift, untl, held)
-  if held > 0 then return 0 end
   local deadline = tonumber(redis.call('HGET', prefix .. 'job:' .. id, 'deadline')) or 0
-  if deadline > 0 and at_least(untl, slot + shift) > deadline then return deadline end
+  if deadline > 0 and (held > 0 or at_least(untl, slot + shift) > deadline) then return deadline end
   return 0
 end
 

@@ -15,7 +15,7 @@
 local h = redis.call('HMGET', KEYS[1], 'shift', 'until', 'held')
 local shift, untl, held = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0
 local out = {}
-if held > 0 then return out end
+if held > 0 then return out end -- its claims look at its deadlines (claim.lua)
 local waiting = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for w = 1, #waiting, 2 do
   local missed = missed_deadline(ARGV[1], waiting[w], tonumber(waiting[w + 1]), shift, untl, held)

@@ -285,8 +285,9 @@ func (o *owned) load() bool {
 					place := queue.DispatchAt(t.Pause, w.Slot, now)
 					at := clock.Later(place, floor)
 					if !w.Missed.IsZero() {
-						// Moved past its deadline: claimed at the deadline
-						// (a lead after its entry's time), which expires it.
+						// Moved past its deadline (or held, and the hold
+						// may outlast it): claimed at the deadline (a lead
+						// after its entry's time), which expires it.
 						at = w.Missed.Add(o.c.lead)
 					}
 					if !floor.IsZero() {

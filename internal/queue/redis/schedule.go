@@ -94,7 +94,9 @@ func (q *schedule) wake(tenant string, now time.Time, floor func(id string) time
 	slices.SortStableFunc(held, func(a, b *entry) int { return a.place.Compare(b.place) })
 	ahead := now
 	for _, e := range held { // fixed after the scan: Fix reorders the heap
-		e.at, e.held = clock.Later(ahead, floor(e.id)), false
+		// Not an expiry any more (a takeover's look at a held job's
+		// deadline): it goes by its place, at its tenant's pace.
+		e.at, e.held, e.expiry = clock.Later(ahead, floor(e.id)), false, false
 		ahead = e.at
 		heap.Fix(q, e.index)
 	}

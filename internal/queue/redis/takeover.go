@@ -35,8 +35,9 @@ type takenTenant struct {
 type waitingJob struct {
 	ID   string
 	Slot time.Time // tenant time
-	// Missed is the job's deadline if its dispatch time is past it (zero
-	// if not): it is to be expired then.
+	// Missed is the job's deadline if its dispatch time is past it, or its
+	// tenant is held (zero if not): it is to be expired then (held: if
+	// the hold lasts).
 	Missed time.Time
 }
 

@@ -19,9 +19,9 @@
 -- and per tenant its pause, the earliest its next send may go (the last
 -- owner's last claim's dispatch time plus its cost in intervals), and its
 -- waiting jobs by slot, each with its deadline if its dispatch time is
--- past it (moved by a takeover or a pause; else 0): the owner looks at
--- such a job at its deadline, when the claim expires it, not at its
--- dispatch time.
+-- past it (moved by a takeover or a pause) or its tenant is held (else
+-- 0): the owner looks at such a job at its deadline, when the claim
+-- expires it, not at its dispatch time.
 --
 -- Every tenant's schedule starts no sooner than its next (see
 -- partKeys.recent): its tat is raised to next plus the burst's tolerance,
@@ -153,8 +153,8 @@ while i <= #ARGV do
     if floor > (tonumber(redis.call('HGET', tk, 'tat')) or 0) then redis.call('HSET', tk, 'tat', floor) end
   end
   -- A job moved past its deadline, by a takeover (this run or an earlier
-  -- one of the same or another tenure) or by a pause: the owner is told
-  -- the deadline. One HGET per waiting job.
+  -- one of the same or another tenure) or by a pause, or held: the owner
+  -- is told the deadline. One HGET per waiting job.
   for w = 1, #waiting, 2 do
     r[#r + 1] = waiting[w]
     r[#r + 1] = waiting[w + 1]
