@@ -455,10 +455,11 @@ func (r *runner) settleAndProcess() {
 			r.waitedInVain = 0
 			if len(r.m.due(now)) == 0 {
 				// The model expected writes it then did not require: its
-				// expectation is wrong, and each such moment costs a
-				// settle's whole timeout (and failed now and then when
-				// the store was busy just as it ran out).
-				r.failf("settle", "the model waited for %d writes at T0+%v that it then did not require (a fault of the model's due)", n, now.Sub(T0))
+				// expectation is wrong (each such moment cost a settle's
+				// whole timeout, and failed now and then when the store
+				// was busy just as it ran out), or the store made them
+				// only after the timeout, seconds late.
+				r.failf("settle", "the model waited out the settle's timeout for %d writes at T0+%v that it then did not require: the model's due is wrong, or the store wrote them only after the timeout", n, now.Sub(T0))
 				return
 			}
 		}
