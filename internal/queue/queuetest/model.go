@@ -220,9 +220,9 @@ const (
 	// owner handed them over with those dispatch times (its floor and pace
 	// in memory only). Fixed for the rate: takeover.lua writes the slots
 	// it moves, from the restart (a lost write's cost after it), a cost
-	// apart. What is left: it moves them by the rate only, not by the
-	// windows, so with a write lost in the crash a window can hold one send
-	// too many (TakeoverWindow). Tolerated: until it is written such a
+	// apart; and by the windows (issue 26 #2, TakeoverWindow). No driver
+	// tolerates it now; the flag is kept for the cases that show it
+	// failing without. Tolerated: until it is written such a
 	// job's dispatch_at, write time, rate and windows are not checked (the
 	// model places it as the embedded store would, from the restart, a
 	// cost apart, for what comes after it).

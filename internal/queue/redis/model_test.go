@@ -37,7 +37,6 @@ import (
 // regression cases below pin each one.
 const modelKnown = queuetest.DefectPushbackWindow |
 	queuetest.DefectWindowFuture |
-	queuetest.DefectRestartOverdue |
 	queuetest.DefectSlowReloadPromise
 
 // modelLease is the partitions' lease in model runs: a crash waits for it.
