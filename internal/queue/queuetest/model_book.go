@@ -114,12 +114,17 @@ func (j *mjob) latest() (time.Time, bool) {
 	if !ok || len(tn.writes) == 0 {
 		return due, ok
 	}
-	// GCRA on the latest writes, as the gate keeps it: each write moves
-	// the schedule on by its cost at the interval in force when it was
-	// written, and the tolerance is the policy's now.
+	return laterOf(due, tn.gateTAT().Add(-tn.tau())), true
+}
+
+// gateTAT is the dispatcher's gate's schedule after tn's writes so far:
+// GCRA on the latest writes, each moving it on by its cost at the
+// interval in force when it was written (the tolerance is the policy's
+// now, the caller's). Zero if nothing was written.
+func (tn *mtenant) gateTAT() time.Time {
 	var tat time.Time
 	for i := max(0, len(tn.writes)-32); i < len(tn.writes); i++ {
 		tat = laterOf(tat, tn.writes[i]).Add(tn.writeSteps[i])
 	}
-	return laterOf(due, tat.Add(-tn.tau())), true
+	return tat
 }

@@ -603,10 +603,7 @@ func (m *model) due(now time.Time) []mdue {
 		slices.SortStableFunc(ws, func(a, b waiting) int { return a.due.Compare(b.due) })
 		// The gate's schedule from the writes so far (as mjob.latest),
 		// then moved on by each job it lets go by now.
-		var tat time.Time
-		for i := max(0, len(tn.writes)-32); i < len(tn.writes); i++ {
-			tat = laterOf(tat, tn.writes[i]).Add(tn.writeSteps[i])
-		}
+		tat := tn.gateTAT()
 		d := mdue{}
 		for _, w := range ws {
 			d.jobs = append(d.jobs, w.j)
