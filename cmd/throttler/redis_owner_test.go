@@ -671,13 +671,46 @@ func (r *ownerRig) checkTiming(all []sentBy, skip map[int]bool) {
 			delivered[a.Key] = true
 		}
 		maxGap = max(maxGap, waitingGap)
-		downstreamtest.CheckWindows(r.t, as, ownerT, 1)
+		if v := downstreamtest.WindowViolation(as, ownerT, 1); v != "" {
+			r.t.Fatalf("%s\n%s", v, r.tenantStory(all, tenant, skip))
+		}
 		if waitingGap > ownerLease+time.Second {
 			r.t.Errorf("%s: %v without a send while it had jobs waiting, want at most the lease + 1 s", tenant, waitingGap)
 		}
 	}
 	r.t.Logf("every tenant: the closest two arrivals %v apart (T = %v); of the %d pairs from two workers (a handover) the closest %v; the longest gap with jobs waiting %v (lease %v)",
 		minGap.Round(10*time.Microsecond), ownerT, handovers, minHandover.Round(10*time.Microsecond), maxGap.Round(time.Millisecond), ownerLease)
+}
+
+// tenantStory says, for a test that failed on tenant's timing, who sent
+// each of its arrivals and who held its partition when.
+func (r *ownerRig) tenantStory(all []sentBy, tenant string, skip map[int]bool) string {
+	var b strings.Builder
+	b.WriteString("its arrivals, by sender:")
+	for i, a := range all {
+		if a.Tenant == tenant && !skip[i] {
+			name := "no worker"
+			if a.worker != nil {
+				name = a.worker.name
+			}
+			fmt.Fprintf(&b, "\n  +%-12v %s %s", a.At.Sub(r.began).Round(10*time.Microsecond), a.Key, name)
+		}
+	}
+	p := owner.PartitionOf(tenant, ownerP)
+	fmt.Fprintf(&b, "\nits partition %d's holders (lease reads):", p)
+	var was owner.Lease
+	for _, s := range r.leases.all() {
+		l := s.leases[p]
+		if l.Worker != was.Worker || l.Epoch != was.Epoch {
+			name := "nobody"
+			if w := r.byID(l.Worker); w != nil {
+				name = w.name
+			}
+			fmt.Fprintf(&b, "\n  +%-12v %s epoch %d", s.at.Sub(r.began).Round(10*time.Microsecond), name, l.Epoch)
+			was = l
+		}
+	}
+	return b.String()
 }
 
 // acceptedBefore counts the jobs accepted (answered) before at.

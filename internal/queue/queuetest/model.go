@@ -248,6 +248,8 @@ type ModelFailure struct {
 	// Kind is the check that failed; a shrink keeps it.
 	Kind string
 	Msg  string
+	// Trace is the run's trace (unless THROTTLER_MODEL_TRACE logged it).
+	Trace string
 }
 
 func (f *ModelFailure) Error() string {
@@ -259,7 +261,8 @@ func (f *ModelFailure) Error() string {
 // THROTTLER_MODEL_STEPS override the numbers (a soak);
 // THROTTLER_MODEL_SEED=N starts at seed N (alone, unless
 // THROTTLER_MODEL_SEEDS says how many). A failing seed is shrunk and
-// printed.
+// printed, with its first run's trace (a seed that fails only now and
+// then, beside the others, shows what it did).
 func RunModel(t *testing.T, d ModelDriver, seeds, steps int) {
 	first := 1
 	if one := envInt("THROTTLER_MODEL_SEED", 0); one > 0 {
@@ -292,6 +295,9 @@ func RunModel(t *testing.T, d ModelDriver, seeds, steps int) {
 				failed++
 				n := failed
 				mu.Unlock()
+				if f.Trace != "" {
+					t.Logf("seed %d failed; its trace:%s", seed, f.Trace)
+				}
 				if n > 3 {
 					t.Errorf("seed %d: %v (not shrunk: enough failures already)", seed, f)
 					continue

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,11 @@ type runner struct {
 	// payloads: each job's payload says its number in the run
 	payloads int
 	trace    bool
+	// kept keeps the trace for a failure (ModelFailure.Trace) when it is
+	// not logged as it goes: a seed that fails only now and then, beside
+	// the others (a CI run), shows its run.
+	keptMu sync.Mutex
+	kept   *strings.Builder
 
 	polMu sync.Mutex
 	pols  map[string]PolicySpec
@@ -82,6 +88,14 @@ func runModelOps(t testing.TB, d ModelDriver, ops []Op) (fail *ModelFailure) {
 		pols: map[string]PolicySpec{}, maxT: map[string]time.Duration{}, pending: map[string]bool{}, answering: map[string]bool{},
 		answer: Answer{Kind: AnswerOK}, trace: os.Getenv("THROTTLER_MODEL_TRACE") != "",
 	}
+	if !r.trace {
+		r.kept = &strings.Builder{}
+		defer func() {
+			if fail != nil {
+				fail.Trace = r.kept.String()
+			}
+		}()
+	}
 	for _, name := range modelTenants {
 		r.pols[name] = defaultModelPolicy
 		r.maxT[name] = defaultModelPolicy.Interval
@@ -121,6 +135,11 @@ func runModelOps(t testing.TB, d ModelDriver, ops []Op) (fail *ModelFailure) {
 func (r *runner) logf(format string, args ...any) {
 	if r.trace {
 		r.t.Logf("T0+%-8v "+format, append([]any{r.clk.Now().Sub(T0)}, args...)...)
+	}
+	if r.kept != nil {
+		r.keptMu.Lock()
+		fmt.Fprintf(r.kept, "\nT0+%-8v "+format, append([]any{r.clk.Now().Sub(T0)}, args...)...)
+		r.keptMu.Unlock()
 	}
 }
 

@@ -2,12 +2,14 @@ package redis
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
@@ -171,5 +173,50 @@ func TestPollOfALostPartitionTakesNoArrivals(t *testing.T) {
 	held := tenure(fresh)
 	if found, _ := c.pollOnce(ctx, []*owned{held}); !found || held.sched.Len() != 2 {
 		t.Fatalf("the owner's poll: found %v, %d scheduled, want both", found, held.sched.Len())
+	}
+}
+
+// A takeover that moves jobs keeps its windows' list as long as admission
+// keeps one (its entries' time plus the idle TTL), not only until its last
+// entry stops counting by the store's clock: the Redis model test's clock
+// stands still while Redis's TTLs run, and a busy machine's second between
+// two crashes let the list lapse, so the second takeover moved the job it
+// took back by no window (seed 14 of CI's 16, now and then: three sends
+// within 200 ms under 2/500ms).
+func TestTakeoverKeepsTheWindowsItMoves(t *testing.T) {
+	rdb := redisClient(t, 8)
+	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
+	w, err := leaky.ParseWindow("2/500ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var windows atomic.Bool // off: the jobs are admitted before a reload adds the window
+	s := openFake(t, rdb, clk, func(string) leaky.Policy {
+		p := leaky.Policy{Interval: queuetest.T, Burst: 1, Capacity: 10}
+		if windows.Load() {
+			p.Windows = []leaky.Window{w}
+		}
+		return p
+	}, nil)
+	for i := range 2 {
+		admitAcme(t, s, i)
+	}
+	windows.Store(true)
+	clk.Advance(time.Second) // and nobody sent them
+
+	p := s.partOf("acme")
+	f := owner.Fence{Partition: p, Worker: "next-owner", Epoch: 1}
+	holdLease(t, rdb, f)
+	if _, _, _, err := s.takeOver(context.Background(), f, keysOf(p)); err != nil {
+		t.Fatal(err)
+	}
+	key := keysOf(p).window("acme", w)
+	n, err := rdb.LLen(context.Background(), key).Result()
+	if err != nil || n != 2 {
+		t.Fatalf("the window's list after the takeover moved two jobs: %d entries, %v; want 2", n, err)
+	}
+	ttl, err := rdb.PTTL(context.Background(), key).Result()
+	if err != nil || ttl < s.idle-time.Minute {
+		t.Fatalf("the window's list lives %v (%v), want the idle TTL (%v) past its entries, as admission keeps it", ttl, err, s.idle)
 	}
 }

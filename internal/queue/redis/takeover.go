@@ -106,7 +106,7 @@ func (s *Store) takeOver(ctx context.Context, f owner.Fence, k partKeys) (now ti
 		if first {
 			takeBack = "1"
 		}
-		args := []any{f.Token(), s.now(), k.tag, takeBack}
+		args := []any{f.Token(), s.now(), k.tag, takeBack, s.idle.Milliseconds()}
 		for _, name := range names[:n] {
 			p := s.policy(name)
 			args = append(args, name, usCeil(p.Interval), usCeil(p.Tolerance()), len(p.Windows))

@@ -10,7 +10,8 @@
 -- ARGV[2]  now (0: the server's TIME)
 -- ARGV[3]  the partition's key prefix (partKeys.tag)
 -- ARGV[4]  '1': take back the jobs being sent (the first run of a tenure)
--- ARGV[5..] per tenant: its name, its interval, its tolerance ((burst -
+-- ARGV[5]  idle ttl (ms)
+-- ARGV[6..] per tenant: its name, its interval, its tolerance ((burst -
 --          1) intervals), its number of windows, and per window its key's
 --          suffix (leaky.Window.String), N and length
 --
@@ -44,7 +45,7 @@
 -- a slot the backlog has taken.
 
 local now = server_now(ARGV[2])
-local prefix = ARGV[3]
+local prefix, idle_ms = ARGV[3], tonumber(ARGV[5])
 
 local taken = 0
 if ARGV[4] == '1' then
@@ -102,9 +103,14 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
     waiting[i + 1] = string.format('%d', t) -- as ZRANGE gives it (tostring would round to 14 digits)
     t, moved = t + cost * T, true
   end
-  -- The windows' lists live at least as long as they count the moved.
+  -- The windows' lists live at least as long as they count the moved,
+  -- plus the idle time, as admission keeps them (enqueue.lua). Without
+  -- it a store whose clock is not Redis's lost them while they still
+  -- counted: the model test's clock stands still while Redis's TTLs run,
+  -- and a busy machine's second between two crashes let the list lapse,
+  -- so the second takeover spaced the job it took back by no window.
   for _, w in ipairs(windows) do
-    if moved then keep(w.key, math.floor((t + shift - now + w.len) / 1000)) end
+    if moved then keep(w.key, math.floor((t + shift - now + w.len) / 1000) + idle_ms) end
   end
   if moved and t + tau > tat then
     tat = t + tau
@@ -129,7 +135,7 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
 end
 
 local out = {now, taken}
-local i = 5
+local i = 6
 while i <= #ARGV do
   local name, T, tau = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local windows = {}
