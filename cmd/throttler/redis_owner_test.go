@@ -523,7 +523,14 @@ func (r *ownerRig) steady(what string, live ...*ownerWorker) {
 			lo, hi = min(lo, c), max(hi, c)
 		}
 		if !all || len(n) != len(live) || hi-lo > 1 {
-			r.t.Fatalf("%s: the leases at %v: %v (counts %v), want every partition held by one of the live workers, counts within one", what, r.rel(s.at), s.leases, n)
+			var story strings.Builder
+			for _, l := range s.leases {
+				if w := r.byID(l.Worker); w == nil || !slices.Contains(live, w) {
+					story.WriteString("\n" + r.holders(l.Partition))
+				}
+			}
+			r.t.Fatalf("%s (from %v to %v): the leases at %v: %v (counts %v), want every partition held by one of the live workers, counts within one%s",
+				what, r.rel(from), r.rel(to), r.rel(s.at), s.leases, n, story.String())
 		}
 	}
 	r.t.Logf("%s: %v of work, %d lease reads, every partition held by one live worker, counts within one", what, to.Sub(from).Round(time.Millisecond), reads)
@@ -696,8 +703,15 @@ func (r *ownerRig) tenantStory(all []sentBy, tenant string, skip map[int]bool) s
 			fmt.Fprintf(&b, "\n  +%-12v %s %s", a.At.Sub(r.began).Round(10*time.Microsecond), a.Key, name)
 		}
 	}
-	p := owner.PartitionOf(tenant, ownerP)
-	fmt.Fprintf(&b, "\nits partition %d's holders (lease reads):", p)
+	b.WriteString("\nits " + r.holders(owner.PartitionOf(tenant, ownerP)))
+	return b.String()
+}
+
+// holders says who held partition p when, from the lease reads: for a
+// test that failed on it.
+func (r *ownerRig) holders(p int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "partition %d's holders (lease reads):", p)
 	var was owner.Lease
 	for _, s := range r.leases.all() {
 		l := s.leases[p]
