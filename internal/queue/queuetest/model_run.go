@@ -92,7 +92,9 @@ func runModelOps(t testing.TB, d ModelDriver, ops []Op) (fail *ModelFailure) {
 		r.kept = &strings.Builder{}
 		defer func() {
 			if fail != nil {
+				r.keptMu.Lock() // a stopped process's goroutine may still log
 				fail.Trace = r.kept.String()
+				r.keptMu.Unlock()
 			}
 		}()
 	}
