@@ -436,10 +436,13 @@ func takeOverAll(s *Store) error {
 		Lease: s.timing.Lease, Logger: s.log,
 		Acquired: func(p int, epoch int64) {
 			done := make(chan struct{})
+			// Added before the partition counts as taken: the loop below
+			// waits for the group once all are, and an Add after that
+			// raced with its Wait (a race report in CI).
 			mu.Lock()
 			taken[p] = done
-			mu.Unlock()
 			wg.Add(1)
+			mu.Unlock()
 			go func() {
 				defer wg.Done()
 				defer close(done)
