@@ -297,8 +297,11 @@ func TestDeadlines(t *testing.T) {
 		}
 		ids = append(ids, a["id"].(string))
 	}
+	// Behind six at 10/s it waits up to 600 ms, less the time the posts
+	// took (a busy CI run: 497 ms): past its 200 ms either way, which is
+	// what the answer must say.
 	st, _, a := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":{"n":99},"expires_in":"200ms"}`)
-	if st != 422 || a["error"] != "would_expire" || a["expected_delay_ms"].(float64) < 500 {
+	if st != 422 || a["error"] != "would_expire" || a["expected_delay_ms"].(float64) <= 200 {
 		t.Fatalf("a job that cannot make its deadline: %d %v", st, a)
 	}
 	if st, _, a := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"payload":1,"deadline":"2020-01-01T00:00:00Z"}`); st != 422 || a["error"] != "would_expire" {
