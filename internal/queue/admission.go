@@ -1,33 +1,5 @@
 package queue
 
-import (
-	"time"
-
-	"github.com/throttler-dev/throttler/internal/leaky"
-)
-
-// MaxCost is the largest cost a tenant of policy p can ever be admitted
-// with, under its downstream's ceiling (nil: none). A ceiling spaces, it
-// never refuses: only its windows bound a cost.
-func MaxCost(p leaky.Policy, ceiling *leaky.Policy) int {
-	most := p.MaxCost()
-	if ceiling != nil {
-		for _, w := range ceiling.Windows {
-			most = min(most, w.N)
-		}
-	}
-	return most
-}
-
-// CeilingDelay is the least a tenant's next job waits for its downstream's
-// ceiling with ahead of the tenant's jobs before it: as if it had the
-// ceiling to itself (sharing it with others who are due makes it longer).
-func CeilingDelay(c *leaky.Policy, ahead int) time.Duration {
-	if c == nil || ahead <= 0 {
-		return 0
-	}
-	return time.Duration(max(0, ahead+1-c.Burst)) * c.Interval
-}
 
 // Plan is what every backend settles about a call's jobs before any of them
 // reaches the bucket: a repeat of an idempotency key within the call is

@@ -71,12 +71,12 @@ func (e *StateError) Error() string {
 }
 
 // Rejection is the refusal of a job the bucket has no room for.
-func Rejection(tenant string, p leaky.Policy, d leaky.Decision, depth int) *RejectedError {
+func Rejection(tenant string, p leaky.Policy, retryAfter time.Duration, depth int) *RejectedError {
 	reason := ReasonQueueFull
 	if p.Capacity == 0 {
 		reason = ReasonRateLimited
 	}
-	return &RejectedError{Tenant: tenant, Reason: reason, RetryAfter: d.RetryAfter, QueueDepth: depth, Capacity: p.Capacity}
+	return &RejectedError{Tenant: tenant, Reason: reason, RetryAfter: retryAfter, QueueDepth: depth, Capacity: p.Capacity}
 }
 
 // Unavailable wraps err (if not nil) as ErrUnavailable: the store could not

@@ -8,6 +8,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // giveBackCeiling returns the ceiling's window places a claimed job took and
@@ -32,7 +33,7 @@ func (s *Store) pauseCeiling(tenant string, until time.Time) {
 	q := s.fairQueue(ds, *c)
 	if until.After(q.pausedUntil) {
 		q.pausedUntil = until
-		q.tat = clock.Later(q.tat, until.Add(c.Tolerance()))
+		q.lane.TAT = clock.Later(q.lane.TAT, until.Add(c.Tolerance()))
 		q.version++
 	}
 }
@@ -43,11 +44,11 @@ func (s *Store) fairQueue(ds string, ceiling leaky.Policy) *fairQueue {
 	q := s.fair[ds]
 	if q == nil {
 		q = newFairQueue(ceiling)
-		q.recent, q.pausedUntil = s.loadCeiling(ds, ceiling)
-		q.tat = q.pausedUntil.Add(ceiling.Tolerance())
+		q.lane.Recent, q.pausedUntil = s.loadCeiling(ds, ceiling)
+		q.lane.TAT = q.pausedUntil.Add(ceiling.Tolerance())
 		if !s.fairStarted[ds] && !s.cleanStart {
 			// A send may have used the ceiling just before a crash.
-			q.tat = clock.Later(q.tat, s.clock.Now().Add(ceiling.Interval))
+			q.lane.TAT = clock.Later(q.lane.TAT, s.clock.Now().Add(ceiling.Interval))
 		}
 		s.fairStarted[ds] = true
 		s.fair[ds] = q
@@ -76,7 +77,7 @@ func (s *Store) loadCeiling(ds string, p leaky.Policy) ([]leaky.Recent, time.Tim
 	if err != nil {
 		s.log.Error("cannot read a ceiling's saved state; starting it afresh", "downstream", ds, "err", err)
 	}
-	return queue.TenantRecord{Windows: st.Recent}.Recent(p), st.PausedUntil
+	return rules.Record{Windows: st.Recent}.Recent(p), st.PausedUntil
 }
 
 // saveCeilingWindows writes the window bookkeeping of ceilings that changed
@@ -93,9 +94,9 @@ func (s *Store) saveCeilingWindows(tx *bbolt.Tx) (func(), error) {
 	var saves []save
 	for ds, q := range s.fair {
 		if q.saved != q.version {
-			var rec queue.TenantRecord
-			if len(q.recent) == len(q.policy.Windows) {
-				rec.SetRecent(q.policy, q.recent)
+			var rec rules.Record
+			if len(q.lane.Recent) == len(q.policy.Windows) {
+				rec.SetRecent(q.policy, q.lane.Recent)
 			}
 			saves = append(saves, save{q, ceilingKey(ds), ceilingState{Recent: rec.Windows, PausedUntil: q.pausedUntil}, q.version})
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // A job's record in the jobs bucket is binary: a version byte, then its
@@ -296,7 +297,7 @@ const (
 	tenantRecordV3 = 3
 )
 
-func encodeTenant(b []byte, r queue.TenantRecord) []byte {
+func encodeTenant(b []byte, r rules.Record) []byte {
 	b = append(b, tenantRecordV3)
 	b = appendTime(b, r.TAT)
 	b = binary.AppendVarint(b, int64(r.Pause.Shift))
@@ -324,8 +325,8 @@ func encodeTenant(b []byte, r queue.TenantRecord) []byte {
 	return b
 }
 
-func decodeTenant(raw []byte) (queue.TenantRecord, error) {
-	var r queue.TenantRecord
+func decodeTenant(raw []byte) (rules.Record, error) {
+	var r rules.Record
 	if len(raw) > 0 && raw[0] == '{' {
 		err := json.Unmarshal(raw, &r)
 		return r, err
@@ -345,14 +346,14 @@ func decodeTenant(raw []byte) (queue.TenantRecord, error) {
 	}
 	if n := d.uvarint(); n > 0 && !d.bad {
 		if n > uint64(len(d.b)) {
-			return queue.TenantRecord{}, errBadRecord
+			return rules.Record{}, errBadRecord
 		}
 		r.Windows = make(map[string][]int64, n)
 		for range n {
 			name := d.string()
 			k := d.uvarint()
 			if d.bad || k > uint64(len(d.b)) {
-				return queue.TenantRecord{}, errBadRecord
+				return rules.Record{}, errBadRecord
 			}
 			ns := make([]int64, k)
 			for i := range ns {
@@ -367,16 +368,16 @@ func decodeTenant(raw []byte) (queue.TenantRecord, error) {
 	if version >= tenantRecordV3 {
 		n := d.uvarint()
 		if d.bad || n > uint64(len(d.b)) {
-			return queue.TenantRecord{}, errBadRecord
+			return rules.Record{}, errBadRecord
 		}
 		for range n {
-			bk := queue.Booking{Slot: d.varint(), Cost: int(min(d.uvarint(), math.MaxInt32))}
+			bk := rules.Booking{Slot: d.varint(), Cost: int(min(d.uvarint(), math.MaxInt32))}
 			bk.Job = d.string()
 			r.Booked = append(r.Booked, bk)
 		}
 	}
 	if d.bad || len(d.b) != 0 {
-		return queue.TenantRecord{}, errBadRecord
+		return rules.Record{}, errBadRecord
 	}
 	return r, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 func TestJobRecordRoundTrip(t *testing.T) {
@@ -153,18 +154,18 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 	t.Parallel()
 	// The codec writes every field of TenantRecord: a new one must be
 	// added to it (and here).
-	if n := reflect.TypeFor[queue.TenantRecord]().NumField(); n != 12 {
-		t.Fatalf("queue.TenantRecord has %d fields; encodeTenant and decodeTenant know 12: add the new one to both", n)
+	if n := reflect.TypeFor[rules.Record]().NumField(); n != 12 {
+		t.Fatalf("rules.Record has %d fields; encodeTenant and decodeTenant know 12: add the new one to both", n)
 	}
 	if n := reflect.TypeFor[leaky.Pause]().NumField(); n != 3 {
 		t.Fatalf("leaky.Pause has %d fields; encodeTenant and decodeTenant know 3: add the new one to both", n)
 	}
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
-	recs := []queue.TenantRecord{
+	recs := []rules.Record{
 		{},
 		{TAT: t0, LastAttemptAt: t0.Add(-time.Second), LastAttemptCost: 4, Accepted: 1 << 40, Rejected: 2, Delivered: 3, Failed: 4, Cancelled: 5, Expired: 6},
 		{TAT: t0, Pause: leaky.Pause{Shift: -3 * time.Second, Until: t0.Add(time.Minute), Held: t0}, Windows: map[string][]int64{"1000/d": {1, -2, t0.UnixNano()}, "5/s": {}}},
-		{TAT: t0, LastAttemptCost: 2, Booked: []queue.Booking{{Slot: t0.UnixNano(), Job: "a"}, {Slot: t0.Add(time.Second).UnixNano(), Cost: 3, Job: "b"}}},
+		{TAT: t0, LastAttemptCost: 2, Booked: []rules.Booking{{Slot: t0.UnixNano(), Job: "a"}, {Slot: t0.Add(time.Second).UnixNano(), Cost: 3, Job: "b"}}},
 	}
 	for i, r := range recs {
 		got, err := decodeTenant(encodeTenant(nil, r))
@@ -368,10 +369,10 @@ func FuzzJobRecord(f *testing.F) {
 // decoded encodes to one that decodes to it again (its bookings too).
 func FuzzTenantRecord(f *testing.F) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
-	for _, r := range []queue.TenantRecord{
+	for _, r := range []rules.Record{
 		{},
 		{TAT: t0, LastAttemptAt: t0, LastAttemptCost: 3, Accepted: 7, Windows: map[string][]int64{"5/s": {1, 2}}},
-		{TAT: t0, Booked: []queue.Booking{{Slot: t0.UnixNano(), Job: "a"}, {Slot: t0.Add(time.Second).UnixNano(), Cost: 2, Job: "b"}}},
+		{TAT: t0, Booked: []rules.Booking{{Slot: t0.UnixNano(), Job: "a"}, {Slot: t0.Add(time.Second).UnixNano(), Cost: 2, Job: "b"}}},
 	} {
 		f.Add(encodeTenant(nil, r))
 	}

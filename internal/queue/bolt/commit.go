@@ -10,6 +10,7 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // Every write of the store goes through one goroutine, the committer: the
@@ -390,7 +391,7 @@ func (s *Store) appendTenantEntries(b []byte, group []commitReq) []byte {
 // namedRecord is a tenant's record and its name.
 type namedRecord struct {
 	name string
-	rec  queue.TenantRecord
+	rec  rules.Record
 }
 
 // snapshot copies the store as a kill -9 would leave it (tests): the bbolt

@@ -4,8 +4,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // fairQueue shares one downstream's ceiling between its tenants. Jobs due
@@ -16,10 +16,9 @@ import (
 // a pause makes their entry here stale, and stale entries are skipped.
 type fairQueue struct {
 	policy  leaky.Policy
-	tat     time.Time      // of the ceiling, in real time
-	recent  []leaky.Recent // of the ceiling's windows, in real time
-	version int            // counts changes to recent and pausedUntil
-	saved   int            // the version on disk
+	lane    rules.Lane // the ceiling's bucket, in real time
+	version int        // counts changes to lane.Recent and pausedUntil
+	saved   int        // the version on disk
 	// pausedUntil: the downstream answered 429 (or 503) with Retry-After
 	// under this ceiling: no send of any tenant before then.
 	pausedUntil time.Time
@@ -80,10 +79,8 @@ func (q *fairQueue) take() {
 }
 
 // ceilingSlot is the earliest the ceiling's rate lets any send go (a pause
-// of the ceiling raised its tat).
-func (q *fairQueue) ceilingSlot(now time.Time) time.Time {
-	return clock.Later(now, q.tat.Add(-q.policy.Tolerance()))
-}
+// of the ceiling raised its TAT).
+func (q *fairQueue) ceilingSlot(now time.Time) time.Time { return q.lane.Earliest(q.policy, now) }
 
 // pass passes the turn on without taking anything.
 func (q *fairQueue) pass() { q.turn++ }
@@ -91,35 +88,27 @@ func (q *fairQueue) pass() { q.turn++ }
 // slot is the earliest the ceiling (its rate and its windows) lets e go,
 // at or after now and e's own time.
 func (q *fairQueue) slot(now time.Time, e dueEntry) time.Time {
-	at := clock.Later(e.at, clock.Later(now, q.tat.Add(-q.policy.Tolerance())))
-	return leaky.WindowSlot(q.recent, q.policy, at, e.cost)
+	return q.lane.Slot(q.policy, now, e.at, e.cost)
 }
 
 // use takes the ceiling's slot at for a send of cost.
 func (q *fairQueue) use(at time.Time, cost int) {
-	q.tat = clock.Later(q.tat, at).Add(time.Duration(max(cost, 1)) * q.policy.Interval)
-	if len(q.policy.Windows) > 0 {
-		q.recent = leaky.Record(q.recent, q.policy, at, cost)
+	if q.lane.Use(q.policy, at, cost) {
 		q.version++
 	}
 }
 
 // unuse gives back the window places of a send at at that did not happen.
 func (q *fairQueue) unuse(at time.Time, cost int) {
-	for i := range q.recent {
-		for range max(cost, 1) {
-			if k := slices.IndexFunc(q.recent[i], at.Equal); k >= 0 {
-				q.recent[i] = slices.Delete(q.recent[i], k, k+1)
-				q.version++
-			}
-		}
+	if q.lane.Unuse(at, cost) {
+		q.version++
 	}
 }
 
 // idle reports whether the queue can be forgotten: nothing waits and it
 // would decide the same afresh (windows need their history kept).
 func (q *fairQueue) idle(now time.Time) bool {
-	return len(q.ring) == 0 && !q.tat.After(now) && len(q.policy.Windows) == 0 && q.saved == q.version
+	return len(q.ring) == 0 && !q.lane.TAT.After(now) && len(q.policy.Windows) == 0 && q.saved == q.version
 }
 
 // waitingTenants is how many tenants share the ceiling right now.

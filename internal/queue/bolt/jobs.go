@@ -10,6 +10,7 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // Job implements queue.Store.
@@ -29,7 +30,7 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 		j.State, j.Attempts, j.DispatchAt = queue.StateDispatching, c.Attempts, c.DispatchAt
 	} else if e, ok := s.sched.get(id); ok {
 		if tm, ok := s.tenants[e.tenant]; ok {
-			j.DispatchAt = queue.DispatchAt(tm.rec.Pause, e.slot, s.clock.Now()) // pauses move it
+			j.DispatchAt = rules.DispatchAt(tm.rec.Pause, e.slot, s.clock.Now()) // pauses move it
 		}
 	}
 	s.mu.Unlock()
@@ -152,33 +153,29 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 		return queue.Admission{}, err
 	}
 	c := s.newCall(failed.Tenant, tm, 1)
-	if cost, most := failed.EffectiveCost(), queue.MaxCost(c.policy, c.ceiling); cost > most {
+	if cost, most := failed.EffectiveCost(), rules.MaxCost(c.policy, c.ceiling); cost > most {
 		// A reload made the bucket too small for it: it would be refused
 		// for ever, so say so, as Enqueue does.
 		s.mu.Unlock()
 		return queue.CostTooLarge(c.tenant, cost, most, c.policy.Capacity), nil
 	}
-	d, st, recent, booked := s.admit(c, failed.EffectiveCost())
-	at := queue.DispatchAt(tm.rec.Pause, d.Slot, c.now)
-	delay := max(at.Sub(c.now), queue.CeilingDelay(c.ceiling, tm.depth))
-	switch {
-	case !d.Admitted:
-		tm.rec.Rejected++
+	d := s.admit(c, failed.EffectiveCost(), failed.Deadline, true)
+	switch d.Verdict {
+	case rules.Refused:
 		tm.dirty = true
 		s.mu.Unlock()
-		return queue.Admission{Rejected: queue.Rejection(c.tenant, c.policy, d, tm.depth), QueueDepth: tm.depth, Capacity: c.policy.Capacity, AsOf: c.asOf}, nil
-	case !failed.Deadline.IsZero() && c.now.Add(delay).After(failed.Deadline):
+		return queue.Admission{Rejected: queue.Rejection(c.tenant, c.policy, d.RetryAfter, tm.depth), QueueDepth: tm.depth, Capacity: c.policy.Capacity, AsOf: c.asOf}, nil
+	case rules.WouldExpire:
 		s.mu.Unlock()
-		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: delay, Deadline: failed.Deadline}, QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
+		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: d.Delay, Deadline: failed.Deadline}, QueueDepth: tm.depth, Capacity: c.policy.Capacity}, nil
 	}
-	tm.rec.TAT, tm.rec.Booked = st.TAT, booked
-	tm.rec.SetRecent(c.policy, recent)
+	delay := d.Delay
 	tm.depth++
 	tm.pending++
 	j := failed
 	j.State, j.Attempts, j.Failures, j.FinishedAt = queue.StateQueued, 0, 0, time.Time{}
-	j.Slot, j.DispatchAt = d.Slot, at
-	j.Prompt = d.Delay == 0 && !c.paused
+	j.Slot, j.DispatchAt = d.Slot, d.DispatchAt
+	j.Prompt = d.Prompt
 	s.claims[id] = queue.Job{ID: id, Tenant: j.Tenant} // held until durable: no second retry, no dispatch
 	s.mu.Unlock()
 
@@ -186,7 +183,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	s.mu.Lock()
 	tm.pending--
 	delete(s.claims, id)
-	e := entryOf(j, queue.RealAt(tm.rec.Pause, j.Slot))
+	e := entryOf(j, rules.RealAt(tm.rec.Pause, j.Slot))
 	if err != nil {
 		tm.depth--
 	} else {

@@ -6,8 +6,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"github.com/throttler-dev/throttler/internal/leaky"
-	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 	"github.com/throttler-dev/throttler/internal/startstop"
 )
 
@@ -46,7 +45,7 @@ func (s *Store) flushDirty() error {
 		// time; a failed write marks them all again.
 		type rec struct {
 			name string
-			rec  queue.TenantRecord
+			rec  rules.Record
 		}
 		var recs []rec
 		names = names[:0]
@@ -85,8 +84,7 @@ func (s *Store) evictIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for name, tm := range s.tenants {
-		paused, _ := tm.rec.Pause.Paused(now)
-		if tm.depth == 0 && tm.inFlight == 0 && tm.pending == 0 && !tm.dirty && !paused && leaky.Idle(leaky.State{TAT: tm.rec.TAT}, tm.rec.Pause.TenantTime(now)) {
+		if tm.depth == 0 && tm.inFlight == 0 && tm.pending == 0 && !tm.dirty && tm.rec.Quiet(now) {
 			delete(s.tenants, name)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // finishWindow is how long the outcome of an attempt waits for others to
@@ -34,7 +35,7 @@ func (s *Store) finish(j queue.Job, o queue.Outcome) error {
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.inFlight--
 			tm.depth++
-			at = queue.RealAt(tm.rec.Pause, j.Slot) // the tenant may have paused meanwhile
+			at = rules.RealAt(tm.rec.Pause, j.Slot) // the tenant may have paused meanwhile
 		}
 		e := entryOf(j, at)
 		s.sched.add(e)
@@ -153,7 +154,7 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 	if o.PauseDownstream && o.PauseUntil.After(now) {
 		s.pauseCeiling(j.Tenant, o.PauseUntil)
 	}
-	cur, pausedNow := queue.ApplyOutcome(&tm.rec, j, o, now, s.policy(j.Tenant))
+	cur, pausedNow := rules.ApplyOutcome(&tm.rec, j, o, now, s.policy(j.Tenant))
 	if pausedNow {
 		paused[j.Tenant] = true
 	}
@@ -203,7 +204,7 @@ func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
 	if waits {
 		at = result.DispatchAt
 		if ok {
-			at = queue.RealAt(tm.rec.Pause, result.Slot)
+			at = rules.RealAt(tm.rec.Pause, result.Slot)
 		}
 		e := entryOf(result, at)
 		s.sched.add(e)

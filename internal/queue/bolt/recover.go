@@ -9,9 +9,9 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 func (s *Store) recover() error {
@@ -129,102 +129,18 @@ func readWaiting(tx *bbolt.Tx) (map[string][]*waitingJob, []string, error) {
 	return byTenant, tenants, nil
 }
 
-// respaceTenant moves a tenant's overdue jobs (see respace) and returns how
-// many it moved. After an unclean stop, the sends before the crash may have
-// used the tenant's whole burst just before now: the moved jobs and what
-// comes after them get no burst of their own, so the next slot after the
-// last moved job is one interval after it.
+// respaceTenant moves a tenant's overdue jobs by rules.Respace and
+// returns how many it moved.
 func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.Time, clean bool) int {
-	pz := tm.rec.Pause
-	if !pz.Held.IsZero() {
-		if clean {
-			return 0 // held: nothing goes until an operator resumes it
-		}
-		return respaceHeld(tm, jobs, p, now)
+	placed := make([]rules.Placed, len(jobs))
+	for i, w := range jobs {
+		placed[i] = rules.Placed{Slot: w.slot, Cost: w.job.Cost, ID: w.job.ID}
 	}
-	floor := clock.Later(now, tm.rec.NextAfterLastAttempt(p))
-	crashed := false
-	if at, _ := pz.Real(jobs[0].slot); !at.After(now) && !clean {
-		// One of them may have been written at any moment before the
-		// crash (its time, or later: a slow connection, a held gate):
-		// only "before now" is sure. Whichever it was, the next send
-		// comes its cost in intervals later.
-		floor = clock.Later(floor, now.Add(time.Duration(overdueCost(jobs, pz, now))*p.Interval))
-		crashed = true
+	moved := rules.Respace(&tm.rec, placed, p, now, clean)
+	for i, w := range jobs {
+		w.slot, w.moved = placed[i].Slot, placed[i].Moved
 	}
-	recent := tm.rec.Recent(p)
-	moved := 0
-	for _, w := range jobs {
-		if at, _ := pz.Real(w.slot); !at.Before(floor) {
-			break // on schedule: so are the later ones
-		}
-		// Real(floor - Shift) is floor: floor is past the pause's end.
-		// The old slot stays in the windows' bookkeeping: it may have
-		// been sent.
-		cost := w.job.EffectiveCost()
-		w.slot, w.moved = leaky.WindowSlot(recent, p, floor.Add(-pz.Shift), cost), true
-		recent = leaky.Record(recent, p, w.slot, cost)
-		floor = w.slot.Add(pz.Shift).Add(time.Duration(cost) * p.Interval)
-		next := w.slot.Add(time.Duration(cost) * p.Interval)
-		if crashed {
-			next = next.Add(p.Tolerance()) // no burst credit: see above
-		}
-		tm.rec.TAT = clock.Later(tm.rec.TAT, next)
-		tm.rec.Unbook(w.job.ID) // a booked retry moved: it is in the schedule now
-		moved++
-	}
-	tm.rec.SetRecent(p, recent)
 	return moved
-}
-
-// respaceHeld is respaceTenant after an unclean stop for a tenant an
-// operator holds. Its clock stands still until the resume, and the jobs
-// that were due when it was held may have been written at any moment
-// before the crash: they move, in the tenant's time, past the frozen now
-// by the largest of their costs (and the last recorded attempt's), so that
-// after the resume they go that many intervals after it, not at once.
-func respaceHeld(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.Time) int {
-	tnow := tm.rec.Pause.TenantTime(now)
-	if jobs[0].slot.After(tnow) {
-		return 0 // none was due: none was written
-	}
-	cost := max(tm.rec.LastAttemptCost, 1)
-	for _, w := range jobs {
-		if w.slot.After(tnow) {
-			break
-		}
-		cost = max(cost, w.job.EffectiveCost())
-	}
-	floor := tnow.Add(time.Duration(cost) * p.Interval)
-	recent := tm.rec.Recent(p)
-	moved := 0
-	for _, w := range jobs {
-		if !w.slot.Before(floor) {
-			break
-		}
-		cost := w.job.EffectiveCost()
-		w.slot, w.moved = leaky.WindowSlot(recent, p, floor, cost), true
-		recent = leaky.Record(recent, p, w.slot, cost)
-		floor = w.slot.Add(time.Duration(cost) * p.Interval)
-		tm.rec.TAT = clock.Later(tm.rec.TAT, floor.Add(p.Tolerance())) // no burst credit
-		tm.rec.Unbook(w.job.ID)
-		moved++
-	}
-	tm.rec.SetRecent(p, recent)
-	return moved
-}
-
-// overdueCost is the largest cost among a tenant's jobs (in slot order)
-// whose time has passed at now: any of them may be the last one written.
-func overdueCost(jobs []*waitingJob, pz leaky.Pause, now time.Time) int {
-	most := 1
-	for _, w := range jobs {
-		if at, _ := pz.Real(w.slot); at.After(now) {
-			break
-		}
-		most = max(most, w.job.EffectiveCost())
-	}
-	return most
 }
 
 // scheduleWaiting writes a tenant's moved jobs at their new slots and puts
@@ -234,12 +150,12 @@ func (s *Store) scheduleWaiting(tx *bbolt.Tx, name string, jobs []*waitingJob, n
 	for _, w := range jobs {
 		j := w.job
 		if w.moved {
-			j.Slot, j.DispatchAt = w.slot, queue.DispatchAt(pz, w.slot, now)
+			j.Slot, j.DispatchAt = w.slot, rules.DispatchAt(pz, w.slot, now)
 			if err := putJob(tx, j); err != nil {
 				return err
 			}
 		}
-		s.sched.add(entryOf(j, queue.RealAt(pz, w.slot)))
+		s.sched.add(entryOf(j, rules.RealAt(pz, w.slot)))
 	}
 	return nil
 }

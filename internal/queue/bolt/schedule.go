@@ -8,6 +8,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // schedule is the dispatcher's in-memory view of the waiting jobs: a
@@ -254,7 +255,7 @@ func (sc *schedule) compact() {
 // current pause (which may have changed while it was out).
 func (s *Store) readd(e dueEntry) {
 	if tm, ok := s.tenants[e.tenant]; ok {
-		e.at = queue.RealAt(tm.rec.Pause, e.slot)
+		e.at = rules.RealAt(tm.rec.Pause, e.slot)
 	}
 	s.sched.add(e)
 }
@@ -349,7 +350,7 @@ func (sc *schedule) retime(tenant string, p leaky.Pause) {
 	}
 	for k := range sc.byTenant[n] {
 		e := sc.waiting[k]
-		if at := nanos(queue.RealAt(p, fromNanos(e.slot))); at != e.at {
+		if at := nanos(rules.RealAt(p, fromNanos(e.slot))); at != e.at {
 			e.at = at
 			sc.waiting[k] = e
 			sc.heap.push(e)

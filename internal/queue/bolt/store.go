@@ -32,7 +32,7 @@ var (
 	bucketDone     = []byte("done")     // finished_at + id -> nil: for the reaper
 	bucketFailed   = []byte("failed")   // tenant + 0x00 + newest-first time + id -> nil
 	bucketIdem     = []byte("idem")     // tenant + 0x00 + key -> id
-	bucketTenants  = []byte("tenants")  // tenant -> queue.TenantRecord (codec.go; JSON before)
+	bucketTenants  = []byte("tenants")  // tenant -> rules.Record (codec.go; JSON before)
 	bucketMeta     = []byte("meta")     // "clean" -> "1" after a clean stop
 	// bucketTenantLog: sequence (8 bytes big endian) -> tenant name and
 	// record, appended with each change of a tenant's record and moved into

@@ -10,12 +10,12 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 type tenantMem struct {
-	rec      queue.TenantRecord
+	rec      rules.Record
 	depth    int
 	inFlight int
 	// pending counts Enqueue calls holding this tenant between decision and
@@ -55,7 +55,7 @@ func (s *Store) loadTenantTx(tx *bbolt.Tx, name string) (*tenantMem, error) {
 // dropStaleBookings drops the bookings of jobs cancelled or expired: a
 // cancel or an expiry drops its job's booking from the record in memory,
 // which a crash can lose before the record is next written.
-func dropStaleBookings(tx *bbolt.Tx, rec *queue.TenantRecord) error {
+func dropStaleBookings(tx *bbolt.Tx, rec *rules.Record) error {
 	for _, b := range rec.Booked {
 		j, found, err := getJob(tx, b.Job, false)
 		if err != nil {
@@ -87,7 +87,7 @@ func (s *Store) loadTenant(name string) (*tenantMem, error) {
 func (s *Store) putTenant(tx *bbolt.Tx, name string) error {
 	s.mu.Lock()
 	tm, ok := s.tenants[name]
-	var rec queue.TenantRecord
+	var rec rules.Record
 	if ok {
 		rec = tm.rec
 		tm.dirty = true // kept in memory until flushDirty writes it in place
@@ -108,17 +108,17 @@ func (s *Store) putTenant(tx *bbolt.Tx, name string) error {
 // (flushDirty, replayTenantLog), and the log emptied in the same
 // transaction; a tenant with records in the log is marked dirty, so it stays
 // in memory (and is read from there, never from bucketTenants) until then.
-func logTenant(tx *bbolt.Tx, name string, rec queue.TenantRecord) error {
+func logTenant(tx *bbolt.Tx, name string, rec rules.Record) error {
 	return putTenantLogEntry(tx, tenantLogEntry(name, rec))
 }
 
 // tenantLogEntry is the tenant log's value for a tenant's record.
-func tenantLogEntry(name string, rec queue.TenantRecord) []byte {
+func tenantLogEntry(name string, rec rules.Record) []byte {
 	return appendTenantLogEntry(make([]byte, 0, 80), name, rec)
 }
 
 // appendTenantLogEntry appends tenantLogEntry(name, rec) to b.
-func appendTenantLogEntry(b []byte, name string, rec queue.TenantRecord) []byte {
+func appendTenantLogEntry(b []byte, name string, rec rules.Record) []byte {
 	return encodeTenant(appendString(b, name), rec)
 }
 
@@ -164,7 +164,7 @@ func resetTenantLog(tx *bbolt.Tx) error {
 }
 
 // putTenantRecord writes a tenant's record in place (codec.go).
-func putTenantRecord(tx *bbolt.Tx, name string, rec queue.TenantRecord) error {
+func putTenantRecord(tx *bbolt.Tx, name string, rec rules.Record) error {
 	return tx.Bucket(bucketTenants).Put([]byte(name), encodeTenant(make([]byte, 0, 64), rec))
 }
 
@@ -182,18 +182,12 @@ func (s *Store) Tenant(ctx context.Context, name string) (queue.TenantStatus, er
 func (s *Store) status(name string, tm *tenantMem, now time.Time) queue.TenantStatus {
 	_, ceiling := s.ceiling(name)
 	pz := tm.rec.Pause
-	tnow := pz.TenantTime(now)
-	p := s.policy(name)
-	rec := tm.rec
-	rec.Absorb(p, tnow, 1) // as a job admitted now would be placed
-	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: rec.TAT}, tnow, p))
-	slot = leaky.WindowSlot(rec.Recent(p), p, slot, 1)
 	paused, until := pz.Paused(now)
 	return queue.TenantStatus{
 		Tenant:        name,
 		QueueDepth:    tm.depth,
 		InFlight:      tm.inFlight,
-		ExpectedDelay: max(queue.DispatchAt(pz, slot, now).Sub(now), queue.CeilingDelay(ceiling, tm.depth)),
+		ExpectedDelay: rules.ExpectedDelay(tm.rec, now, s.policy(name), ceiling, tm.depth, time.Time{}),
 		Expired:       tm.rec.Expired,
 		Paused:        paused,
 		PausedUntil:   until,

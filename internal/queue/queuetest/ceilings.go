@@ -30,7 +30,7 @@ func testExpectedDelayCountsTheCeiling(t *testing.T, d Driver) {
 	_, s := d.startCeiling(t, Leaky20(10), ceiling)
 	for i := range 5 {
 		a := EnqueueOne(t, s, "acme", Payload(i))
-		want := max(time.Duration(i)*T, queue.CeilingDelay(ceiling, i))
+		want := max(time.Duration(i)*T, time.Duration(i)*ceiling.Interval) // burst 1: each one ahead takes an interval
 		if !a.Admitted() || a.ExpectedDelay != want || a.Job.AdmitDelay != want {
 			t.Fatalf("job %d: %+v, want an expected delay of %v (%d ahead at the ceiling's %v)", i, a, want, i, ceiling.Interval)
 		}
@@ -75,7 +75,7 @@ func testRetryCountsTheCeiling(t *testing.T, d Driver) {
 		EnqueueOne(t, s, "acme", Payload(i+1))
 	}
 	a, err := s.Retry(ctx, failed)
-	if want := queue.CeilingDelay(ceiling, 3); err != nil || !a.Admitted() || a.ExpectedDelay < want {
+	if want := 3 * ceiling.Interval; err != nil || !a.Admitted() || a.ExpectedDelay < want {
 		t.Fatalf("retry behind 3 at the ceiling: %+v %v, want an expected delay of at least %v", a, err, want)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/luascript"
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // The Lua admission and the Go one agree on every decision, slot, dispatch
@@ -43,7 +44,7 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 		for i := range p.Windows {
 			keys = append(keys, fmt.Sprintf("%s:w%d", tenant, i))
 		}
-		var rec queue.TenantRecord
+		var rec rules.Record
 		// The slots (tenant time) of admitted jobs still waiting, as the
 		// store's waiting set holds them: a job is sent at its slot.
 		var pending []time.Time
@@ -102,7 +103,7 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 				}
 				continue
 			}
-			at := queue.DispatchAt(pz, d.Slot, now)
+			at := rules.DispatchAt(pz, d.Slot, now)
 			if !got.Slot.Equal(d.Slot) || !got.DispatchAt.Equal(at) || got.Delay != at.Sub(now) {
 				t.Fatalf("%s: slot Lua %v dispatch %v delay %v, Go %v dispatch %v", where, got.Slot, got.DispatchAt, got.Delay, d.Slot, at)
 			}
@@ -133,7 +134,7 @@ func TestLuaAdmitAgreesWithGo(t *testing.T) {
 // sends nothing at once) and a refusal's Retry-After in real time, a
 // refusal by count until enough jobs have left. The Lua is checked against
 // it.
-func goAdmit(rec queue.TenantRecord, slots []time.Time, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
+func goAdmit(rec rules.Record, slots []time.Time, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
 	tnow := rec.Pause.TenantTime(now)
 	paused, _ := rec.Pause.Paused(now)
 	windowed := len(p.Windows) > 0 && p.Capacity > 0
@@ -164,7 +165,7 @@ func goAdmit(rec queue.TenantRecord, slots []time.Time, arrival, now time.Time, 
 		refuse(p.Capacity + p.Burst)
 	}
 	if !d.Admitted {
-		d.RetryAfter = queue.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), now).Sub(now)
+		d.RetryAfter = rules.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), now).Sub(now)
 	}
 	return d, st, recent
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/luascript"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // ownerLag is how long after a partition's vacancy ends its new owner may
@@ -162,7 +163,7 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, jobs []queue.NewJob)
 	p := s.policy(tenant)
 	_, ceiling := s.ceiling(tenant)
 	out := make([]queue.Admission, len(jobs))
-	plan := queue.Precheck(tenant, jobs, queue.MaxCost(p, ceiling), p.Capacity, out)
+	plan := queue.Precheck(tenant, jobs, rules.MaxCost(p, ceiling), p.Capacity, out)
 	for _, i := range plan.Lookup {
 		prev, found, err := s.jobOfKey(ctx, tenant, jobs[i].IdempotencyKey)
 		if err != nil {
@@ -217,7 +218,7 @@ func (s *Store) jobOfKey(ctx context.Context, tenant, key string) (queue.Job, bo
 func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id string, r admitReply) queue.Admission {
 	switch r.Code {
 	case admitRefused:
-		return queue.Admission{Rejected: queue.Rejection(tenant, p, leaky.Decision{RetryAfter: r.RetryAfter}, r.Depth), QueueDepth: r.Depth, Capacity: p.Capacity}
+		return queue.Admission{Rejected: queue.Rejection(tenant, p, r.RetryAfter, r.Depth), QueueDepth: r.Depth, Capacity: p.Capacity}
 	case admitWouldExpire:
 		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: r.Delay, Deadline: nj.Deadline},
 			QueueDepth: r.Depth, Capacity: p.Capacity}
@@ -253,7 +254,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	k := keysOf(part)
 	p := s.policy(j.Tenant)
 	_, ceiling := s.ceiling(j.Tenant)
-	if cost, most := j.EffectiveCost(), queue.MaxCost(p, ceiling); cost > most {
+	if cost, most := j.EffectiveCost(), rules.MaxCost(p, ceiling); cost > most {
 		// A reload made the bucket too small for it: it would be refused
 		// for ever, so say so, as Enqueue does.
 		return queue.CostTooLarge(j.Tenant, cost, most, p.Capacity), nil

@@ -11,6 +11,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/luascript"
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 var (
@@ -53,7 +54,7 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 // tenant's pause at now.
 func underPause(j queue.Job, pause leaky.Pause, now time.Time) queue.Job {
 	if j.State.Waiting() {
-		j.DispatchAt = queue.DispatchAt(pause, j.Slot, now)
+		j.DispatchAt = rules.DispatchAt(pause, j.Slot, now)
 	}
 	return j
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
 	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/rules"
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
@@ -733,7 +734,7 @@ func TestModelRegression(t *testing.T) {
 			// its backoff, on the slot of a job admitted meanwhile (two
 			// sends 50 ms apart at T = 100 ms; the owner's pace then sent
 			// one an interval late). It is booked there now, and the job
-			// admitted meanwhile is placed around it (queue.TenantRecord's
+			// admitted meanwhile is placed around it (rules.Record's
 			// Absorb), as on the embedded store.
 			name: "RetryPacing", defect: queuetest.DefectRetryPacing,
 			ops: []queuetest.Op{

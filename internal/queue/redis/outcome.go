@@ -16,6 +16,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/luascript"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 var (
@@ -84,7 +85,7 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 			return err
 		}
 		rec := st.rec
-		next, pausedNow := queue.ApplyOutcome(&rec, j, o, st.now, p)
+		next, pausedNow := rules.ApplyOutcome(&rec, j, o, st.now, p)
 		next.Response = o.Response // nil: the answer before stays in the hash
 		_, err = tx.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
 			s.writeOutcome(ctx, pipe, k, next, st, rec, p)
@@ -212,7 +213,7 @@ func (s *Store) readForOutcome(ctx context.Context, tx *goredis.Tx, f owner.Fenc
 
 // writeOutcome queues the writes of an outcome applied: job cur, and its
 // tenant's record, before (st) and after (rec).
-func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k partKeys, cur queue.Job, st outcomeState, rec queue.TenantRecord, p leaky.Policy) {
+func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k partKeys, cur queue.Job, st outcomeState, rec rules.Record, p leaky.Policy) {
 	tk, jk, now := k.tenant(cur.Tenant), k.job(cur.ID), st.now
 	pipe.HSet(ctx, jk, "state", string(cur.State), "attempts", cur.Attempts, "failures", cur.Failures,
 		"slot", microsOf(cur.Slot), "dispatch", microsOf(cur.DispatchAt), "sent", microsOf(cur.SentAt),
@@ -263,7 +264,7 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k part
 	if jobs > 0 || !rec.Pause.Held.IsZero() {
 		pipe.Persist(ctx, tk)
 	} else {
-		pipe.PExpire(ctx, tk, max(queue.DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+s.idle)
+		pipe.PExpire(ctx, tk, max(rules.DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+s.idle)
 	}
 }
 
@@ -285,7 +286,7 @@ func (s *Store) leaveClaimed(ctx context.Context, pipe goredis.Pipeliner, k part
 }
 
 // writeWindows queues the rewrite of tenant's windows from rec.
-func (s *Store) writeWindows(ctx context.Context, pipe goredis.Pipeliner, k partKeys, tenant string, rec queue.TenantRecord, now time.Time, p leaky.Policy) {
+func (s *Store) writeWindows(ctx context.Context, pipe goredis.Pipeliner, k partKeys, tenant string, rec rules.Record, now time.Time, p leaky.Policy) {
 	recent := rec.Recent(p)
 	for i, w := range p.Windows {
 		key := k.window(tenant, w)
@@ -296,7 +297,7 @@ func (s *Store) writeWindows(ctx context.Context, pipe goredis.Pipeliner, k part
 		}
 		if len(list) > 0 {
 			pipe.RPush(ctx, key, list...)
-			pipe.PExpire(ctx, key, max(queue.DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+w.Length+s.idle)
+			pipe.PExpire(ctx, key, max(rules.DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+w.Length+s.idle)
 		}
 	}
 }

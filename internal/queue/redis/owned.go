@@ -11,6 +11,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // owned is one tenure of one partition: the partition's waiting jobs in
@@ -282,7 +283,7 @@ func (o *owned) load() bool {
 					floor = next
 				}
 				for _, w := range t.Waiting {
-					place := queue.DispatchAt(t.Pause, w.Slot, now)
+					place := rules.DispatchAt(t.Pause, w.Slot, now)
 					at := clock.Later(place, floor)
 					if !w.Missed.IsZero() {
 						// Moved past its deadline (or held, and the hold

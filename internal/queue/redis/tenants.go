@@ -13,15 +13,15 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // tenantState is a tenant's hash, read.
 type tenantState struct {
-	rec             queue.TenantRecord // without its windows (lists of their own)
+	rec             rules.Record // without its windows (lists of their own)
 	depth, inFlight int
 	ownerAt         time.Time // when its partition gets an owner (zero: it has one)
 }
@@ -48,7 +48,7 @@ func parseTenant(v []any) tenantState {
 		return s
 	}
 	return tenantState{
-		rec: queue.TenantRecord{
+		rec: rules.Record{
 			TAT:      fromMicros(n(0)),
 			Pause:    leaky.Pause{Shift: time.Duration(n(1)) * time.Microsecond, Until: fromMicros(n(2)), Held: fromMicros(n(3))},
 			Accepted: n(6), Rejected: n(7), Delivered: n(8), Failed: n(9), Cancelled: n(10), Expired: n(11),
@@ -58,7 +58,7 @@ func parseTenant(v []any) tenantState {
 	}
 }
 
-// A tenant's bookings (queue.TenantRecord.Booked) live in its hash's
+// A tenant's bookings (rules.Record.Booked) live in its hash's
 // "booked" field, soonest first: "slot cost id" per booking (slot in
 // microseconds, tenant time), joined by ";" (lib.lua's booked_parse).
 // Most tenants have none, and a hash field costs an admission nothing
@@ -66,11 +66,11 @@ func parseTenant(v []any) tenantState {
 
 // parseBooked reads a "booked" field (an entry it cannot read is left
 // out: a booking only ever spaces sends).
-func parseBooked(f string) []queue.Booking {
+func parseBooked(f string) []rules.Booking {
 	if f == "" {
 		return nil
 	}
-	var out []queue.Booking
+	var out []rules.Booking
 	for e := range strings.SplitSeq(f, ";") {
 		parts := strings.Fields(e)
 		if len(parts) != 3 {
@@ -84,13 +84,13 @@ func parseBooked(f string) []queue.Booking {
 		if cost <= 1 {
 			cost = 0
 		}
-		out = append(out, queue.Booking{Slot: us * 1000, Cost: cost, Job: parts[2]})
+		out = append(out, rules.Booking{Slot: us * 1000, Cost: cost, Job: parts[2]})
 	}
 	return out
 }
 
 // formatBooked is the "booked" field of bookings ("" for none).
-func formatBooked(bookings []queue.Booking) string {
+func formatBooked(bookings []rules.Booking) string {
 	var b strings.Builder
 	for i, bk := range bookings {
 		if i > 0 {
@@ -156,7 +156,6 @@ func (s *Store) ownerAt(ctx context.Context, part int, now time.Time) (time.Time
 func (s *Store) status(ctx context.Context, name string, ts tenantState, now time.Time) (queue.TenantStatus, error) {
 	p := s.policy(name)
 	pz := ts.rec.Pause
-	tnow := pz.TenantTime(now)
 	rec := ts.rec
 	if len(p.Windows) > 0 {
 		k := keysOf(s.partOf(name))
@@ -170,19 +169,12 @@ func (s *Store) status(ctx context.Context, name string, ts tenantState, now tim
 		}
 		rec.SetRecent(p, recent)
 	}
-	rec.Absorb(p, tnow, 1) // as a job admitted now would be placed
-	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: rec.TAT}, tnow, p))
-	slot = leaky.WindowSlot(rec.Recent(p), p, slot, 1)
 	_, ceiling := s.ceiling(name)
 	depth := max(ts.depth, 0)
 	paused, until := pz.Paused(now)
-	at := queue.DispatchAt(pz, slot, now)
-	if !ts.ownerAt.IsZero() && !paused { // as admit.lua promises
-		at = clock.Later(at, ts.ownerAt.Add(time.Duration(depth)*p.Interval))
-	}
 	return queue.TenantStatus{
 		Tenant: name, QueueDepth: depth, InFlight: max(ts.inFlight, 0), OwnerAt: ts.ownerAt,
-		ExpectedDelay: max(at.Sub(now), queue.CeilingDelay(ceiling, depth)),
+		ExpectedDelay: rules.ExpectedDelay(rec, now, p, ceiling, depth, ts.ownerAt),
 		Paused:        paused, PausedUntil: until, Held: !pz.Held.IsZero(),
 		Accepted: ts.rec.Accepted, Rejected: ts.rec.Rejected, Delivered: ts.rec.Delivered,
 		Failed: ts.rec.Failed, Cancelled: ts.rec.Cancelled, Expired: ts.rec.Expired,

@@ -1,4 +1,4 @@
-package queue
+package rules
 
 import (
 	"slices"
@@ -8,10 +8,10 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
-// TenantRecord is the durable state of a tenant, the same on every backend:
+// Record is the durable state of a tenant, the same on every backend:
 // its schedule (TAT, in tenant time, like every slot), its pause, the last
 // attempt written, its counters and its windows' bookkeeping.
-type TenantRecord struct {
+type Record struct {
 	TAT           time.Time   `json:"tat"`
 	Pause         leaky.Pause `json:"pause,omitzero"`
 	LastAttemptAt time.Time   `json:"last_attempt_at"`
@@ -50,7 +50,7 @@ func (b Booking) cost() int { return max(b.Cost, 1) }
 // booking would be closer than the schedule allows). The job is then placed
 // after them. A booking ahead of the job's place stays out of the schedule,
 // so that a long backoff does not fill the queue.
-func (r *TenantRecord) Absorb(p leaky.Policy, arrival time.Time, cost int) {
+func (r *Record) Absorb(p leaky.Policy, arrival time.Time, cost int) {
 	cost = max(cost, 1)
 	tau := p.Tolerance()
 	for len(r.Booked) > 0 {
@@ -72,19 +72,19 @@ func (r *TenantRecord) Absorb(p leaky.Policy, arrival time.Time, cost int) {
 
 // Unbook drops job's booking, if it has one: it will not be sent there
 // (cancelled, expired). The schedule keeps the place it counted for it.
-func (r *TenantRecord) Unbook(job string) {
+func (r *Record) Unbook(job string) {
 	if i := slices.IndexFunc(r.Booked, func(b Booking) bool { return b.Job == job }); i >= 0 {
 		r.Booked = slices.Delete(slices.Clone(r.Booked), i, i+1)
 	}
 }
 
 // IsBooked reports whether job has a booking.
-func (r TenantRecord) IsBooked(job string) bool {
+func (r Record) IsBooked(job string) bool {
 	return slices.ContainsFunc(r.Booked, func(b Booking) bool { return b.Job == job })
 }
 
 // Recent is the bookkeeping of p's windows (empty for a window new to it).
-func (r TenantRecord) Recent(p leaky.Policy) []leaky.Recent {
+func (r Record) Recent(p leaky.Policy) []leaky.Recent {
 	if len(p.Windows) == 0 {
 		return nil
 	}
@@ -99,7 +99,7 @@ func (r TenantRecord) Recent(p leaky.Policy) []leaky.Recent {
 
 // SetRecent stores the bookkeeping of p's windows (and drops windows no
 // longer configured).
-func (r *TenantRecord) SetRecent(p leaky.Policy, recent []leaky.Recent) {
+func (r *Record) SetRecent(p leaky.Policy, recent []leaky.Recent) {
 	if len(p.Windows) == 0 {
 		r.Windows = nil
 		return
@@ -114,8 +114,8 @@ func (r *TenantRecord) SetRecent(p leaky.Policy, recent []leaky.Recent) {
 	}
 }
 
-// Record counts a send of cost at slot in the tenant's windows.
-func (r *TenantRecord) Record(p leaky.Policy, slot time.Time, cost int) {
+// CountSend counts a send of cost at slot in the tenant's windows.
+func (r *Record) CountSend(p leaky.Policy, slot time.Time, cost int) {
 	if len(p.Windows) == 0 {
 		return
 	}
@@ -129,7 +129,7 @@ func (r *TenantRecord) Record(p leaky.Policy, slot time.Time, cost int) {
 // queue's bound; when its backoff ends after that place it is booked at
 // the backoff's end instead, and the jobs admitted meanwhile are placed
 // around it (Absorb), so that no two sends share a slot.
-func (r *TenantRecord) Reserve(p leaky.Policy, from, notBefore time.Time, cost int, job string) time.Time {
+func (r *Record) Reserve(p leaky.Policy, from, notBefore time.Time, cost int, job string) time.Time {
 	r.Absorb(p, from, cost)
 	slot, st := leaky.ReserveCost(leaky.State{TAT: r.TAT}, from, p, cost)
 	at := clock.Later(slot, notBefore)
@@ -141,7 +141,7 @@ func (r *TenantRecord) Reserve(p leaky.Policy, from, notBefore time.Time, cost i
 		r.book(Booking{Slot: at.UnixNano(), Cost: cost, Job: job})
 	}
 	if len(p.Windows) > 0 {
-		r.Record(p, at, cost)
+		r.CountSend(p, at, cost)
 		if !notBefore.After(slot) {
 			st = leaky.Push(st, at, p, cost) // a window moved it: the rest follow
 		}
@@ -152,7 +152,7 @@ func (r *TenantRecord) Reserve(p leaky.Policy, from, notBefore time.Time, cost i
 
 // clearOfBookings is the first time at or after at when a send of cost is
 // a whole cost apart from every booking, in every window.
-func (r *TenantRecord) clearOfBookings(p leaky.Policy, at time.Time, cost int) time.Time {
+func (r *Record) clearOfBookings(p leaky.Policy, at time.Time, cost int) time.Time {
 	for range len(r.Booked) + 1 {
 		moved := false
 		for _, b := range r.Booked {
@@ -174,7 +174,7 @@ func (r *TenantRecord) clearOfBookings(p leaky.Policy, at time.Time, cost int) t
 }
 
 // book adds b in slot order (after any of the same slot).
-func (r *TenantRecord) book(b Booking) {
+func (r *Record) book(b Booking) {
 	if b.Cost <= 1 {
 		b.Cost = 0
 	}
@@ -188,7 +188,7 @@ func (r *TenantRecord) book(b Booking) {
 // NextAfterLastAttempt is the soonest real time the next send may come
 // after the last attempt recorded: its cost in intervals after it (zero if
 // there was none).
-func (r *TenantRecord) NextAfterLastAttempt(p leaky.Policy) time.Time {
+func (r *Record) NextAfterLastAttempt(p leaky.Policy) time.Time {
 	if r.LastAttemptAt.IsZero() {
 		return time.Time{}
 	}
@@ -199,7 +199,7 @@ func (r *TenantRecord) NextAfterLastAttempt(p leaky.Policy) time.Time {
 // sooner than NextAfterLastAttempt, even if the schedule says so (a retry
 // sent long after its reserved slot, a late write). A running process's
 // gate knows that; after a restart or an eviction only this does.
-func (r *TenantRecord) FloorAfterLastAttempt(p leaky.Policy) {
+func (r *Record) FloorAfterLastAttempt(p leaky.Policy) {
 	if r.LastAttemptAt.IsZero() {
 		return
 	}
@@ -226,4 +226,11 @@ func DispatchAt(p leaky.Pause, slot, now time.Time) time.Time {
 	}
 	at, _ := p.Resume(now).Real(slot)
 	return at
+}
+
+// Quiet reports whether the tenant's schedule no longer matters at now: not
+// paused, and run out, so that a quiet bucket would decide the same.
+func (r Record) Quiet(now time.Time) bool {
+	paused, _ := r.Pause.Paused(now)
+	return !paused && leaky.Idle(leaky.State{TAT: r.TAT}, r.Pause.TenantTime(now))
 }

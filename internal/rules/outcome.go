@@ -1,4 +1,4 @@
-package queue
+package rules
 
 import (
 	"cmp"
@@ -6,12 +6,13 @@ import (
 
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // ApplyOutcome is what an attempt's outcome does to its job (the one
 // claimed: nothing else changes a job the dispatcher holds) and to its
 // tenant's record, on either backend. paused reports a new pause.
-func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Policy) (cur Job, paused bool) {
+func ApplyOutcome(rec *Record, j queue.Job, o queue.Outcome, now time.Time, p leaky.Policy) (cur queue.Job, paused bool) {
 	cur = j
 	cur.Payload = nil
 	moved := false // a pushback given a new place (Reserve counted it in the windows)
@@ -24,30 +25,30 @@ func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Po
 		rec.LastAttemptAt, rec.LastAttemptCost = o.SentAt, j.EffectiveCost()
 	}
 	switch o.Result {
-	case Succeeded:
-		cur.State = StateSucceeded
+	case queue.Succeeded:
+		cur.State = queue.StateSucceeded
 		cur.LastError = ""
 		cur.FinishedAt = now
-	case Failed:
-		cur.State = StateFailed
+	case queue.Failed:
+		cur.State = queue.StateFailed
 		cur.FinishedAt = now
-	case Cancelled: // the handler ran and said not to do it
-		cur.State = StateCancelled
+	case queue.Cancelled: // the handler ran and said not to do it
+		cur.State = queue.StateCancelled
 		cur.FinishedAt = now
-	case Released: // with a pause: nothing was sent
+	case queue.Released: // with a pause: nothing was sent
 		cur.Attempts--
-		cur.State = StateQueued
+		cur.State = queue.StateQueued
 		if cur.Attempts > 0 {
-			cur.State = StateRetrying
+			cur.State = queue.StateRetrying
 		}
-	case Expired: // nothing was sent: too late
+	case queue.Expired: // nothing was sent: too late
 		cur.Attempts--
-		cur.State = StateExpired
+		cur.State = queue.StateExpired
 		cur.FinishedAt = now
 		cur.LastError = "expired: its deadline passed before it could be sent"
 		rec.Unbook(cur.ID)
-	default: // Retry
-		cur.State = StateRetrying
+	default: // queue.Retry
+		cur.State = queue.StateRetrying
 		if !o.PauseUntil.IsZero() && !o.PauseUntil.After(now) {
 			// A pushback already over: not a failure, but the job needs a
 			// new slot (its own has passed).
@@ -72,10 +73,10 @@ func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Po
 		} // else a pushback keeps its place: the pause moves it
 	}
 	if o.PauseUntil.After(now) && !cur.State.Finished() {
-		if o.Result == Retry && !moved {
+		if o.Result == queue.Retry && !moved {
 			// The resend keeps the slot, but it is a send of its own: the
 			// windows count it.
-			rec.Record(p, cur.Slot, cur.EffectiveCost())
+			rec.CountSend(p, cur.Slot, cur.EffectiveCost())
 		}
 		rec.Pause = rec.Pause.PauseUntil(now, o.PauseUntil, cur.Slot)
 		// Jobs admitted during the pause go one interval apart after it,
@@ -87,7 +88,7 @@ func ApplyOutcome(rec *TenantRecord, j Job, o Outcome, now time.Time, p leaky.Po
 		cur.DispatchAt = DispatchAt(rec.Pause, cur.Slot, now)
 		if !cur.Deadline.IsZero() && cur.DispatchAt.After(cur.Deadline) {
 			// Its next attempt would come too late: it ends here.
-			cur.State, cur.FinishedAt = StateExpired, now
+			cur.State, cur.FinishedAt = queue.StateExpired, now
 			cur.LastError = "expired: its deadline passes before its next attempt; last attempt: " + cur.LastError
 			rec.Unbook(cur.ID)
 		}
