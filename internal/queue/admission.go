@@ -1,6 +1,5 @@
 package queue
 
-
 // Plan is what every backend settles about a call's jobs before any of them
 // reaches the bucket: a repeat of an idempotency key within the call is
 // answered as its first use is, and a cost no bucket can hold is refused
