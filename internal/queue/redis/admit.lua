@@ -1,7 +1,7 @@
--- One admission decision for one tenant, atomically: the same rules as the
--- embedded store's admit (internal/queue/bolt) and internal/leaky's Decide,
--- checked against them on random sequences (admit_lua_test.go). Run by
--- enqueue.lua (enqueue.go), which loads it as its function admit_decision.
+-- One admission decision for one tenant, atomically: the Lua port of
+-- rules.Admit (internal/rules/admit.go), checked against it on random
+-- sequences (admit_lua_test.go). Run by enqueue.lua (enqueue.go), which
+-- loads it as its function admit_decision.
 --
 -- Times are whole microseconds: Lua numbers are doubles, exact to 2^53, so
 -- microseconds since 1970 are exact and nanoseconds would not be. Slots and
@@ -28,8 +28,13 @@
 -- ARGV[10]   the downstream ceiling's interval (0: no ceiling)
 -- ARGV[11]   the downstream ceiling's burst
 -- ARGV[12..] n and length of each window
--- OWNER_AT   (enqueue.lua's third argument; 0 when run alone) when the
---            tenant's partition gets an owner, 0 if it has one
+-- OWNER_AT   (enqueue.lua's third argument) when the tenant's partition
+--            gets an owner, 0 if it has one (rules.Call.OwnerAt)
+-- OWN_DUE    (enqueue.lua's fourth argument) how many jobs of this batch
+--            are in KEYS[2] due by the arrival: they count whole, as jobs
+--            not yet in the schedule do (rules.Queue.Waiting)
+-- Run alone (the agreement test), OWNER_AT and OWN_DUE are the last two
+-- ARGV.
 --
 -- Returns {admitted, slot, dispatch_at, retry_after, depth, now, prompt,
 -- delay}: admitted 1, 0, or 3 (it would be sent after its deadline:
@@ -87,15 +92,22 @@ for i = 4, #KEYS do
   windows[#windows + 1] = {key = KEYS[i], n = tonumber(ARGV[k]), len = tonumber(ARGV[k + 1])}
 end
 
--- With windows, the jobs that wait at tnow (the embedded store's waiting):
+-- With windows, the jobs that wait at the arrival (rules' waitingAt):
 -- those due later, claimed or not, and while paused or behind a ceiling
 -- those due already and not claimed. Slots are whole microseconds: "later
--- than tnow" is "at tnow + 1 or later".
+-- than arrival" is "at arrival + 1 or later".
 local windowed = #windows > 0 and capacity > 0
 local due_waits = paused or ceiling_T > 0
 if windowed then
-  waiting = redis.call('ZCOUNT', KEYS[2], tnow + 1, '+inf') + redis.call('ZCOUNT', KEYS[3], tnow + 1, '+inf')
-  if due_waits then waiting = waiting + redis.call('ZCOUNT', KEYS[2], '-inf', tnow) end
+  waiting = redis.call('ZCOUNT', KEYS[2], arrival + 1, '+inf') + redis.call('ZCOUNT', KEYS[3], arrival + 1, '+inf')
+  if due_waits then waiting = waiting + redis.call('ZCOUNT', KEYS[2], '-inf', arrival) end
+end
+-- How many of the depth still count at the arrival (rules'
+-- countedAtArrival): a job due by then leaves as the owner claims it,
+-- unless paused or behind a ceiling; this batch's own count whole.
+local function counted_at_arrival()
+  if paused or ceiling_T > 0 then return waiting end
+  return waiting - (redis.call('ZCOUNT', KEYS[2], '-inf', arrival) - OWN_DUE)
 end
 
 -- When fewer than n of the jobs counted above still wait (a refusal's
@@ -105,9 +117,9 @@ local function until_fewer(n)
   if windowed then
     local slots = {}
     local function add(reply) for i = 2, #reply, 2 do slots[#slots + 1] = tonumber(reply[i]) end end
-    add(redis.call('ZRANGEBYSCORE', KEYS[2], tnow + 1, '+inf', 'WITHSCORES'))
-    add(redis.call('ZRANGEBYSCORE', KEYS[3], tnow + 1, '+inf', 'WITHSCORES'))
-    if due_waits then add(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', tnow, 'WITHSCORES')) end
+    add(redis.call('ZRANGEBYSCORE', KEYS[2], arrival + 1, '+inf', 'WITHSCORES'))
+    add(redis.call('ZRANGEBYSCORE', KEYS[3], arrival + 1, '+inf', 'WITHSCORES'))
+    if due_waits then add(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', arrival, 'WITHSCORES')) end
     if #slots < n then return 0 end
     table.sort(slots)
     return slots[#slots - n + 1]
@@ -154,11 +166,14 @@ if #windows == 0 or capacity == 0 then
     retry = excess - capacity * T
     -- token mode: a full window may refuse it for longer than the rate
     if #windows > 0 then retry = window_slot(arrival + retry) - arrival end
+    -- counted from now, as if the lag were nil: it holds whatever the
+    -- lag estimate does by the time the job comes back
+    retry = retry + lag
   else
     admitted, slot, newtat = true, earliest, at_least(tat, arrival) + cost * T
     if #windows > 0 then -- token mode: a window's hold means no
       local ws = window_slot(slot)
-      if ws > slot then admitted, retry, newtat = false, ws - arrival, tat end
+      if ws > slot then admitted, retry, newtat = false, ws - arrival + lag, tat end
     end
   end
 elseif waiting >= capacity + burst then
@@ -180,7 +195,7 @@ if windowed then
 else
   local room = capacity + burst
   if paused then room = capacity end
-  if waiting >= room then
+  if waiting >= room and counted_at_arrival() >= room then
     -- Refused by the rate too (retries booked past their places fill
     -- the room): the later of the two.
     admitted, retry, newtat = false, at_least(retry, count_retry(capacity + burst)), tat

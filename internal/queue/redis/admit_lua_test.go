@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -13,161 +14,259 @@ import (
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/luascript"
-	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/rules"
 )
 
-// The Lua admission and the Go one agree on every decision, slot, dispatch
-// time and Retry-After, on thousands of random sequences: random policies
-// (leaky, token, burst, capacity, windows), random arrivals, random costs,
-// and pauses and holds coming and going.
-func TestLuaAdmitAgreesWithGo(t *testing.T) {
+// admit.lua and rules.Admit agree on every decision, slot, dispatch time,
+// delay, Retry-After, promptness and record they leave, on thousands of
+// random sequences: random policies (leaky, token, burst, capacity,
+// windows), a downstream's ceiling, arrivals, start lags, costs,
+// deadlines, a partition waiting for an owner, retries booked past their
+// places, jobs handed over and jobs of the same batch, and pauses and holds
+// coming and going. The Go is the rule; the Lua is its port.
+func TestLuaAdmitAgreesWithRules(t *testing.T) {
 	rdb := redisClient(t, 0)
-	ctx := context.Background()
-	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	us := func(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
-	rng := rand.New(rand.NewPCG(42, 1))
-	decisions := 0
-	for seq := 0; seq < 300; seq++ {
-		p := leaky.Policy{Interval: us(1000 + rng.Int64N(200_000)), Burst: 1 + rng.IntN(4), Capacity: rng.IntN(8)}
-		if rng.IntN(3) == 0 {
-			p.Capacity = 0 // token mode
-		}
-		if rng.IntN(2) == 0 {
-			for range 1 + rng.IntN(2) {
-				n := 1 + rng.IntN(6)
-				p.Windows = append(p.Windows, leaky.Window{N: n, Length: time.Duration(n+rng.IntN(10)) * p.Interval})
-			}
-		}
-		tenant := fmt.Sprintf("{t%d}", seq)
-		keys := []string{tenant + ":b", tenant + ":waiting", tenant + ":claimed"}
-		for i := range p.Windows {
-			keys = append(keys, fmt.Sprintf("%s:w%d", tenant, i))
-		}
-		var rec rules.Record
-		// The slots (tenant time) of admitted jobs still waiting, as the
-		// store's waiting set holds them: a job is sent at its slot.
-		var pending []time.Time
-		now := base
-		for step := 0; step < 40; step++ {
-			now = now.Add(us(rng.Int64N(int64(3 * p.Interval / time.Microsecond))))
-			switch rng.IntN(12) { // pauses come and go
-			case 0:
-				rec.Pause = rec.Pause.PauseUntil(now, now.Add(us(rng.Int64N(2_000_000))), now.Add(-us(rng.Int64N(100_000))))
-			case 1:
-				rec.Pause = rec.Pause.Hold(now)
-			case 2:
-				rec.Pause = rec.Pause.Resume(now)
-			}
-			pz := rec.Pause
-			if err := rdb.HSet(ctx, keys[0], "shift", pz.Shift.Microseconds(), "until", microsOf(pz.Until), "held", microsOf(pz.Held)).Err(); err != nil {
-				t.Fatal(err)
-			}
-			tnow := pz.TenantTime(now)
-			if rng.IntN(8) == 0 {
-				// A retry waiting past its place (booked at its backoff's
-				// end): counted, not in the schedule. With the room full
-				// the rate and the count both refuse.
-				slot := tnow.Add(us(1 + rng.Int64N(int64(6*p.Interval/time.Microsecond))))
-				pending = append(pending, slot)
-				if err := rdb.ZAdd(ctx, keys[1], goredis.Z{Score: float64(micros(slot)), Member: fmt.Sprintf("r%d", step)}).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			pending = slices.DeleteFunc(pending, func(s time.Time) bool { return !s.After(tnow) })
-			if err := rdb.ZRemRangeByScore(ctx, keys[1], "-inf", fmt.Sprint(micros(tnow))).Err(); err != nil {
-				t.Fatal(err)
-			}
-			slices.SortFunc(pending, time.Time.Compare)
-			waiting := len(pending)
-			cost := min(1+rng.IntN(3), p.MaxCost()) // the store refuses more first
-			lag := us(rng.Int64N(5000))
-			arrival := tnow.Add(lag)
-			d, st, recent := goAdmit(rec, pending, arrival, now, p, cost)
-			args := []any{micros(now), lag.Microseconds(), p.Interval.Microseconds(), p.Burst, p.Capacity, cost, waiting, 1, "", 0, 0}
-			for _, w := range p.Windows {
-				args = append(args, w.N, w.Length.Microseconds())
-			}
-			var got admitDecision
-			if err := admitScript.Run(ctx, rdb, keys, args, &got); err != nil {
-				t.Fatal(err)
-			}
-			where := fmt.Sprintf("sequence %d step %d (policy %+v, cost %d, waiting %d, pause %+v)", seq, step, p, cost, waiting, pz)
-			if (got.Code == 1) != d.Admitted {
-				t.Fatalf("%s: Lua admitted=%v, Go %+v", where, got.Code == 1, d)
-			}
-			decisions++
-			if !d.Admitted {
-				if got.RetryAfter != d.RetryAfter {
-					t.Fatalf("%s: Retry-After Lua %v, Go %v", where, got.RetryAfter, d.RetryAfter)
-				}
-				continue
-			}
-			at := rules.DispatchAt(pz, d.Slot, now)
-			if !got.Slot.Equal(d.Slot) || !got.DispatchAt.Equal(at) || got.Delay != at.Sub(now) {
-				t.Fatalf("%s: slot Lua %v dispatch %v delay %v, Go %v dispatch %v", where, got.Slot, got.DispatchAt, got.Delay, d.Slot, at)
-			}
-			rec.TAT = st.TAT
-			rec.SetRecent(p, recent)
-			pending = append(pending, d.Slot)
-			if err := rdb.ZAdd(ctx, keys[1], goredis.Z{Score: float64(micros(d.Slot)), Member: fmt.Sprint(step)}).Err(); err != nil {
-				t.Fatal(err)
-			}
-			if tat, _ := rdb.HGet(ctx, keys[0], "tat").Int64(); tat != micros(st.TAT) {
-				t.Fatalf("%s: TAT Lua %d, Go %d", where, tat, micros(st.TAT))
-			}
-			for i := range p.Windows {
-				list, _ := rdb.LRange(ctx, keys[i+3], 0, -1).Result()
-				if fmt.Sprint(list) != fmt.Sprint(microsList(recent[i])) {
-					t.Fatalf("%s: window %d Lua %v, Go %v", where, i, list, microsList(recent[i]))
-				}
-			}
-		}
+	seqs, steps := 400, 40
+	if testing.Short() {
+		seqs = 60
 	}
-	t.Logf("%d decisions agree", decisions)
+	decisions := 0
+	for seq := range seqs {
+		decisions += admitSequence(t, rdb, uint64(seq), steps)
+	}
+	t.Logf("%d sequences, %d decisions agree", seqs, decisions)
 }
 
-// goAdmit is the embedded store's admission (internal/queue/bolt's admit),
-// for the jobs waiting at slots (sorted): leaky.Decide under the tenant's
-// pause, with the store's own bound (with windows, a job that would wait is
-// refused when capacity jobs wait, until fewer do; without, a paused tenant
-// sends nothing at once) and a refusal's Retry-After in real time, a
-// refusal by count until enough jobs have left. The Lua is checked against
-// it.
-func goAdmit(rec rules.Record, slots []time.Time, arrival, now time.Time, p leaky.Policy, cost int) (leaky.Decision, leaky.State, []leaky.Recent) {
-	tnow := rec.Pause.TenantTime(now)
-	paused, _ := rec.Pause.Paused(now)
-	windowed := len(p.Windows) > 0 && p.Capacity > 0
-	waiting := len(slots)
-	d, st, recent := leaky.Decide(leaky.State{TAT: rec.TAT}, rec.Recent(p), arrival, p, cost, waiting)
-	room := p.Capacity + p.Burst
-	if paused {
-		room = p.Capacity
+// admitSequence runs one random sequence of admissions through admit.lua
+// and rules.Admit, and fails at the first difference.
+func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) int {
+	ctx := context.Background()
+	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	p := randomAdmitPolicy(rng)
+	var ceiling *leaky.Policy
+	if rng.IntN(4) == 0 {
+		ceiling = &leaky.Policy{Interval: us(1000 + rng.Int64N(100_000)), Burst: 1 + rng.IntN(3)}
 	}
-	refuse := func(n int) {
-		d, st = leaky.Decision{}, leaky.State{TAT: rec.TAT}
-		if waiting >= n && slots[waiting-n].After(tnow) {
-			d.RetryAfter = slots[waiting-n].Sub(tnow)
+	tenant := fmt.Sprintf("{t%d}", seed)
+	keys := []string{tenant + ":b", tenant + ":waiting", tenant + ":claimed"}
+	for i := range p.Windows {
+		keys = append(keys, fmt.Sprintf("%s:w%d", tenant, i))
+	}
+	var rec rules.Record
+	q := &admitView{}
+	now := base
+	decisions := 0
+	for step := range steps {
+		now = now.Add(us(rng.Int64N(int64(3 * p.Interval / time.Microsecond))))
+		switch rng.IntN(12) { // pauses come and go
+		case 0:
+			rec.Pause = rec.Pause.PauseUntil(now, now.Add(us(rng.Int64N(2_000_000))), now.Add(-us(rng.Int64N(100_000))))
+		case 1:
+			rec.Pause = rec.Pause.Hold(now)
+		case 2:
+			rec.Pause = rec.Pause.Resume(now)
+		}
+		tnow := rec.Pause.TenantTime(now)
+		q.step(rng, tnow, p, step)
+		if rng.IntN(10) == 0 { // a retry booked past its place
+			at := clock.Later(rec.TAT, tnow).Add(us(1 + rng.Int64N(int64(5*p.Interval/time.Microsecond))))
+			rec.Booked = append(rec.Booked, rules.Booking{Slot: at.UnixNano(), Job: fmt.Sprintf("b%d", step)})
+			slices.SortStableFunc(rec.Booked, func(a, b rules.Booking) int { return cmp.Compare(a.Slot, b.Slot) })
+		}
+		if err := writeAdmitState(ctx, rdb, keys, rec, q); err != nil {
+			t.Fatal(err)
+		}
+		c := rules.Call{
+			Now: now, Policy: p, Ceiling: ceiling, Cost: min(1+rng.IntN(3), rules.MaxCost(p, ceiling)),
+			Arrival: tnow.Add(us(rng.Int64N(5000))),
+		}
+		if rng.IntN(5) == 0 {
+			c.Deadline = now.Add(us(rng.Int64N(int64(4 * p.Interval / time.Microsecond))))
+		}
+		if rng.IntN(8) == 0 {
+			c.OwnerAt = now.Add(us(rng.Int64N(500_000)))
+		}
+		lag := c.Arrival.Sub(tnow)
+		var ceilingT int64
+		var ceilingBurst int
+		if ceiling != nil {
+			ceilingT, ceilingBurst = ceiling.Interval.Microseconds(), ceiling.Burst
+		}
+		args := []any{micros(now), lag.Microseconds(), p.Interval.Microseconds(), p.Burst, p.Capacity, c.Cost, -1, 1, deadlineArg(c.Deadline), ceilingT, ceilingBurst}
+		for _, w := range p.Windows {
+			args = append(args, w.N, w.Length.Microseconds())
+		}
+		args = append(args, microsOf(c.OwnerAt), q.ownDue(c.Arrival))
+		want := rules.Admit(&rec, q, c)
+		var got admitDecision
+		if err := admitScript.Run(ctx, rdb, keys, args, &got); err != nil {
+			t.Fatal(err)
+		}
+		decisions++
+		where := fmt.Sprintf("seed %d step %d (policy %+v, ceiling %+v, call %+v, depth %d, pause %+v)", seed, step, p, ceiling, c, q.Depth(), rec.Pause)
+		if msg := admitDiff(got, want); msg != "" {
+			t.Fatalf("%s: %s", where, msg)
+		}
+		if want.Verdict != rules.Admitted {
+			continue
+		}
+		q.waiting = append(q.waiting, queuedSlot{slot: want.Slot, scheduled: true})
+		if msg := admitRecordDiff(ctx, rdb, keys, rec, p); msg != "" {
+			t.Fatalf("%s: %s", where, msg)
 		}
 	}
+	return decisions
+}
+
+func us(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
+
+// randomAdmitPolicy is a leaky, token or mixed policy, with windows or not.
+func randomAdmitPolicy(rng *rand.Rand) leaky.Policy {
+	p := leaky.Policy{Interval: us(1000 + rng.Int64N(200_000)), Burst: 1 + rng.IntN(4), Capacity: rng.IntN(8)}
+	if rng.IntN(3) == 0 {
+		p.Capacity = 0 // token mode
+	}
+	if rng.IntN(2) == 0 {
+		for range 1 + rng.IntN(2) {
+			n := 1 + rng.IntN(6)
+			p.Windows = append(p.Windows, leaky.Window{N: n, Length: time.Duration(n+rng.IntN(10)) * p.Interval})
+		}
+	}
+	return p
+}
+
+// admitDiff says how admit.lua's answer differs from the rule's ("": it
+// does not).
+func admitDiff(got admitDecision, want rules.Decision) string {
+	code := map[rules.Verdict]int64{rules.Admitted: 1, rules.Refused: 0, rules.WouldExpire: 3}[want.Verdict]
 	switch {
-	case windowed && !d.Admitted && waiting >= p.Capacity+p.Burst:
-		refuse(p.Capacity + p.Burst)
-	case !d.Admitted:
-		if !windowed && waiting >= room { // the rate and the count: the later
-			ra := d.RetryAfter
-			refuse(p.Capacity + p.Burst)
-			d.RetryAfter = max(ra, d.RetryAfter)
+	case got.Code != code:
+		return fmt.Sprintf("Lua code %d, rule %+v", got.Code, want)
+	case want.Verdict == rules.Refused && got.RetryAfter != want.RetryAfter:
+		return fmt.Sprintf("Retry-After Lua %v, rule %v", got.RetryAfter, want.RetryAfter)
+	case want.Verdict == rules.Refused:
+		return ""
+	case !got.Slot.Equal(want.Slot) || !got.DispatchAt.Equal(want.DispatchAt) || got.Delay != want.Delay:
+		return fmt.Sprintf("slot Lua %v dispatch %v delay %v, rule %v dispatch %v delay %v", got.Slot, got.DispatchAt, got.Delay, want.Slot, want.DispatchAt, want.Delay)
+	case want.Verdict == rules.Admitted && got.Prompt != want.Prompt:
+		return fmt.Sprintf("prompt Lua %v, rule %v", got.Prompt, want.Prompt)
+	case got.Depth != want.Depth:
+		return fmt.Sprintf("depth Lua %d, rule %d", got.Depth, want.Depth)
+	}
+	return ""
+}
+
+// admitRecordDiff says how the record admit.lua left differs from rec.
+func admitRecordDiff(ctx context.Context, rdb *goredis.Client, keys []string, rec rules.Record, p leaky.Policy) string {
+	h, err := rdb.HMGet(ctx, keys[0], "tat", "booked").Result()
+	if err != nil {
+		return err.Error()
+	}
+	tat, _ := h[0].(string)
+	booked, _ := h[1].(string)
+	if tat != fmt.Sprint(micros(rec.TAT)) {
+		return fmt.Sprintf("TAT Lua %s, rule %d", tat, micros(rec.TAT))
+	}
+	if booked != formatBooked(rec.Booked) {
+		return fmt.Sprintf("bookings Lua %q, rule %q", booked, formatBooked(rec.Booked))
+	}
+	recent := rec.Recent(p)
+	for i := range p.Windows {
+		list, err := rdb.LRange(ctx, keys[i+3], 0, -1).Result()
+		if err != nil {
+			return err.Error()
 		}
-	case windowed && (paused || d.Slot.After(arrival)) && waiting >= p.Capacity:
-		refuse(p.Capacity)
-	case !windowed && waiting >= room:
-		refuse(p.Capacity + p.Burst)
+		if fmt.Sprint(list) != fmt.Sprint(microsList(recent[i])) {
+			return fmt.Sprintf("window %d Lua %v, rule %v", i, list, microsList(recent[i]))
+		}
 	}
-	if !d.Admitted {
-		d.RetryAfter = rules.DispatchAt(rec.Pause, tnow.Add(d.RetryAfter), now).Sub(now)
+	return ""
+}
+
+// writeAdmitState puts rec's pause, schedule, bookings and windows and
+// q's jobs where admit.lua reads them.
+func writeAdmitState(ctx context.Context, rdb *goredis.Client, keys []string, rec rules.Record, q *admitView) error {
+	pz := rec.Pause
+	_, err := rdb.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
+		pipe.HSet(ctx, keys[0], "shift", pz.Shift.Microseconds(), "until", microsOf(pz.Until), "held", microsOf(pz.Held), "tat", microsOf(rec.TAT), "depth", q.Depth(), "booked", formatBooked(rec.Booked))
+		if len(rec.Booked) == 0 {
+			pipe.HDel(ctx, keys[0], "booked")
+		}
+		pipe.Del(ctx, keys[1], keys[2])
+		for i, w := range q.waiting {
+			pipe.ZAdd(ctx, keys[1], goredis.Z{Score: float64(micros(w.slot)), Member: fmt.Sprint("w", i)})
+		}
+		for i, slot := range q.handed {
+			pipe.ZAdd(ctx, keys[2], goredis.Z{Score: float64(micros(slot)), Member: fmt.Sprint("h", i)})
+		}
+		return nil
+	})
+	return err
+}
+
+// admitView is a tenant's jobs as both sides read them: waiting (in the
+// waiting set; not scheduled: of the same batch, OWN_DUE) and handed over
+// (in the claimed set).
+type admitView struct {
+	waiting []queuedSlot
+	handed  []time.Time
+}
+
+type queuedSlot struct {
+	slot      time.Time
+	scheduled bool
+}
+
+func (v *admitView) Depth() int { return len(v.waiting) }
+
+func (v *admitView) Waiting(yield func(time.Time, bool)) {
+	for _, w := range v.waiting {
+		yield(w.slot, w.scheduled)
 	}
-	return d, st, recent
+}
+
+func (v *admitView) HandedOver(yield func(time.Time)) {
+	for _, slot := range v.handed {
+		yield(slot)
+	}
+}
+
+// ownDue is OWN_DUE: the jobs of the batch due by the arrival.
+func (v *admitView) ownDue(arrival time.Time) int {
+	n := 0
+	for _, w := range v.waiting {
+		if !w.scheduled && !w.slot.After(arrival) {
+			n++
+		}
+	}
+	return n
+}
+
+// step moves the jobs on to tenant time tnow: those due are handed over
+// (a few stay, as an owner late on a busy machine leaves them), those
+// handed over whose slot has come leave, and now and then a job of the
+// same batch, or a retry waiting past its place, joins.
+func (v *admitView) step(rng *rand.Rand, tnow time.Time, p leaky.Policy, step int) {
+	v.waiting = slices.DeleteFunc(v.waiting, func(w queuedSlot) bool {
+		if w.slot.After(tnow) || rng.IntN(4) == 0 {
+			return false
+		}
+		v.handed = append(v.handed, w.slot)
+		return true
+	})
+	v.handed = slices.DeleteFunc(v.handed, func(slot time.Time) bool { return !slot.After(tnow) })
+	for i := range v.waiting {
+		v.waiting[i].scheduled = true
+	}
+	switch rng.IntN(8) {
+	case 0: // a retry waiting past its place: counted, not in the schedule
+		v.waiting = append(v.waiting, queuedSlot{slot: tnow.Add(us(1 + rng.Int64N(int64(6*p.Interval/time.Microsecond)))), scheduled: true})
+	case 1: // a job of the same batch, admitted just before
+		v.waiting = append(v.waiting, queuedSlot{slot: tnow.Add(us(rng.Int64N(int64(2*p.Interval/time.Microsecond)) - int64(p.Interval/time.Microsecond)))})
+	case 2: // handed over a lead before its slot
+		v.handed = append(v.handed, tnow.Add(us(1+rng.Int64N(100_000))))
+	}
 }
 
 // admitDecision is admit.lua's reply (its header).

@@ -37,10 +37,10 @@ var (
 	enqueueLua string
 
 	// admitScript is admit.lua alone, as the agreement tests run it.
-	admitScript = newScript("admit.lua", "local OWNER_AT = 0\n"+admitLua, true)
+	admitScript = newScript("admit.lua", "local OWNER_AT, OWN_DUE = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])\n"+admitLua, true)
 	// enqueueScript admits and keeps a batch; admit.lua is its decision,
 	// loaded as a function (its KEYS and ARGV become the function's own).
-	enqueueScript = newScript("enqueue.lua", "local function admit_decision(KEYS, ARGV, OWNER_AT)\n"+admitLua+"\nend\n"+enqueueLua, true)
+	enqueueScript = newScript("enqueue.lua", "local function admit_decision(KEYS, ARGV, OWNER_AT, OWN_DUE)\n"+admitLua+"\nend\n"+enqueueLua, true)
 )
 
 // enqueue.lua's codes (its header).

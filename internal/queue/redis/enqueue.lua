@@ -90,6 +90,9 @@ local longest = 0 -- the latest dispatch time admitted, and its cost
 -- Counted over the batch, written once at the end (one command, not one
 -- per job).
 local admitted, accepted, rejected = 0, 0, 0
+-- This batch's jobs due by the arrival (its prompt ones): admit_decision
+-- counts them whole (OWN_DUE).
+local own_due = 0
 for j = 0, (#ARGV - a + 1) / 9 - 1 do
   local b = a + j * 9
   local id, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 2]
@@ -107,7 +110,7 @@ for j = 0, (#ARGV - a + 1) / 9 - 1 do
   else
     local aargv = {now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], cost, -1, '1', deadline, ARGV[6], ARGV[7]}
     for i = 1, 2 * nw do aargv[#aargv + 1] = ARGV[14 + i] end
-    local d = admit_decision(akeys, aargv, owner_at)
+    local d = admit_decision(akeys, aargv, owner_at, own_due)
     -- admit.lua's {admitted, slot, dispatch_at, retry_after, depth, now, prompt, delay}
     r = {d[1], d[2], d[3], d[8], d[4], d[5], d[6], d[7], 0, 0, 0}
   end
@@ -133,6 +136,7 @@ for j = 0, (#ARGV - a + 1) / 9 - 1 do
     end
     redis.call('RPUSH', KEYS[2], id .. ' ' .. string.format('%d', dispatch_at) .. ' ' .. tenant)
     redis.call('ZADD', KEYS[5], slot, id)
+    if r[8] == 1 then own_due = own_due + 1 end -- prompt: due by the arrival
     admitted = admitted + 1
     longest = math.max(longest, dispatch_at - now + cost * T)
   end

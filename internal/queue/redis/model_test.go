@@ -20,7 +20,6 @@ import (
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
 	"github.com/throttler-dev/throttler/internal/redistest"
-	"github.com/throttler-dev/throttler/internal/rules"
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
