@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -12,14 +14,59 @@ import (
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/queue/redis"
 	"github.com/throttler-dev/throttler/internal/redistest"
+	"github.com/throttler-dev/throttler/internal/service"
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
+// skewedServerEnv asks a copy of this test binary to be `throttler serve`
+// (os.Args as the binary's) with its own clock off the machine's by the
+// value, a Go duration: a test cannot move the machine's clock. Only the
+// test binary reads it (TestMain): the production binary has no way to
+// skew its clock.
+const skewedServerEnv = "GO_WANT_SKEWED_THROTTLER"
+
+// serveSkewedIfAsked runs the process as a skewed server, and exits, when
+// skewedServerEnv is set.
+func serveSkewedIfAsked() {
+	v, ok := os.LookupEnv(skewedServerEnv)
+	if !ok {
+		return
+	}
+	skew, err := time.ParseDuration(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s=%q: %v\n", skewedServerEnv, v, err)
+		os.Exit(2)
+	}
+	runService = func(ctx context.Context, opts service.Options) error {
+		opts.RedisTesting = &redis.TestHooks{ClockSkew: skew}
+		return service.Run(ctx, opts)
+	}
+	main()
+	os.Exit(0)
+}
+
+// startSkewed runs `throttler serve --config file args...` whose own clock
+// is skew off the machine's: this test binary, as serveSkewedIfAsked.
+func startSkewed(t *testing.T, skew time.Duration, file string, args ...string) *process {
+	t.Helper()
+	if testutil.Race {
+		t.Skip("the plain pass runs the process tests, on their timing (startProcess)")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, append([]string{"serve", "--config", file}, args...)...)
+	cmd.Env = append(os.Environ(), skewedServerEnv+"="+skew.String())
+	return startCommand(t, cmd)
+}
+
 // skewRig is a Redis of the test's own, an API process on the machine's
-// clock, and workers whose own clocks are off (THROTTLER_TEST_CLOCK_SKEW:
-// a test cannot move the machine's clock), each sending to its own path
-// of one recording downstream, so every arrival names its sender.
+// clock, and workers whose own clocks are off (startSkewed), each sending
+// to its own path of one recording downstream, so every arrival names its
+// sender.
 type skewRig struct {
 	t    *testing.T
 	srv  *redistest.Server
@@ -58,9 +105,10 @@ func (r *skewRig) start(name string, skew time.Duration, args ...string) *proces
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		r.t.Fatal(err)
 	}
-	// Read by the child at its start only.
-	r.t.Setenv("THROTTLER_TEST_CLOCK_SKEW", skew.String())
-	return startProcess(r.t, file, args...)
+	if skew == 0 {
+		return startProcess(r.t, file, args...)
+	}
+	return startSkewed(r.t, skew, file, args...)
 }
 
 func (r *skewRig) arrivals() []skewArrival {

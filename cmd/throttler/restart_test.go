@@ -76,8 +76,14 @@ func startProcess(t *testing.T, file string, args ...string) *process {
 	if testutil.Race {
 		t.Skip("a child process built without -race: the plain pass runs this test")
 	}
-	p := &process{done: make(chan struct{})}
-	p.cmd = exec.Command(throttlerBinary(t), append([]string{"serve", "--config", file}, args...)...)
+	return startCommand(t, exec.Command(throttlerBinary(t), append([]string{"serve", "--config", file}, args...)...))
+}
+
+// startCommand starts cmd, a throttler serving, and waits until it
+// listens.
+func startCommand(t *testing.T, cmd *exec.Cmd) *process {
+	t.Helper()
+	p := &process{cmd: cmd, done: make(chan struct{})}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,11 @@ import (
 	"github.com/throttler-dev/throttler/internal/service"
 )
 
+// runService is service.Run. Only the package's tests replace it, in a
+// copy of the test binary run as a server (TestMain), to set options that
+// no config setting, flag or environment variable reaches.
+var runService = service.Run
+
 func newServeCommand(env []string) *cobra.Command {
 	var flags configFlags
 	var listen, pprofListen, role string
@@ -78,7 +83,7 @@ their outcome is recorded; waiting jobs stay in the store for the next start.`,
 					}
 				}
 			}()
-			return service.Run(cmd.Context(), service.Options{Config: cfg, Logger: log, Reloads: reloads, Role: role})
+			return runService(cmd.Context(), service.Options{Config: cfg, Logger: log, Reloads: reloads, Role: role})
 		},
 	}
 	flags.register(c)

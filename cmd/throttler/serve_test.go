@@ -18,6 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	serveSkewedIfAsked()
 	// The built binary (30 MB a run) is removed in goleak's Cleanup: the
 	// verifier exits the process itself, so a deferred call would not run.
 	goleak.VerifyTestMain(m,

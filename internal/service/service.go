@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +47,11 @@ type Options struct {
 	// RoleWorker) refuses to start, and a reload, when the config names
 	// a handler it does not have (handlers.go).
 	Handlers map[string]dispatch.Call
+	// RedisTesting is for tests only; production leaves it nil (no config
+	// setting, flag or environment variable reaches it). It is the Redis
+	// store's redis.Options.Testing: a process test runs a worker whose
+	// clock is off, as no test can move the machine's.
+	RedisTesting *redis.TestHooks
 }
 
 // Roles of a process.
@@ -66,7 +70,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	r := &running{cfg: opts.Config, log: opts.Logger, role: role, handlers: opts.Handlers}
+	r := &running{cfg: opts.Config, log: opts.Logger, role: role, handlers: opts.Handlers, redisTesting: opts.RedisTesting}
 	if err := r.checkHandlers(opts.Config); err != nil {
 		return err
 	}
@@ -111,7 +115,8 @@ type running struct {
 	// pairs one config's tenant with another's downstream.
 	out atomic.Pointer[outboundSet]
 
-	handlers map[string]dispatch.Call // Options.Handlers
+	handlers     map[string]dispatch.Call // Options.Handlers
+	redisTesting *redis.TestHooks         // Options.RedisTesting
 
 	store      queue.Store
 	metrics    *metrics.Metrics // made once the store is open; used from the dispatcher on
@@ -141,7 +146,7 @@ func checkRole(role string, cfg *config.Config) (string, error) {
 // openStore opens the store and the metrics that read it at scrape time.
 func (r *running) openStore(ctx context.Context) error {
 	cfg, log, live := r.cfg, r.log, &r.live
-	store, err := openStore(ctx, cfg, log, live, func(j queue.Job) { r.metrics.Expired(j) })
+	store, err := openStore(ctx, cfg, log, live, func(j queue.Job) { r.metrics.Expired(j) }, r.redisTesting)
 	if err != nil {
 		return err
 	}
@@ -457,8 +462,8 @@ func (h holdingStore) shared() bool {
 	return ok
 }
 
-// openStore opens the configured backend.
-func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *atomic.Pointer[config.Config], onExpired func(queue.Job)) (queue.Store, error) {
+// openStore opens the configured backend (redisTesting: Options.RedisTesting).
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *atomic.Pointer[config.Config], onExpired func(queue.Job), redisTesting *redis.TestHooks) (queue.Store, error) {
 	policy := func(tenant string) leaky.Policy {
 		ts, _ := live.Load().Tenant(tenant)
 		return ts.Policy()
@@ -488,19 +493,11 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *
 		Client: rdb, OwnsClient: true, Policy: policy, Ceiling: ceiling, OnExpired: onExpired,
 		Retention: cfg.Store.Retention.Std(), IdleTTL: cfg.Store.RedisIdleTTL.Std(), Logger: log,
 		Partitions: cfg.Store.RedisPartitions, Timing: redis.Timing{Lease: cfg.Store.RedisLease.Std()},
-		ClockSkew: testClockSkew(),
+		Testing: redisTesting,
 	})
 	if err != nil {
 		rdb.Close()
 		return nil, fmt.Errorf("cannot reach Redis at store.redis_url (%s mode): %w; is it running?", cfg.Store.RedisMode, err)
 	}
 	return s, nil
-}
-
-// testClockSkew is THROTTLER_TEST_CLOCK_SKEW (a Go duration), for tests
-// only: the process's own clock reads the machine's plus it, as on a
-// machine whose clock is off (redis.Options.ClockSkew). Unset: none.
-func testClockSkew() time.Duration {
-	d, _ := time.ParseDuration(os.Getenv("THROTTLER_TEST_CLOCK_SKEW"))
-	return d
 }

@@ -73,9 +73,13 @@ type Options struct {
 	// *queue.StoreFullError (DESIGN.md 6c). Default DefaultReserve; a
 	// negative value does not enforce it.
 	Reserve int64
+}
 
-	// logIdle (tests) replaces walApplyAfter: crash tests keep admissions
-	// in the write-ahead log only, however slow the machine.
+// testHooks change a store for the package's tests (open); Open leaves
+// them zero.
+type testHooks struct {
+	// logIdle replaces walApplyAfter: crash tests keep admissions in the
+	// write-ahead log only, however slow the machine.
 	logIdle time.Duration
 }
 
@@ -122,7 +126,7 @@ type Store struct {
 	tenantRecs  []namedRecord
 	tenantSeen  map[string]bool
 	tenantEntry []byte
-	logIdle     time.Duration // walApplyAfter
+	logIdle     time.Duration // walApplyAfter, or testHooks.logIdle
 	groups      atomic.Int64  // group commits made (for benchmarks)
 	grouped     atomic.Int64  // writes they carried
 	wake        chan struct{}
@@ -151,6 +155,11 @@ var (
 // sent again (same Idempotency-Key), spaced from the last moment one of
 // them could have gone, so a restart never sends a burst.
 func Open(path string, opts Options) (*Store, error) {
+	return open(path, opts, testHooks{})
+}
+
+// open is Open with the tests' hooks.
+func open(path string, opts Options, hooks testHooks) (*Store, error) {
 	if opts.Policy == nil {
 		return nil, errors.New("queue: Options.Policy is required")
 	}
@@ -174,7 +183,7 @@ func Open(path string, opts Options) (*Store, error) {
 	s := &Store{
 		db:        db,
 		wal:       w,
-		logIdle:   cmp.Or(opts.logIdle, walApplyAfter),
+		logIdle:   cmp.Or(hooks.logIdle, walApplyAfter),
 		clock:     cmp.Or[clock.Clock](opts.Clock, clock.Real{}),
 		policy:    opts.Policy,
 		ceiling:   opts.Ceiling,

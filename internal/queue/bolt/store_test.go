@@ -69,7 +69,7 @@ func openCrashStore(t *testing.T) *crashStore {
 func (c *crashStore) open(t *testing.T, path string) *Store {
 	t.Helper()
 	policy := func(string) leaky.Policy { return leaky.Policy{Interval: time.Second, Burst: 1, Capacity: 10} }
-	s, err := Open(path, Options{Clock: c.clk, Policy: policy, logIdle: time.Hour})
+	s, err := open(path, Options{Clock: c.clk, Policy: policy}, testHooks{logIdle: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -177,7 +177,7 @@ func TestATornRecordIsDropped(t *testing.T) {
 func logOnlyOpener(t *testing.T) func(path string) *Store {
 	clk := clock.NewFake(queuetest.T0)
 	return func(path string) *Store {
-		s, err := Open(path, Options{Clock: clk, Policy: queuetest.Leaky20(20000), logIdle: time.Hour})
+		s, err := open(path, Options{Clock: clk, Policy: queuetest.Leaky20(20000)}, testHooks{logIdle: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -33,7 +33,7 @@ import (
 type redisClock struct {
 	own clock.Clock // the process's own clock
 	// server, if set, reads the clock that stands for Redis's TIME
-	// (Options.OwnClock), exactly: no microsecond grain.
+	// (TestHooks.OwnClock), exactly: no microsecond grain.
 	server func(context.Context) (time.Time, error)
 
 	offset atomic.Int64 // ns to add to own.Now(), in use
@@ -160,7 +160,7 @@ func (c *redisClock) keepMeasuring(ctx context.Context, rdb goredis.UniversalCli
 }
 
 // skewed is a clock off the machine's by a fixed amount: a machine whose
-// clock is wrong, for tests (Options.ClockSkew).
+// clock is wrong, for tests (TestHooks.ClockSkew).
 type skewed time.Duration
 
 func (s skewed) Now() time.Time                         { return time.Now().Add(time.Duration(s)) }

@@ -18,7 +18,7 @@ func TestStoreClockIsRedisTime(t *testing.T) {
 	rdb := redisClient(t, 0)
 	ctx := context.Background()
 	for _, skew := range []time.Duration{2 * time.Second, -2 * time.Second, 0} {
-		s, err := Open(ctx, Options{Client: rdb, Policy: func(string) leaky.Policy { return leaky.Policy{} }, ClockSkew: skew})
+		s, err := Open(ctx, Options{Client: rdb, Policy: func(string) leaky.Policy { return leaky.Policy{} }, Testing: &TestHooks{ClockSkew: skew}})
 		if err != nil {
 			t.Fatal(err)
 		}

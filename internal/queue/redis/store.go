@@ -52,7 +52,7 @@ type Store struct {
 	policy     queue.PolicyFunc
 	ceiling    queue.CeilingFunc
 	clock      clock.Clock // nil: the Redis server's TIME
-	rclock     *redisClock // this process's reading of Redis's clock (of Clock, with OwnClock); nil on an injected Clock alone
+	rclock     *redisClock // this process's reading of Redis's clock (of Clock, with TestHooks.OwnClock); nil on an injected Clock alone
 	log        *slog.Logger
 	retain     time.Duration
 	idle       time.Duration
@@ -114,19 +114,9 @@ type Options struct {
 	// Clock, if set, decides instead of the Redis server's TIME (tests).
 	// Every process must then share it; production leaves it nil.
 	Clock clock.Clock
-	// ClockSkew is for tests only: this process's own clock reads the
-	// machine's plus ClockSkew, as a machine whose clock is off would (a
-	// test cannot move the machine's clock). The store measures its offset
-	// to Redis TIME from round trips and works in Redis's clock, so a skew
-	// must change nothing. Ignored with Clock set.
-	ClockSkew time.Duration
-	// OwnClock is for tests only, with Clock: this process's own clock,
-	// which may read other than Clock (a skew). Clock then stands for
-	// Redis's TIME: the store measures its offset to Clock as it does to
-	// Redis TIME, and reads Clock's time as own clock plus offset, as a
-	// worker on a machine whose clock is off does (the model test's
-	// workers, whose times must come out as with no skew).
-	OwnClock clock.Clock
+	// Testing is for tests only; production leaves it nil (no config
+	// setting, flag or environment variable reaches it).
+	Testing *TestHooks
 	// Retention keeps finished jobs this long. Default 24 h.
 	Retention time.Duration
 	// IdleTTL: a tenant's bucket state expires this long after its
@@ -145,6 +135,23 @@ type Options struct {
 	// OnExpired is told of each job that expired unsent (nil: nobody).
 	OnExpired func(queue.Job)
 	Logger    *slog.Logger
+}
+
+// TestHooks change how a store reads time, for tests: a test cannot move
+// the machine's clock. The store measures its offset to Redis TIME from
+// round trips and works in Redis's clock, so a skew must change nothing.
+type TestHooks struct {
+	// ClockSkew: this process's own clock reads the machine's plus
+	// ClockSkew, as a machine whose clock is off would. Ignored with
+	// Options.Clock set.
+	ClockSkew time.Duration
+	// OwnClock, with Options.Clock: this process's own clock, which may
+	// read other than Clock (a skew). Clock then stands for Redis's TIME:
+	// the store measures its offset to Clock as it does to Redis TIME, and
+	// reads Clock's time as own clock plus offset, as a worker on a
+	// machine whose clock is off does (the model test's workers, whose
+	// times must come out as with no skew).
+	OwnClock clock.Clock
 }
 
 // Open returns a store on opts.Client. It checks that Redis answers and
@@ -187,15 +194,16 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := s.Ping(ctx); err != nil {
 		return nil, err
 	}
+	hooks := cmp.Or(opts.Testing, &TestHooks{})
 	switch {
 	case s.clock == nil:
 		s.rclock = &redisClock{own: clock.Real{}}
-		if opts.ClockSkew != 0 {
-			s.rclock.own = skewed(opts.ClockSkew)
+		if hooks.ClockSkew != 0 {
+			s.rclock.own = skewed(hooks.ClockSkew)
 		}
-	case opts.OwnClock != nil:
+	case hooks.OwnClock != nil:
 		server := s.clock
-		s.rclock = &redisClock{own: opts.OwnClock, server: func(context.Context) (time.Time, error) { return server.Now(), nil }}
+		s.rclock = &redisClock{own: hooks.OwnClock, server: func(context.Context) (time.Time, error) { return server.Now(), nil }}
 	}
 	if s.rclock != nil {
 		if err := s.rclock.calibrate(ctx, s.rdb); err != nil {
