@@ -180,7 +180,9 @@ type TenantStatus struct {
 	OwnerAt time.Time
 }
 
-// Result is how an attempt ended.
+// Result is how an attempt ended: the one vocabulary from a downstream's
+// answer, or a Go handler's reply (dispatch.Reply, and the public
+// handler.Kind of the same names), to the store.
 type Result int
 
 const (
