@@ -22,15 +22,18 @@
 // as an HTTP attempt: the tenant's rate and windows, the downstream's
 // ceiling, across processes on Redis, hold at the moment the handler
 // starts. The handler's context ends at the downstream's timeout. Its error
-// decides like an HTTP answer would:
+// decides like an HTTP answer would (Decide, and the Kind it names):
 //
-//   - nil: the job succeeded (a 2xx);
+//   - nil: the job succeeded (Succeeded; a 2xx);
 //   - Pushback(d, err): the vendor asked to wait; the tenant pauses for d
-//     as for a 429 with Retry-After, and the job keeps its place;
-//   - Permanent(err): the job fails at once, not retried (a 4xx);
-//   - Cancel(err): the job is not to be done; it ends cancelled;
+//     as for a 429 with Retry-After, and the job keeps its place
+//     (PushedBack);
+//   - Permanent(err): the job fails at once, not retried (Failed; a 4xx);
+//   - Cancel(err): the job is not to be done; it ends cancelled
+//     (Cancelled);
 //   - any other error (or a panic, or the timeout): retried with backoff,
-//     counting toward max_attempts and the downstream's circuit breaker.
+//     counting toward max_attempts and the downstream's circuit breaker
+//     (Retry; a 5xx).
 //
 // The bytes a handler returns are kept as the job's response (status 0,
 // the body as text or base64, at most keep_response_bytes), shown by GET

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/throttler-dev/throttler/internal/dispatch"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // PushbackError asks throttler to pause the job's tenant for After, as a
@@ -59,19 +62,55 @@ func Cancel(err error) error {
 	return &CancelError{Err: err}
 }
 
-// Kind is what a handler's error decides.
+// Kind is what a handler's error decides for its job: each is named as
+// the outcome the job's attempt records, with the same meaning (Decide
+// has the table).
 type Kind int
 
 const (
-	Succeeded  Kind = iota // nil
-	Retried                // any other error: retried with backoff
-	PushedBack             // a *PushbackError
-	Failed                 // a *PermanentError
-	Cancelled              // a *CancelError
+	Succeeded  Kind = iota // nil: the job succeeded
+	Retry                  // any other error: a failure, retried with backoff
+	PushedBack             // a *PushbackError: retried after the tenant's pause
+	Failed                 // a *PermanentError: failed for good, not retried
+	Cancelled              // a *CancelError: cancelled, not to be done
 )
 
-// Decide is the one function that maps a handler's error onto what
-// happens to the job, and for a pushback how long the tenant pauses.
+// Retried is Retry.
+//
+// Deprecated: use Retry, the outcome's own name.
+const Retried = Retry
+
+// String names a Kind.
+func (k Kind) String() string {
+	switch k {
+	case Succeeded:
+		return "succeeded"
+	case Retry:
+		return "retry"
+	case PushedBack:
+		return "pushed back"
+	case Failed:
+		return "failed"
+	case Cancelled:
+		return "cancelled"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Decide is the one function that maps a handler's error onto the job's
+// outcome, and for a pushback how long the tenant pauses:
+//
+//	the error        Kind        the job, as for an HTTP answer
+//	nil              Succeeded   succeeded (a 2xx)
+//	any other        Retry       retried with backoff, counting toward
+//	                             max_attempts and the breaker (a 5xx)
+//	*PushbackError   PushedBack  retried once the tenant's pause of After
+//	                             ends (0: the backoff), keeping its place,
+//	                             using up no attempt (a 429, Retry-After)
+//	*PermanentError  Failed      failed for good, not retried (a 4xx)
+//	*CancelError     Cancelled   cancelled: not to be done, not retried
+//
+// A panic and the downstream's timeout end the attempt as Retry does.
 // Errors are matched with errors.As, so a wrapped one decides too; the
 // first of cancel, permanent and pushback found wins.
 func Decide(err error) (Kind, time.Duration) {
@@ -88,5 +127,28 @@ func Decide(err error) (Kind, time.Duration) {
 	case errors.As(err, &pb):
 		return PushedBack, max(pb.After, 0)
 	}
-	return Retried, 0
+	return Retry, 0
+}
+
+// reply is Decide's answer as the dispatcher takes it: each Kind is the
+// queue.Result of its name, and PushedBack a Retry that pauses.
+func reply(body []byte, err error) dispatch.Reply {
+	kind, after := Decide(err)
+	r := dispatch.Reply{Body: body}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	switch kind {
+	case Succeeded:
+		r.Result = queue.Succeeded
+	case PushedBack:
+		r.Result, r.Pushback, r.After = queue.Retry, true, after
+	case Failed:
+		r.Result = queue.Failed
+	case Cancelled:
+		r.Result = queue.Cancelled
+	default:
+		r.Result = queue.Retry
+	}
+	return r
 }

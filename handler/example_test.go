@@ -76,7 +76,7 @@ func ExampleDecide() {
 	}
 	// Output:
 	// succeeded 0s
-	// retried 0s
+	// retry 0s
 	// pushed back 30s
 	// failed 0s
 	// cancelled 0s

@@ -3,7 +3,6 @@ package handler
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 
@@ -124,43 +123,4 @@ func jobOf(downstream string, j queue.Job) *Job {
 		job.Request = &Request{Method: r.Method, Path: r.Path, Query: r.Query, Headers: r.Headers}
 	}
 	return job
-}
-
-// reply is what a handler's return decides, for the dispatcher (Decide).
-func reply(body []byte, err error) dispatch.Reply {
-	kind, after := Decide(err)
-	r := dispatch.Reply{Body: body}
-	if err != nil {
-		r.Error = err.Error()
-	}
-	switch kind {
-	case Succeeded:
-		r.Verdict = dispatch.Done
-	case PushedBack:
-		r.Verdict, r.After = dispatch.Pushback, after
-	case Failed:
-		r.Verdict = dispatch.Permanent
-	case Cancelled:
-		r.Verdict = dispatch.Cancel
-	default:
-		r.Verdict = dispatch.Failure
-	}
-	return r
-}
-
-// String names a Kind.
-func (k Kind) String() string {
-	switch k {
-	case Succeeded:
-		return "succeeded"
-	case Retried:
-		return "retried"
-	case PushedBack:
-		return "pushed back"
-	case Failed:
-		return "failed"
-	case Cancelled:
-		return "cancelled"
-	}
-	return fmt.Sprintf("Kind(%d)", int(k))
 }

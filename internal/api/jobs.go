@@ -86,15 +86,11 @@ func (s *server) waitFinished(w http.ResponseWriter, r *http.Request, j queue.Jo
 	// The answer comes after the wait: the server's write timeout (a
 	// minute) must not cut it off.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + 30*time.Second))
-	watch := func(string) (<-chan struct{}, func()) { return nil, func() {} }
-	if watcher, ok := s.store.(queue.FinishWatcher); ok {
-		watch = watcher.WatchFinish
-	}
 	ctx := r.Context()
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
-		finished, stop := watch(j.ID)
+		finished, stop := s.store.WatchFinish(j.ID)
 		cur, err := s.store.Job(ctx, j.ID)
 		if err != nil || cur.State.Finished() {
 			stop()

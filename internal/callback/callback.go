@@ -3,10 +3,10 @@
 // job id as webhook-id on every attempt) of the job as GET /v1/jobs/{id}
 // shows it, retried with backoff and full jitter until a 2xx or
 // callbacks.max_attempts. The store keeps what is owed (written with the
-// job's final state: queue.CallbackStore); a Sender takes what is due,
-// sends it with its own bounded concurrency and client, and records how
-// it went. It takes no slot of any rate and never touches the
-// dispatcher's path: a slow or dead receiver costs only its own sends.
+// job's final state: Store); a Sender takes what is due, sends it with its
+// own bounded concurrency and client, and records how it went. It takes
+// no slot of any rate and never touches the dispatcher's path: a slow or
+// dead receiver costs only its own sends.
 package callback
 
 import (
@@ -40,10 +40,19 @@ const leaseMargin = 5 * time.Second
 // signer (nil: callbacks are not configured; nothing is taken).
 type Live func() (config.Callbacks, *outbound.Signer)
 
+// Store is what a Sender needs of the job store: the callbacks owed, and
+// a record of each attempt (queue.Store has both; see its docs).
+type Store interface {
+	DueCallbacks(ctx context.Context, limit int, lease time.Duration) ([]queue.Job, error)
+	CallbackAttempted(ctx context.Context, id string, a queue.CallbackAttempt) error
+}
+
+var _ Store = queue.Store(nil)
+
 // Options configure a Sender; zero values take defaults.
 type Options struct {
-	Store queue.CallbackStore // required
-	Live  Live                // required
+	Store Store // required
+	Live  Live  // required
 	// Body is a callback's body for a job (required): the event as
 	// DESIGN.md 6b gives it, built by the API's job shape.
 	Body func(queue.Job) ([]byte, error)

@@ -21,7 +21,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// memStore is a queue.CallbackStore in memory: one job's callback.
+// memStore is a Store in memory: one job's callback.
 type memStore struct {
 	mu       sync.Mutex
 	job      queue.Job

@@ -28,38 +28,33 @@ import (
 // and returns invoke, which the dispatcher runs right after the gate and
 // which only calls the handler, so the instant the gate records and the
 // handler's start are as close as they can be. The public handler package
-// maps the handler's error onto a Reply. ctx ends at the downstream's
+// maps the handler's error onto a Reply (handler.Decide). ctx ends at the downstream's
 // timeout; it is not ended by the service stopping (a call once begun is
 // not cut short, as a request being written is not).
 type Call func(ctx context.Context, downstream string, job queue.Job) (invoke func() Reply)
 
-// Verdict is how a handler's call ended.
-type Verdict int
-
-const (
-	// Done: the job is done (a nil error). The answer's 2xx.
-	Done Verdict = iota
-	// Failure: retried with backoff through the same pacing; counts
-	// toward max_attempts and the breaker. A 5xx, or a timeout.
-	Failure
-	// Pushback: the vendor asked to wait Reply.After: the tenant pauses
-	// as for a 429 with Retry-After; no attempt is used up.
-	Pushback
-	// Permanent: the job fails at once (a 4xx).
-	Permanent
-	// Cancel: the job is not to be done; it ends cancelled.
-	Cancel
-)
-
-// Reply is what a handler's call came to.
+// Reply is what a handler's call came to, in the words of the attempt's
+// outcome (queue.Result).
 type Reply struct {
-	Verdict Verdict
-	// After is how long a Pushback pauses the tenant (0: the backoff).
-	After time.Duration
+	// Result is how the call ended:
+	//   - Succeeded: the job is done (a nil error), as for a 2xx;
+	//   - Retry: a failure, retried with backoff through the same pacing,
+	//     counting toward max_attempts and the breaker, as a 5xx or a
+	//     timeout (or a pushback: see Pushback);
+	//   - Failed: the job fails for good, not retried, as for a 4xx;
+	//   - Cancelled: the job is not to be done; it ends cancelled.
+	// Any other (the zero Result) is a failure, as Retry.
+	Result queue.Result
+	// Pushback, with Retry, makes it a pushback rather than a failure, as
+	// queue.Outcome's Retry with PauseUntil is: the vendor asked to wait
+	// After (0: the backoff), the tenant pauses as for a 429 with
+	// Retry-After, the job keeps its place and no attempt is used up.
+	Pushback bool
+	After    time.Duration
 	// Body is kept as the job's response, as an HTTP answer's body is
 	// (nil: none; the answer before stays).
 	Body []byte
-	// Error is the job's last_error ("" for Done).
+	// Error is the job's last_error ("" for Succeeded).
 	Error string
 }
 
@@ -186,7 +181,7 @@ const lateStart = 100 * time.Microsecond
 func safeCall(f func() Reply) (rep Reply) {
 	defer func() {
 		if p := recover(); p != nil {
-			rep = Reply{Verdict: Failure, Error: fmt.Sprintf("the handler panicked: %v\n%s", p, firstLines(debug.Stack(), 12))}
+			rep = Reply{Result: queue.Retry, Error: fmt.Sprintf("the handler panicked: %v\n%s", p, firstLines(debug.Stack(), 12))}
 		}
 	}()
 	return f()
@@ -213,23 +208,23 @@ func (d *Dispatcher) classifyReply(job queue.Job, r Route, br *breaker, probe bo
 		out.Response = keepReturned(r, rep.Body)
 	}
 	msg := cmp.Or(rep.Error, "the handler failed")
-	switch rep.Verdict {
-	case Done:
+	switch {
+	case rep.Result == queue.Succeeded:
 		br.report(now, probe, healthy)
 		out.Result = queue.Succeeded
 		return out, "2xx"
-	case Pushback:
+	case rep.Result == queue.Retry && rep.Pushback:
 		br.report(now, probe, healthy) // it answers, and asks us to wait
 		wait := rep.After
 		if wait <= 0 {
 			wait = d.backoff(job.Attempts)
 		}
 		return d.pushback(job, r, out, now.Add(wait), msg), "429"
-	case Permanent:
+	case rep.Result == queue.Failed:
 		br.report(now, probe, healthy)
 		out.Result, out.Error = queue.Failed, msg
 		return out, "4xx"
-	case Cancel:
+	case rep.Result == queue.Cancelled:
 		br.report(now, probe, healthy)
 		out.Result, out.Error = queue.Cancelled, msg
 		return out, "4xx"

@@ -23,7 +23,7 @@ func handlerDispatcher(t *testing.T, f func(ctx context.Context, _ string, j que
 	return New(Options{Routes: func(string) Route { return r }})
 }
 
-// A handler's reply decides as an answer would: each verdict gives the
+// A handler's reply decides as an answer would: each result gives the
 // outcome and class of its HTTP twin, and the call's start is SentAt.
 func TestHandlerRepliesDecideLikeAnswers(t *testing.T) {
 	t.Parallel()
@@ -32,11 +32,12 @@ func TestHandlerRepliesDecideLikeAnswers(t *testing.T) {
 		result queue.Result
 		class  string
 	}{
-		{Reply{Verdict: Done, Body: []byte("ok")}, queue.Succeeded, "2xx"},
-		{Reply{Verdict: Failure, Error: "vendor down"}, queue.Retry, "5xx"},
-		{Reply{Verdict: Pushback, After: time.Hour, Error: "slow down"}, queue.Retry, "429"},
-		{Reply{Verdict: Permanent, Error: "bad number"}, queue.Failed, "4xx"},
-		{Reply{Verdict: Cancel, Error: "revoked"}, queue.Cancelled, "4xx"},
+		{Reply{Result: queue.Succeeded, Body: []byte("ok")}, queue.Succeeded, "2xx"},
+		{Reply{Result: queue.Retry, Error: "vendor down"}, queue.Retry, "5xx"},
+		{Reply{Result: queue.Retry, Pushback: true, After: time.Hour, Error: "slow down"}, queue.Retry, "429"},
+		{Reply{Result: queue.Failed, Error: "bad number"}, queue.Failed, "4xx"},
+		{Reply{Result: queue.Cancelled, Error: "revoked"}, queue.Cancelled, "4xx"},
+		{Reply{Error: "no result"}, queue.Retry, "5xx"},
 	}
 	for _, c := range cases {
 		var gotCtx context.Context
@@ -55,10 +56,10 @@ func TestHandlerRepliesDecideLikeAnswers(t *testing.T) {
 		if dl, ok := gotCtx.Deadline(); !ok || dl.Sub(o.SentAt) > time.Second+50*time.Millisecond {
 			t.Fatalf("the handler's context has deadline %v %v, want one the timeout after its start", dl, ok)
 		}
-		if c.reply.Verdict == Pushback && (o.PauseUntil.Sub(o.SentAt) < 59*time.Minute || o.Error != "slow down") {
+		if c.reply.Pushback && (o.PauseUntil.Sub(o.SentAt) < 59*time.Minute || o.Error != "slow down") {
 			t.Fatalf("pushback: %+v, want the tenant paused an hour", o)
 		}
-		if c.reply.Verdict == Done && (o.Response == nil || o.Response.Body != "ok") {
+		if c.reply.Result == queue.Succeeded && (o.Response == nil || o.Response.Body != "ok") {
 			t.Fatalf("the bytes returned are not kept: %+v", o.Response)
 		}
 	}
@@ -72,7 +73,7 @@ func TestHandlerTimeoutAndPanic(t *testing.T) {
 	defer close(release)
 	d := handlerDispatcher(t, func(ctx context.Context, _ string, j queue.Job) Reply {
 		<-release // ignores its context
-		return Reply{}
+		return Reply{Result: queue.Succeeded}
 	}, 50*time.Millisecond)
 	o, class := d.attempt(context.Background(), job(jobID, 1, time.Now()))
 	if o.Result != queue.Retry || class != "timeout" || !strings.Contains(o.Error, "did not return") {
@@ -97,7 +98,7 @@ func TestHandlerCallsArePaced(t *testing.T) {
 		mu.Lock()
 		starts = append(starts, now)
 		mu.Unlock()
-		return Reply{}
+		return Reply{Result: queue.Succeeded}
 	}, time.Second)
 	now := time.Now()
 	var wg sync.WaitGroup
@@ -130,7 +131,7 @@ func TestHandlerCallsArePaced(t *testing.T) {
 func TestHandlerTimeoutStandsStillAtTheGate(t *testing.T) {
 	t.Parallel()
 	call := func(ctx context.Context, _ string, j queue.Job) func() Reply {
-		return func() Reply { return Reply{} }
+		return func() Reply { return Reply{Result: queue.Succeeded} }
 	}
 	r := Route{Downstream: "h", Call: call, Timeout: 50 * time.Millisecond, MaxAttempts: 3,
 		Policy: leaky.Policy{Interval: 200 * time.Millisecond, Burst: 1, Capacity: 10}}

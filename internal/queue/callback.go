@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"context"
 	"slices"
 	"time"
 )
@@ -46,17 +45,4 @@ type CallbackAttempt struct {
 	Error     string // what went wrong (not delivered)
 	// Retry is when to try again; zero gives up (CallbackFailed).
 	Retry time.Time
-}
-
-// CallbackStore is a capability of a store that keeps the callbacks jobs'
-// ends owe (both stores have it). A callback is owed in the same write as
-// the final state it tells, so a crash between the two cannot lose it.
-type CallbackStore interface {
-	// DueCallbacks takes up to limit owed callbacks due by now, each for
-	// one attempt: none is handed out again for lease (a process that
-	// dies while sending leaves it to be taken again then). Each job comes
-	// with its Callback and CallbackStatus, and without its payload.
-	DueCallbacks(ctx context.Context, limit int, lease time.Duration) ([]Job, error)
-	// CallbackAttempted records an attempt at job id's callback.
-	CallbackAttempted(ctx context.Context, id string, a CallbackAttempt) error
 }

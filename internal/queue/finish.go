@@ -2,18 +2,6 @@ package queue
 
 import "sync"
 
-// FinishWatcher is a capability of a store that tells when a job may have
-// reached a final state, so that GET /v1/jobs/{id}?wait answers at once
-// instead of polling. Both stores have it.
-type FinishWatcher interface {
-	// WatchFinish returns a channel closed when job id may have reached a
-	// final state (the caller reads the job to know), and stop, which the
-	// caller calls once it no longer waits. A notice can be lost (a
-	// dropped connection to a shared store): a caller that waits long
-	// reads the job again now and then.
-	WatchFinish(id string) (<-chan struct{}, func())
-}
-
 // Finishes is the watchers of jobs' final states in one process. A store
 // calls Notify once a job's final state is durable (or it heard so from
 // another process); a watch costs nothing while nobody waits.
@@ -22,7 +10,7 @@ type Finishes struct {
 	watchers map[string]map[chan struct{}]struct{}
 }
 
-// Watch is FinishWatcher.WatchFinish.
+// Watch is Store.WatchFinish.
 func (f *Finishes) Watch(id string) (<-chan struct{}, func()) {
 	ch := make(chan struct{})
 	f.mu.Lock()

@@ -4,18 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
 )
-
-// Clocked is a capability of a store whose times are in a clock other
-// than the machine's (Redis's TIME, shared by many processes): the
-// dispatcher paces on it, so that it waits for a job's DispatchAt and
-// stamps its SentAt in the clock the store and its other processes read
-// them in. A store without it is on the machine's clock.
-type Clocked interface {
-	Clock() clock.Clock
-}
 
 // SharedGate is a capability of a store that several processes share: a
 // check, in the store, that each send keeps the rate across all of them.

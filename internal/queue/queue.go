@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
@@ -179,7 +180,9 @@ type TenantStatus struct {
 	OwnerAt time.Time
 }
 
-// Result is how an attempt ended.
+// Result is how an attempt ended: the one vocabulary from a downstream's
+// answer, or a Go handler's reply (dispatch.Reply, and the public
+// handler.Kind of the same names), to the store.
 type Result int
 
 const (
@@ -255,6 +258,9 @@ type PolicyFunc func(tenant string) leaky.Policy
 type CeilingFunc func(tenant string) (downstream string, ceiling *leaky.Policy)
 
 // Store keeps jobs and bucket state. All methods are safe for concurrent use.
+// It is what both backends provide; what only one of them can do is an
+// optional capability, found by type assertion: PolicyListener and
+// SharedGate (Redis), Space (the embedded store).
 type Store interface {
 	// Enqueue decides each job in order, atomically with respect to every
 	// other decision for the tenant, and returns once the admitted ones are
@@ -285,6 +291,30 @@ type Store interface {
 	// Consume hands due jobs to h until ctx is done, then waits for the
 	// handlers it started and records their outcomes before returning.
 	Consume(ctx context.Context, h Handler, opts ConsumeOptions) error
+	// WatchFinish returns a channel closed when job id may have reached a
+	// final state (the caller reads the job to know), and stop, which the
+	// caller calls once it no longer waits; a watch costs nothing while
+	// nobody waits. It is what GET /v1/jobs/{id}?wait answers by instead
+	// of polling. A notice can be lost (a dropped connection to a shared
+	// store): a caller that waits long reads the job again now and then.
+	WatchFinish(id string) (<-chan struct{}, func())
+	// DueCallbacks takes up to limit owed callbacks due by now, each for
+	// one attempt: none is handed out again for lease (a process that
+	// dies while sending leaves it to be taken again then). Each job comes
+	// with its Callback and CallbackStatus, and without its payload. A
+	// callback is owed in the same write as the final state it tells, so
+	// a crash between the two cannot lose it.
+	DueCallbacks(ctx context.Context, limit int, lease time.Duration) ([]Job, error)
+	// CallbackAttempted records an attempt at job id's callback: delivered,
+	// to be tried again at a.Retry, or given up (CallbackFailed).
+	CallbackAttempted(ctx context.Context, id string, a CallbackAttempt) error
+	// Clock is the clock the store's times are in (DispatchAt, SentAt,
+	// deadlines, a callback's NextAt): the dispatcher waits for dispatch
+	// times and stamps writes on it, and the callback sender writes retry
+	// times in it. The embedded store's is its own (the machine's in the
+	// service); Redis's is TIME as this process reads it, the one clock of
+	// all the processes that share it.
+	Clock() clock.Clock
 	// Ping reports whether the store can be reached.
 	Ping(ctx context.Context) error
 	Close() error

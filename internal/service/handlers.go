@@ -58,7 +58,7 @@ func (r *running) call(ds config.Downstream) dispatch.Call {
 	// beats sending a handler's jobs over HTTP to no url.
 	return func(context.Context, string, queue.Job) func() dispatch.Reply {
 		return func() dispatch.Reply {
-			return dispatch.Reply{Verdict: dispatch.Failure, Error: fmt.Sprintf("this process has no Go handler %q: register it in the program", ds.Handler)}
+			return dispatch.Reply{Result: queue.Retry, Error: fmt.Sprintf("this process has no Go handler %q: register it in the program", ds.Handler)}
 		}
 	}
 }

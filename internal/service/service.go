@@ -17,7 +17,6 @@ import (
 
 	"github.com/throttler-dev/throttler/internal/api"
 	"github.com/throttler-dev/throttler/internal/callback"
-	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/dispatch"
 	"github.com/throttler-dev/throttler/internal/leaky"
@@ -122,7 +121,7 @@ type running struct {
 	metrics    *metrics.Metrics // made once the store is open; used from the dispatcher on
 	recent     *metrics.Recent  // the last minutes, for the status page (nil: --role worker)
 	dispatcher *dispatch.Dispatcher
-	callbacks  *callback.Sender // nil: this process sends none (--role api, or a store without callbacks)
+	callbacks  *callback.Sender // nil: this process sends none (--role api)
 	srv        *http.Server
 
 	stopping, dispatcherDown atomic.Bool
@@ -182,12 +181,8 @@ func (r *running) startDispatcher() {
 	if g, ok := store.(queue.SharedGate); ok {
 		shared = g.PassGate
 	}
-	var clk clock.Clock // the store's clock, if not the machine's (Redis's TIME)
-	if c, ok := store.(queue.Clocked); ok {
-		clk = c.Clock()
-	}
 	r.dispatcher = dispatch.New(dispatch.Options{
-		Clock:     clk,
+		Clock:     store.Clock(),
 		Shared:    shared,
 		Client:    dispatch.NewClient(r.cfg.Dispatch.Concurrency),
 		OnAttempt: m.Attempt,
@@ -300,16 +295,11 @@ func (r *running) consume() {
 // 6b), in a process that sends (not --role api): with the store's clock,
 // the live [callbacks] and its signer, and a client of its own.
 func (r *running) startCallbacks() {
-	cs, ok := r.store.(queue.CallbackStore)
-	if !ok || r.role == RoleAPI {
+	if r.role == RoleAPI {
 		return
 	}
-	var clk clock.Clock
-	if c, ok := r.store.(queue.Clocked); ok {
-		clk = c.Clock()
-	}
 	r.callbacks = callback.New(callback.Options{
-		Store: cs, Clock: clk, Logger: r.log, OnAttempt: r.metrics.Callback,
+		Store: r.store, Clock: r.store.Clock(), Logger: r.log, OnAttempt: r.metrics.Callback,
 		Live: func() (config.Callbacks, *outbound.Signer) {
 			set := r.out.Load()
 			return set.cfg.Callbacks, set.callbacks
@@ -427,16 +417,6 @@ func (r *running) reload(next *config.Config) {
 type holdingStore struct {
 	queue.Store
 	d *dispatch.Dispatcher
-}
-
-// WatchFinish passes the store's queue.FinishWatcher on (GET
-// /v1/jobs/{id}?wait); a store without one never notifies, and the wait
-// reads the job now and then.
-func (h holdingStore) WatchFinish(id string) (<-chan struct{}, func()) {
-	if w, ok := h.Store.(queue.FinishWatcher); ok {
-		return w.WatchFinish(id)
-	}
-	return nil, func() {}
 }
 
 func (h holdingStore) Pause(ctx context.Context, tenant string) (queue.TenantStatus, error) {

@@ -19,8 +19,6 @@ var (
 	bucketCallbackDue = []byte("callback-due") // next_at + id -> nil: pending callbacks
 )
 
-var _ queue.CallbackStore = (*Store)(nil)
-
 // oweCallback records, in tx (the one writing j's final state), the
 // callback j's end owes, if any: pending, due at once.
 func oweCallback(tx *bbolt.Tx, j queue.Job, now time.Time) error {
@@ -78,7 +76,7 @@ func dropCallback(tx *bbolt.Tx, id string, all bool) error {
 	return tx.Bucket(bucketCallbacks).Delete([]byte(id))
 }
 
-// DueCallbacks implements queue.CallbackStore.
+// DueCallbacks implements queue.Store.
 func (s *Store) DueCallbacks(ctx context.Context, limit int, lease time.Duration) ([]queue.Job, error) {
 	now := s.clock.Now()
 	var due []string
@@ -139,7 +137,7 @@ func (s *Store) DueCallbacks(ctx context.Context, limit int, lease time.Duration
 	return out, nil
 }
 
-// CallbackAttempted implements queue.CallbackStore.
+// CallbackAttempted implements queue.Store.
 func (s *Store) CallbackAttempted(ctx context.Context, id string, a queue.CallbackAttempt) error {
 	err := s.update(func(tx *bbolt.Tx) error {
 		st, err := getCallback(tx, id)

@@ -145,9 +145,8 @@ type Store struct {
 }
 
 var (
-	_ queue.Store         = (*Store)(nil)
-	_ queue.Space         = (*Store)(nil)
-	_ queue.FinishWatcher = (*Store)(nil)
+	_ queue.Store = (*Store)(nil)
+	_ queue.Space = (*Store)(nil)
 )
 
 // Open opens (creating if needed) the store at path. After a crash,
@@ -422,6 +421,9 @@ func (s *Store) isClosing() bool {
 	}
 }
 
-// WatchFinish implements queue.FinishWatcher: every final state is written
-// by this process, which tells its watchers once the write is durable.
+// WatchFinish implements queue.Store: every final state is written by
+// this process, which tells its watchers once the write is durable.
 func (s *Store) WatchFinish(id string) (<-chan struct{}, func()) { return s.finishes.Watch(id) }
+
+// Clock implements queue.Store: Options.Clock, the machine's by default.
+func (s *Store) Clock() clock.Clock { return s.clock }

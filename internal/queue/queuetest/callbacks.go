@@ -17,10 +17,6 @@ const hookURL = "https://app.example/hooks/throttler"
 
 func testCallbacksOwedWithTheFinalState(t *testing.T, d Driver) {
 	clk, s0, reopen := d.startWith(t, Config{Policy: Leaky20(10)})
-	_, ok := s0.(queue.CallbackStore)
-	if !ok {
-		t.Skip("the store keeps no callbacks")
-	}
 	ctx := context.Background()
 	all := &queue.JobCallback{URL: hookURL}
 	onSuccess := &queue.JobCallback{URL: hookURL, On: []queue.JobState{queue.StateSucceeded}}
@@ -92,13 +88,12 @@ func checkCallbacksOwed(t *testing.T, s0 queue.Store, reopen func() queue.Store,
 		t.Fatal(err)
 	}
 	s := reopen()
-	cs := s.(queue.CallbackStore)
 	want(s, "ok", queue.CallbackPending, 0, "", "after a restart")
 
 	const lease = time.Minute
 	due := func(wantNames ...string) []queue.Job {
 		t.Helper()
-		jobs, err := cs.DueCallbacks(ctx, 10, lease)
+		jobs, err := s.DueCallbacks(ctx, 10, lease)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,11 +124,11 @@ func checkCallbacksOwed(t *testing.T, s0 queue.Store, reopen func() queue.Store,
 	clk.Advance(lease + time.Second)
 	due("cancelled", "ok") // the lease ran out without a word: taken again
 
-	if err := cs.CallbackAttempted(ctx, ids["ok"], queue.CallbackAttempt{Delivered: true}); err != nil {
+	if err := s.CallbackAttempted(ctx, ids["ok"], queue.CallbackAttempt{Delivered: true}); err != nil {
 		t.Fatal(err)
 	}
 	want(s, "ok", queue.CallbackDelivered, 1, "", "delivered")
-	if err := cs.CallbackAttempted(ctx, ids["cancelled"], queue.CallbackAttempt{Error: "the receiver answered 503", Retry: clk.Now().Add(10 * time.Second)}); err != nil {
+	if err := s.CallbackAttempted(ctx, ids["cancelled"], queue.CallbackAttempt{Error: "the receiver answered 503", Retry: clk.Now().Add(10 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 	want(s, "cancelled", queue.CallbackPending, 1, "the receiver answered 503", "after a failed attempt")
@@ -143,12 +138,12 @@ func checkCallbacksOwed(t *testing.T, s0 queue.Store, reopen func() queue.Store,
 	if jobs[0].CallbackStatus.Attempts != 1 {
 		t.Fatalf("due again with %+v, want 1 attempt", jobs[0].CallbackStatus)
 	}
-	if err := cs.CallbackAttempted(ctx, ids["cancelled"], queue.CallbackAttempt{Error: "no answer: connection refused"}); err != nil {
+	if err := s.CallbackAttempted(ctx, ids["cancelled"], queue.CallbackAttempt{Error: "no answer: connection refused"}); err != nil {
 		t.Fatal(err)
 	}
 	want(s, "cancelled", queue.CallbackFailed, 2, "no answer: connection refused", "given up")
 	// A late word on a callback no longer pending changes nothing.
-	if err := cs.CallbackAttempted(ctx, ids["ok"], queue.CallbackAttempt{Error: "late"}); err != nil {
+	if err := s.CallbackAttempted(ctx, ids["ok"], queue.CallbackAttempt{Error: "late"}); err != nil {
 		t.Fatal(err)
 	}
 	want(s, "ok", queue.CallbackDelivered, 1, "", "after a late word")

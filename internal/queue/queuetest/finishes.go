@@ -9,16 +9,12 @@ import (
 	"github.com/throttler-dev/throttler/internal/queue"
 )
 
-// A final state tells whoever watches its job (queue.FinishWatcher: what
+// A final state tells whoever watches its job (Store.WatchFinish: what
 // GET /v1/jobs/{id}?wait answers by, rather than by its reread every
 // second): a cancel, a success, a failure and an expiry each close their
 // own job's watch, and no other's.
 func testFinalStatesTellTheirWatchers(t *testing.T, d Driver) {
 	clk, s := d.start(t, Leaky20(10))
-	w, ok := s.(queue.FinishWatcher)
-	if !ok {
-		t.Skip("the store tells no watchers")
-	}
 	ctx := context.Background()
 	ids := EnqueueN(t, s, "acme", 3) // slots 0, T, 2T
 	succeeds, fails, cancelled := ids[0], ids[1], ids[2]
@@ -26,7 +22,7 @@ func testFinalStatesTellTheirWatchers(t *testing.T, d Driver) {
 
 	watches := map[string]<-chan struct{}{}
 	for _, id := range []string{succeeds, fails, cancelled, expires} {
-		ch, stop := w.WatchFinish(id)
+		ch, stop := s.WatchFinish(id)
 		t.Cleanup(stop)
 		watches[id] = ch
 	}

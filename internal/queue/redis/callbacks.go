@@ -29,8 +29,6 @@ var (
 	callbackDoneScript = newScript("callbackdone.lua", callbackDoneLua, false)
 )
 
-var _ queue.CallbackStore = (*Store)(nil)
-
 func (k partKeys) callbacks() string { return k.tag + "callbacks" }
 
 // oweCallback is lib.lua's owe_callbacks for finishByRule's transaction.
@@ -69,7 +67,7 @@ func (t *takenCallbacks) Decode(r *luascript.Reply) {
 	r.Each(func(r *luascript.Reply) { *t = append(*t, r.Hash()) })
 }
 
-// DueCallbacks implements queue.CallbackStore. It looks at every
+// DueCallbacks implements queue.Store. It looks at every
 // partition's earliest callback in one round trip, then takes from those
 // with one due.
 func (s *Store) DueCallbacks(ctx context.Context, limit int, lease time.Duration) ([]queue.Job, error) {
@@ -103,7 +101,7 @@ func (s *Store) DueCallbacks(ctx context.Context, limit int, lease time.Duration
 	return out, nil
 }
 
-// CallbackAttempted implements queue.CallbackStore.
+// CallbackAttempted implements queue.Store.
 func (s *Store) CallbackAttempted(ctx context.Context, id string, a queue.CallbackAttempt) error {
 	part, ok := s.partOfID(id)
 	if !ok {

@@ -18,7 +18,7 @@ import (
 // names a job of another deployment on the same server costs a read.
 const finishedChannel = "throttler:finished"
 
-// finishedNotices is the store's side of queue.FinishWatcher: its own
+// finishedNotices is the store's side of Store.WatchFinish: its own
 // watchers, fed by a subscription to finishedChannel, which starts on the
 // first watch. Every write of a final state publishes the job's id in the
 // same step (lib.lua's tell_finished, and finishByRule's transaction).
@@ -30,7 +30,7 @@ type finishedNotices struct {
 	closeOnce sync.Once
 }
 
-// WatchFinish implements queue.FinishWatcher. The first watch subscribes
+// WatchFinish implements queue.Store. The first watch subscribes
 // and waits for Redis to confirm it (a second at most), so that a final
 // state written after the caller's next read is not missed.
 func (s *Store) WatchFinish(id string) (<-chan struct{}, func()) {

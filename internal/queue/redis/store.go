@@ -39,9 +39,9 @@ import (
 )
 
 var (
-	_ queue.Store         = (*Store)(nil)
-	_ queue.SharedGate    = (*Store)(nil)
-	_ queue.FinishWatcher = (*Store)(nil)
+	_ queue.Store          = (*Store)(nil)
+	_ queue.SharedGate     = (*Store)(nil)
+	_ queue.PolicyListener = (*Store)(nil)
 )
 
 // Store is the Redis backend of queue.Store. All methods are safe for
@@ -286,7 +286,7 @@ func (s *Store) serverNow(ctx context.Context) (time.Time, error) {
 // the offset measured (the schedule in memory holds Redis-clock times).
 func (s *Store) localNow() time.Time { return s.Clock().Now() }
 
-// Clock is the clock the store's times are in (queue.Clocked): Redis's
+// Clock implements queue.Store, the clock the store's times are in: Redis's
 // TIME as this process reads it (its own clock plus the offset measured),
 // or Options.Clock. The dispatcher waits for dispatch times and stamps
 // writes on it, so a job's dispatch time and a send's time, which other
