@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/throttler-dev/throttler/handler"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // A Go handler is paced as an HTTP downstream is (DESIGN.md invariant 1,
@@ -21,6 +22,7 @@ import (
 // after its error, and a job cancelled while it waits is never handed to
 // the handler.
 func TestHandlerStartsArePaced(t *testing.T) {
+	testutil.SkipShort(t, "timing test: 200 jobs paced 40 ms apart")
 	t.Parallel()
 	const T = 40 * time.Millisecond
 	var mu sync.Mutex

@@ -352,6 +352,7 @@ var (
 
 // The command as users run it, from the built binary, once.
 func TestBinary(t *testing.T) {
+	testutil.SkipShort(t, "process test: builds the enqueue binary")
 	t.Parallel()
 	buildOnce.Do(func() {
 		binDir, buildErr = os.MkdirTemp("", "enqueue-bin-")

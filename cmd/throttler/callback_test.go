@@ -160,6 +160,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 // a repeat with the same webhook-id, and the jobs' sends to the vendor
 // kept their spacing meanwhile.
 func TestCallbacksReachTheProducerThroughAnOutage(t *testing.T) {
+	testutil.SkipShort(t, "process test: the throttler binary and the callback receiver, through an outage of the producer")
 	t.Parallel()
 	for _, backend := range []string{"embedded", "redis"} {
 		t.Run(backend, func(t *testing.T) {
@@ -281,6 +282,7 @@ max_attempts = 100
 // holds the first attempt): after the restart the callback is sent again,
 // the same webhook-id, and recorded delivered.
 func TestCallbackOwedSurvivesKill9(t *testing.T) {
+	testutil.SkipShort(t, "process test: kill -9 and restart of the throttler binary")
 	t.Parallel()
 	ds := downstreamtest.New(t)
 	secret, secretFile := newHookSecret(t)

@@ -16,6 +16,7 @@ import (
 // included, so no two sends of one tenant are ever closer than T - 2 ms at
 // the downstream; nothing accepted is lost.
 func TestRepeatedKill9KeepsSpacing(t *testing.T) {
+	testutil.SkipShort(t, "process test: kill -9 and restart of the throttler binary, again and again")
 	const tenants, perTenant, kills = 6, 40, 5
 	const T = 50 * time.Millisecond // 20/s
 	ds := downstreamtest.New(t)

@@ -89,6 +89,7 @@ func TestRetryAfterPausesTheTenant(t *testing.T) {
 // no job is failed by the outage alone (max_attempts = 5), and all 30 are
 // delivered, paced, once it is back.
 func TestOutageOpensTheBreaker(t *testing.T) {
+	testutil.SkipShort(t, "timing test: a 5 s outage of the downstream")
 	ds := downstreamtest.New(t)
 	addr := ds.Listener.Addr().String()
 	base := startServer(t, writeConfig(t, "max_attempts = 5\n[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds))
@@ -139,6 +140,7 @@ func TestOutageOpensTheBreaker(t *testing.T) {
 // ceiling on a quiet machine) measures the machine as much as the code:
 // BenchmarkCeilingShare reports it.
 func TestCeilingIsSharedFairly(t *testing.T) {
+	testutil.SkipShort(t, "load test: a backlog of 500 jobs under a shared ceiling")
 	ds, order, worst := shareCeiling(t)
 	all := ds.All()
 	t.Logf("B waited at most %v; %d sends in %v", worst, len(all), all[len(all)-1].At.Sub(all[0].At))

@@ -88,6 +88,7 @@ func fill(t *testing.T, dir string, leave int64) {
 // the downstream answers, delivers every accepted job and, as the delivered
 // payloads free their room, admits new jobs again by itself.
 func TestFullDiskRefusesAdmissionsAndDrains(t *testing.T) {
+	testutil.SkipShort(t, "process test: the throttler binary on a full tmpfs, killed and restarted")
 	disk := smallDisk(t, "24m")
 	ds := downstreamtest.New(t)
 	hold := make(chan struct{})

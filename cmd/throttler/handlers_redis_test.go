@@ -27,6 +27,7 @@ import (
 // sending loses nothing: every job ends succeeded, and a job repeats only
 // as itself (the same job id, the vendor's idempotency key).
 func TestHandlerWorkersShareOneRedis(t *testing.T) {
+	testutil.SkipShort(t, "process test: builds the asynqmux example and kills its workers on a redis-server")
 	srv := redistest.Start(t, false)
 	const T = 50 * time.Millisecond
 	file := filepath.Join(t.TempDir(), "config.toml")

@@ -29,6 +29,7 @@ import (
 // checks each repeat's payload, names each pair it finds too close, and
 // logs the closest pair across each kill: the margin the restart left.
 func TestKill9LoopKeepsEveryTenantSpaced(t *testing.T) {
+	testutil.SkipShort(t, "process test: a kill -9 loop of the throttler binary")
 	t.Run("InstantVendor", func(t *testing.T) { killLoop(t, 0) })
 	// A vendor that takes up to 150 ms to answer (an SMS gateway's
 	// usual): most kills then cut attempts under way, whose requests

@@ -86,6 +86,7 @@ var tenantLabel = regexp.MustCompile(`^throttler_[a-z_]+\{[^}]*tenant="([^"]*)"`
 
 // 10,000 tenants not named in config make no series of their own.
 func TestDynamicTenantsMakeNoSeries(t *testing.T) {
+	testutil.SkipShort(t, "load test: 10,000 tenants")
 	t.Parallel()
 	ds := downstreamtest.New(t)
 	base := startServer(t, writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\n[tenants.named-one]\n", ds))

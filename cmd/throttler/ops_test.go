@@ -34,6 +34,7 @@ func (p *process) reload(t *testing.T, file, config, wantLog string) {
 // rate from then on; a broken config is refused with a log line and the
 // running one kept.
 func TestSighupReloadsTenantSettings(t *testing.T) {
+	testutil.SkipShort(t, "process test: SIGHUP to the throttler binary")
 	ds := downstreamtest.New(t)
 	tenants := "[tenant_defaults]\ncapacity = 100\n[tenants.acme]\nrate = \"%s\"\n"
 	file := servicetest.WriteConfig(t, fmt.Sprintf(tenants, "20/s"), ds.URL)
@@ -83,6 +84,7 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 // On SIGTERM readiness turns false before the listener closes, then the
 // process exits 0.
 func TestReadinessFalseBeforeTheListenerCloses(t *testing.T) {
+	testutil.SkipShort(t, "process test: SIGTERM to the throttler binary")
 	ds := downstreamtest.New(t)
 	p := startProcess(t, servicetest.WriteConfigServer(t, `drain_delay = "1s"`, "", ds.URL))
 	if st, _ := callRaw(t, "GET", p.base+"/readyz", ""); st != 200 {
@@ -143,6 +145,7 @@ func TestFakeGatewayNeverRefuses(t *testing.T) {
 // once, on its first attempt, in order, one second apart once the new rate
 // applies; nothing is retried, times out or opens the breaker.
 func TestLoweredRateBacklogIsDeliveredAtTheNewPace(t *testing.T) {
+	testutil.SkipShort(t, "process test: SIGHUP to the throttler binary, then a backlog at 1/s")
 	const n = 18
 	ds := downstreamtest.New(t)
 	file := servicetest.WriteConfig(t, "[tenant_defaults]\ncapacity = 100\n[tenants.acme]\nrate = \"20/s\"\n", ds.URL)

@@ -18,6 +18,7 @@ import (
 // status, its kept headers and its body, here a card decline; and the
 // callback its end owes, here pending after its receiver answered 503.
 func TestStatusPageShowsRequestAndResponse(t *testing.T) {
+	testutil.SkipShort(t, "browser test: headless Chromium")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	bin := chromium(t)
 	ds := downstreamtest.New(t)

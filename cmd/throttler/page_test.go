@@ -71,6 +71,7 @@ func samples(t *testing.T, base, tenant string, header ...string) int {
 // queues, and each busy tenant's last minutes are drawn from the samples
 // the server keeps.
 func TestStatusPageInABrowser(t *testing.T) {
+	testutil.SkipShort(t, "browser test: headless Chromium")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
@@ -171,6 +172,7 @@ func busy(t *testing.T, base string) []string {
 // looks up a failed job, retries it (it is queued again), pauses beta
 // (held) and resumes it (not held).
 func TestStatusPageOperator(t *testing.T) {
+	testutil.SkipShort(t, "browser test: headless Chromium")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
@@ -223,6 +225,7 @@ func TestStatusPageOperator(t *testing.T) {
 // With thousands of busy tenants the page shows 50 at a time, deepest
 // first, and pages through them.
 func TestStatusPageThousandsOfTenants(t *testing.T) {
+	testutil.SkipShort(t, "browser test: headless Chromium")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
@@ -274,6 +277,7 @@ func TestStatusPageThousandsOfTenants(t *testing.T) {
 // The page says when the server is unreachable, and keeps the last numbers
 // it had (greyed out).
 func TestStatusPageSaysServerUnreachable(t *testing.T) {
+	testutil.SkipShort(t, "browser test: headless Chromium")
 	bin := chromium(t)
 	ds := downstreamtest.New(t)
 	base, stop := servicetest.StartStoppable(t, writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 100\n", ds))

@@ -26,6 +26,7 @@ import (
 // test names the workers that sent each and how late the first went
 // against its dispatch time.
 func TestRedisChaosKeepsEveryTenantSpaced(t *testing.T) {
+	testutil.SkipShort(t, "process test: kills throttler processes and their redis-server")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	const tenants, perTenant = 5, 30
 	const T = 100 * time.Millisecond // 10/s

@@ -35,6 +35,7 @@ import (
 // tenant's spacing at the downstream holds (T - 2 ms); and a job accepted
 // a second after the cut ends arrives when its expected_delay_ms said.
 func TestRedisFaultsBetweenWorkerAndRedis(t *testing.T) {
+	testutil.SkipShort(t, "process test: throttler processes through seconds of faults between them and Redis")
 	srv := redistest.Start(t, false)
 	px := startToxiproxy(t, srv.Addr)
 	ds := downstreamtest.New(t)

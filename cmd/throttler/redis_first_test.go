@@ -22,6 +22,7 @@ import (
 // waits for an owner, and until when. Before, the answers promised 0-400
 // ms and the jobs came a lease later.
 func TestNewRedisPromisesTheWaitForAnOwner(t *testing.T) {
+	testutil.SkipShort(t, "process test: the throttler binary waits a lease on a new redis-server")
 	srv := redistest.Start(t, false)
 	ds := downstreamtest.New(t)
 	const lease = 2 * time.Second

@@ -46,6 +46,7 @@ const (
 // tenant is spaced at least T - 2 ms, and no tenant with jobs waiting goes
 // longer than the lease plus a second without a send.
 func TestRedisOwnershipBalancesAndHandsOver(t *testing.T) {
+	testutil.SkipShort(t, "process test: throttler workers on one Redis, stopped and killed")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	r := startOwnerRig(t, 30*time.Millisecond)
 	w1, w2, w3 := r.worker("w1"), r.worker("w2"), r.worker("w3")
@@ -144,6 +145,7 @@ func TestRedisOwnershipBalancesAndHandsOver(t *testing.T) {
 // (the bound that remains, measured here), and its job goes again from the
 // new owner with the same Idempotency-Key.
 func TestRedisStaleOwnerIsFenced(t *testing.T) {
+	testutil.SkipShort(t, "process test: a throttler worker frozen and continued")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	// Answers take 250 ms: the frozen worker has requests in flight, whose
 	// outcomes it tries to record when it runs again.

@@ -208,6 +208,7 @@ func (r *skewRig) check(ids []string, admitted []time.Time, delays []time.Durati
 // each waited for Redis-clock dispatch times on its own clock: the new
 // owner sent at once, and the old one sent every job 2 s late.
 func TestRedisSkewedClocksAcrossACleanHandover(t *testing.T) {
+	testutil.SkipShort(t, "process test: throttler workers with skewed clocks, one stopped")
 	const T = time.Second
 	r := startSkewRig(t, "1/s")
 	a := r.start("a", -2*time.Second, "--role", "worker")
@@ -235,6 +236,7 @@ func TestRedisSkewedClocksAcrossACleanHandover(t *testing.T) {
 // outcome was not recorded) is what keeps the new owner's first send T
 // after the old owner's last. Before, it sent at once.
 func TestRedisSkewedClocksAcrossAKill(t *testing.T) {
+	testutil.SkipShort(t, "process test: throttler workers with skewed clocks, one killed")
 	const T = 4 * time.Second
 	r := startSkewRig(t, "15/m")
 	a := r.start("a", -2*time.Second, "--role", "worker")

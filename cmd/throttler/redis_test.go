@@ -28,6 +28,7 @@ func redisConfig(t *testing.T, url, mode, body string, ds *downstreamtest.Server
 
 // Three processes on one Redis, every one an API and a dispatcher.
 func TestThreeProcessesShareOneRedis(t *testing.T) {
+	testutil.SkipShort(t, "process test: three throttler processes on one redis-server")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, false)
 	sharedBurst(t, srv.URL(), "standalone", "all", "all", "all")
@@ -35,6 +36,7 @@ func TestThreeProcessesShareOneRedis(t *testing.T) {
 
 // One API-only process and two workers.
 func TestAPIAndTwoWorkersShareOneRedis(t *testing.T) {
+	testutil.SkipShort(t, "process test: throttler processes on one redis-server")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, false)
 	sharedBurst(t, srv.URL(), "standalone", "api", "worker", "worker")
@@ -109,6 +111,7 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 // accepted job is still delivered, and a job repeats only with the same
 // Idempotency-Key (a downstream that dedupes carries each out once).
 func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
+	testutil.SkipShort(t, "process test: kill -9 of throttler workers on Redis")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, false)
 	ds := downstreamtest.New(t)
@@ -159,6 +162,7 @@ func TestKill9OfWorkersOnRedisLosesNothing(t *testing.T) {
 // Retry-After while it is down and /readyz fails, no process exits, and once
 // it is back every job accepted before is delivered, paced, with no burst.
 func TestRedisRestartLosesNothing(t *testing.T) {
+	testutil.SkipShort(t, "process test: throttler processes across a restart of their redis-server")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, true)
 	ds := downstreamtest.New(t)
@@ -213,6 +217,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 
 // The same burst on a Redis Cluster of three masters.
 func TestThreeProcessesShareOneRedisCluster(t *testing.T) {
+	testutil.SkipShort(t, "process test: three throttler processes on a Redis Cluster")
 	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	c := redistest.StartCluster(t, 3)
 	sharedBurst(t, c.URL(), "cluster", "all", "all", "all")

@@ -144,6 +144,7 @@ func (p *process) kill9(t *testing.T) {
 // on the same file; a job may repeat only with the same Idempotency-Key, and
 // pacing holds across the restart.
 func TestKill9AndRestartLosesNothing(t *testing.T) {
+	testutil.SkipShort(t, "process test: kill -9 and restart of the throttler binary")
 	ds := downstreamtest.New(t)
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
 	p := startProcess(t, file)
@@ -195,6 +196,7 @@ func TestKill9AndRestartLosesNothing(t *testing.T) {
 // SIGTERM stops cleanly: exit 0, and what waits is delivered after restart
 // with no repeat.
 func TestSigtermStopsCleanly(t *testing.T) {
+	testutil.SkipShort(t, "process test: SIGTERM and restart of the throttler binary")
 	ds := downstreamtest.New(t)
 	// Each answer takes 150 ms, so the SIGTERM lands during an attempt: it
 	// must finish and be recorded (no repeat after the restart).
@@ -237,6 +239,7 @@ func TestSigtermStopsCleanly(t *testing.T) {
 // is sent again after the restart with the same Idempotency-Key, and a
 // downstream that dedupes on it carries out each job exactly once.
 func TestKill9DuringAnAttemptRepeatsWithTheSameKey(t *testing.T) {
+	testutil.SkipShort(t, "process test: kill -9 and restart of the throttler binary")
 	ds := downstreamtest.New(t)
 	inAttempt, carriedOut := stallThirdJob(t, ds)
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
@@ -325,6 +328,7 @@ func checkCarriedOutOnce(t *testing.T, done map[string]int, ids []string) {
 // only (its records go into the bbolt file in batches), so this is the
 // log's promise checked with a real SIGKILL.
 func TestKill9DuringAdmissionsLosesNoAnsweredJob(t *testing.T) {
+	testutil.SkipShort(t, "process test: kill -9 and restart of the throttler binary")
 	ds := downstreamtest.New(t)
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 50000\n", ds)
 	p := startProcess(t, file)

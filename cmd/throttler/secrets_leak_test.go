@@ -186,6 +186,7 @@ func vendor(t *testing.T, ds *downstreamtest.Server) *received {
 // secret gone. The downstream got them all, and the collector is shown to
 // find what it looks for.
 func TestNoSecretLeaks(t *testing.T) {
+	testutil.SkipShort(t, "process test: runs and reloads the throttler binary")
 	ds := downstreamtest.New(t)
 	rc := vendor(t, ds)
 	t.Setenv("THROTTLER_LEAK_BASIC_PW", leakBasicPW)

@@ -162,6 +162,7 @@ func TestTokensScopeAndRoles(t *testing.T) {
 }
 
 func TestNoTokensMeansLoopbackOnly(t *testing.T) {
+	testutil.SkipShort(t, "process test: starts the throttler binary three times")
 	t.Parallel()
 	ds := downstreamtest.New(t)
 	open := writeConfig(t, "", ds)
@@ -318,6 +319,7 @@ func (e *endless) Read(p []byte) (int, error) {
 // process stays up, keeps serving, sheds what it cannot take with 503, and
 // its memory stays under a stated bound.
 func TestTwoThousandConnections(t *testing.T) {
+	testutil.SkipShort(t, "process and load test: 2,000 connections to the throttler binary")
 	t.Parallel()
 	const bound = 200 << 20 // bytes of resident memory: the figure README states
 	ds := downstreamtest.New(t)

@@ -18,6 +18,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/downstreamtest"
 	"github.com/throttler-dev/throttler/internal/simulate"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 func TestSimulateTables(t *testing.T) {
@@ -76,6 +77,7 @@ func TestSimulateInputErrors(t *testing.T) {
 
 // --svg draws valid XML with a lane per algorithm, that a browser renders.
 func TestSimulateSVG(t *testing.T) {
+	testutil.SkipShort(t, "browser test: headless Chromium")
 	dir := os.Getenv("THROTTLER_ARTIFACTS")
 	if dir == "" {
 		dir = t.TempDir()

@@ -129,6 +129,7 @@ func TestStatusErrors(t *testing.T) {
 
 // The status command from the built binary, once.
 func TestStatusBinary(t *testing.T) {
+	testutil.SkipShort(t, "process test: builds the throttler binary to run its status command")
 	t.Parallel()
 	bin := throttlerBinary(t)
 	base := knownState(t)

@@ -88,6 +88,7 @@ func whsec(key []byte) string { return "whsec_" + base64.StdEncoding.EncodeToStr
 // file changed to the new key alone and SIGHUP, the next attempt carries
 // one, the new key's.
 func TestWebhookSignaturesAcrossARotation(t *testing.T) {
+	testutil.SkipShort(t, "process test: SIGHUP to the throttler binary")
 	oldKey, newKey := make([]byte, 32), make([]byte, 32)
 	rand.Read(oldKey)
 	rand.Read(newKey)
@@ -125,6 +126,7 @@ func TestWebhookSignaturesAcrossARotation(t *testing.T) {
 // not set) is refused: the log names the key, no value, and the running
 // config (with the secret read before) goes on.
 func TestSecretReloadAndARefusedReload(t *testing.T) {
+	testutil.SkipShort(t, "process test: SIGHUP to the throttler binary")
 	const unset = "THROTTLER_TEST_NEVER_SET_7a3e"
 	if _, set := os.LookupEnv(unset); set {
 		t.Fatalf("%s is set", unset)
@@ -176,6 +178,7 @@ func TestSecretReloadAndARefusedReload(t *testing.T) {
 // A secret that cannot be read at start refuses the start, naming the key
 // (and never a value).
 func TestStartRefusedWithoutASecret(t *testing.T) {
+	testutil.SkipShort(t, "process test: runs the throttler binary")
 	file := vendorConfig(t, "", "[downstreams.vendor]\nurl = \"http://127.0.0.1:9/\"\nauth = { type = \"basic\", username = \"u\", password_file = \"/nonexistent/throttler-test-secret\" }\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -192,6 +195,7 @@ func TestStartRefusedWithoutASecret(t *testing.T) {
 // 30 jobs at once, seen at the downstream (after each TLS handshake) no
 // closer than T - 2 ms.
 func TestHTTPSDeliveriesArePaced(t *testing.T) {
+	testutil.SkipShort(t, "process test: runs the throttler binary")
 	pki := tlstest.New(t)
 	ds := downstreamtest.NewTLS(t, pki.ServerConfig(false))
 	file := vendorConfig(t, "", fmt.Sprintf("[tenant_defaults]\nrate = \"20/s\"\ncapacity = 50\n[downstreams.tls]\nurl = %q\ntls_ca_file = %q\n", ds.URL+"/send", pki.CAFile))

@@ -96,6 +96,7 @@ func response(t *testing.T, j map[string]any) (status int, headers map[string]an
 // MediaUrl repeated, over HTTPS on a private CA (tls_ca_file); the 201's
 // sid is kept on the job.
 func TestTwilioShapedDelivery(t *testing.T) {
+	testutil.SkipShort(t, "process test: runs the throttler binary")
 	pki := tlstest.New(t)
 	t.Setenv("THROTTLER_TEST_TWILIO_TOKEN", "tw-token-e2e-5c1f")
 	var mu sync.Mutex
@@ -220,11 +221,13 @@ func (s *stripe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // Stripe on the embedded store.
 func TestStripeShapedDelivery(t *testing.T) {
+	testutil.SkipShort(t, "process test: runs the throttler binary")
 	stripeDelivery(t, "")
 }
 
 // Stripe on Redis: the request and the answers are kept in the job's hash.
 func TestStripeShapedDeliveryOnRedis(t *testing.T) {
+	testutil.SkipShort(t, "process test: runs the throttler binary on a redis-server")
 	stripeDelivery(t, redistest.Start(t, false).URL())
 }
 
@@ -293,6 +296,7 @@ max_attempts = 3
 // the right tls_ca_file, tls_cert_file and tls_key_file; with a CA that did
 // not sign the bank's certificate, the job's last_error names the failure.
 func TestBankMutualTLS(t *testing.T) {
+	testutil.SkipShort(t, "process test: runs the throttler binary")
 	pki := tlstest.New(t)
 	var mu sync.Mutex
 	var clients []string

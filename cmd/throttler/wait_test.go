@@ -27,6 +27,7 @@ func TestJobWaitAnswersWhenTheJobEnds(t *testing.T) {
 		checkJobWait(t, base, ds, release)
 	})
 	t.Run("Redis", func(t *testing.T) {
+		testutil.SkipShort(t, "process test: throttler processes on a redis-server")
 		t.Parallel()
 		srv := redistest.Start(t, false)
 		ds := downstreamtest.New(t)

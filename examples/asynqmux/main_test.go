@@ -24,6 +24,7 @@ import (
 // asynq ServeMux handles both task types through its middleware, a bad
 // payload's SkipRetry fails the job, and SIGTERM stops it cleanly.
 func TestExampleRuns(t *testing.T) {
+	testutil.SkipShort(t, "process test: builds and runs the example, then SIGTERM")
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "asynqmux")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {

@@ -1,7 +1,7 @@
 // Package testutil holds what tests of several packages share and nothing
 // else: waiting for a condition with a deadline, whether the race detector
-// is on, the programs a test needs, and the auth tokens of a test's
-// config.
+// is on, the programs a test needs, the auth tokens of a test's config,
+// and which tests the quick edit loop (go test -short) leaves out.
 package testutil
 
 import (
@@ -20,5 +20,16 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 			t.Fatalf("%s: not within %v", what, timeout)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// SkipShort skips the test under -short, the quick edit loop: why says
+// what makes it too slow for that loop (a child process it builds, kills
+// and restarts, a browser, a soak, many model seeds, a load). The full run
+// (no -short, as CI runs it) keeps it. Call it first, before t.Parallel.
+func SkipShort(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("full run only (not under -short: " + why + ")")
 	}
 }

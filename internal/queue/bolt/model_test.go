@@ -76,11 +76,15 @@ func openModelStore(path string, c queuetest.Config) (queue.Store, error) {
 	return Open(path, Options{Clock: c.Clock, Policy: c.Policy, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 }
 
-// TestModel: CI size; a soak with THROTTLER_MODEL_SEEDS.
+// TestModel: CI size; a soak with THROTTLER_MODEL_SEEDS; two short seeds
+// under -short (the edit loop).
 func TestModel(t *testing.T) {
 	seeds, steps := 32, 200
 	if testutil.Race {
 		seeds, steps = 12, 150
+	}
+	if testing.Short() {
+		seeds, steps = 2, 50
 	}
 	queuetest.RunModel(t, modelDriver(modelKnown), seeds, steps)
 }

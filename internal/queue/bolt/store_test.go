@@ -16,6 +16,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -230,6 +231,7 @@ func TestCrashRespacesFromPossiblySentSlots(t *testing.T) {
 // (every growth remaps it and waits for readers): nothing may deadlock, and
 // every job ends delivered or cancelled.
 func TestStressNoDeadlock(t *testing.T) {
+	testutil.SkipShort(t, "stress soak: eight writers flat out for 1.5 s")
 	t.Parallel()
 	s := newBackend(t)(t, queuetest.Config{Clock: clock.Real{}, Policy: func(string) leaky.Policy {
 		return leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 100000}

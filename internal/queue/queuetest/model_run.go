@@ -112,7 +112,9 @@ func runModelOps(t testing.TB, d ModelDriver, ops []Op) (fail *ModelFailure) {
 	r.startConsume()
 	defer func() {
 		r.stop()
-		r.store.Close()
+		if r.store != nil { // nil after a restart that failed (r.fail says why)
+			r.store.Close()
+		}
 	}()
 	for i, op := range ops {
 		r.step, r.op = i, op

@@ -494,15 +494,19 @@ func takeOverAll(s *Store) error {
 	return failed
 }
 
-// TestModel: seeds 1-16 in CI (about 10 s; 4 under the race detector); a
-// soak with THROTTLER_MODEL_SEEDS. Its processes' clocks are skewed
-// (modelSkews), and some of its crashes are processes stopped past their
-// lease that wake once another has taken over (OpStale).
+// TestModel: seeds 1-16 in CI (about 10 s; 4 under the race detector), two
+// short ones under -short (the edit loop); a soak with
+// THROTTLER_MODEL_SEEDS. Its processes' clocks are skewed (modelSkews),
+// and some of its crashes are processes stopped past their lease that wake
+// once another has taken over (OpStale).
 // docs/RELIABILITY.md, "The model test on Redis", has the soaks.
 func TestModel(t *testing.T) {
 	seeds, steps := 16, 80
 	if testutil.Race {
 		seeds, steps = 4, 50
+	}
+	if testing.Short() {
+		seeds, steps = 2, 40
 	}
 	queuetest.RunModel(t, modelDriver(newModelKeyspaces(t), modelKnown), seeds, steps)
 }

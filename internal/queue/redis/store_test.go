@@ -79,6 +79,7 @@ func TestRedisConformance(t *testing.T) {
 // idle time has passed, no bucket state is left in Redis (tenant hashes,
 // gate lanes, active entries), so tenants that come and go do not fill it.
 func TestRedisIdleTenantsExpire(t *testing.T) {
+	testutil.SkipShort(t, "load test: 100,000 tenants on a redis-server, then their expiry")
 	rdb := redisClient(t, 128)
 	ctx := context.Background()
 	s, err := Open(ctx, Options{Client: rdb, IdleTTL: time.Second, Policy: queuetest.Leaky20(10),

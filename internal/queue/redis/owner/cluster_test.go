@@ -6,6 +6,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
 // On a Cluster of three masters every script touches one slot (a
@@ -13,9 +15,7 @@ import (
 // share the partitions, spread over the masters, and hand them over with
 // fenced writes, as on one Redis.
 func TestOnACluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a Cluster takes seconds to start")
-	}
+	testutil.SkipShort(t, "starts a Cluster of redis-servers, which takes seconds")
 	t.Parallel()
 	e := newClusterEnv(t, 8)
 	a, b := e.start("a", nil), e.start("b", nil)
