@@ -27,7 +27,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
-// Callbacks to the producer (DESIGN.md section 6b, issue 27), end to end:
+// Callbacks to the producer (DESIGN.md section 6b), end to end:
 // through a receiver that is down for 10 s, and across a kill -9 between
 // a job's end and its callback. The receivers verify each signature with
 // implementations of the Standard Webhooks scheme that are not the code

@@ -14,7 +14,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
-// The kill loop of issue 25 #1, as a demanding user ran it: six tenants at
+// The kill loop as a demanding user ran it: six tenants at
 // 20/s, 40 jobs each with the client's idempotency keys, all posted at
 // once; the process killed with SIGKILL five times, 250-650 ms apart, and
 // started again at once each time. Every arrival of every tenant is checked

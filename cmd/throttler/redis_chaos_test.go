@@ -15,7 +15,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
-// Issue 26 #6, the chaos run as the issue ran it: five tenants at 10/s, 30
+// The chaos run as a demanding user ran it: five tenants at 10/s, 30
 // jobs each with the client's keys, posted at once through an API process;
 // two workers. Worker 1 is killed with SIGKILL at +0.7 s; Redis (AOF,
 // appendfsync everysec) is killed at +1.4 s and restarted 0.7 s later,

@@ -23,7 +23,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
-// Faults between the workers and Redis (issue 14, must-show 4): the API
+// Faults between the workers and Redis: the API
 // talks to Redis directly, two workers through a TCP proxy of the test's
 // own (toxiproxy as a library, on loopback). Jobs flow for several tenants
 // while the proxy adds 50 ms each way for a few seconds, then cuts every

@@ -25,8 +25,8 @@ import (
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
-// The tests of partitioned ownership on Redis (issue 14, must-show 2 and
-// 3), with real processes: one API, workers each with a downstream URL of
+// The tests of partitioned ownership on Redis, with real processes: one
+// API, workers each with a downstream URL of
 // its own path on one recording downstream (so every arrival names the
 // worker that sent it), P = 13 partitions with one tenant each at 10/s,
 // kept busy by a feeder, and the leases read from Redis every few

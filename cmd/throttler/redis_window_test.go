@@ -15,7 +15,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
-// Issue 26 #2, a window across a takeover: a tenant at 10/s with a window
+// A window across a takeover: a tenant at 10/s with a window
 // of 3 sends per 4 s; three jobs; the downstream holds the third request's
 // answer; its worker is killed with SIGKILL meanwhile and a second worker
 // takes the partition over. The third job goes again (same key, as it

@@ -9,7 +9,7 @@ import (
 )
 
 // A deadline that has already passed is answered 422 would_expire, never
-// taken as "no deadline" (issue 12, defect 6): the zero time and times
+// taken as "no deadline": the zero time and times
 // before 1970 were read as none by the stores.
 func TestPastDeadlineIsWouldExpire(t *testing.T) {
 	t.Parallel()

@@ -127,7 +127,7 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"[[auth.tokens]]\nname = \"x\"\nsha256 = \"" + strings.Repeat("ab", 32) + "\"\nrole = \"viewer\"\ntenants=[\"*\"]\n[[auth.tokens]]\nname = \"x\"\n", "auth.tokens[1].name", "repeated"},
 		{"[server]\nlisten = \"0.0.0.0:8080\"\n", "server.listen", "throttler token new"},
 		{"[server]\ntls_cert = \"/nonexistent.pem\"\n", "server.tls_cert", "both"},
-		// Horizons past leaky.MaxHorizon (issue 12, defect 5).
+		// Horizons past leaky.MaxHorizon.
 		{"[tenants.acme]\nrate = \"1/d\"\ncapacity = 200000\n", "tenants.acme", "capacity 200000 at rate 1/d schedules 547 years ahead; at most 10 years (87600h): lower capacity or raise rate"},
 		{"[tenant_defaults]\nrate = \"1/d\"\ncapacity = 3651\n", "tenant_defaults", "capacity 3651 at rate 1/d schedules 3651 days ahead; at most 10 years (87600h)"},
 		{"[tenants.t]\nmode = \"token\"\nrate = \"1/d\"\nburst = 4000\n", "tenants.t", "burst 4000 at rate 1/d schedules 3999 days ahead; at most 10 years (87600h): lower burst or raise rate"},

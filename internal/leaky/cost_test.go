@@ -145,7 +145,7 @@ func TestParseWindow(t *testing.T) {
 }
 
 // In token mode a job the rate refuses is told when it can go at once: a
-// full window may refuse it for longer than the rate does (issue 25 #3).
+// full window may refuse it for longer than the rate does.
 func TestTokenRetryAfterCountsTheWindows(t *testing.T) {
 	t.Parallel()
 	w, err := ParseWindow("1/1s")

@@ -24,7 +24,7 @@ import (
 // (THROTTLER_MODEL_STEPS sets the steps per seed, THROTTLER_MODEL_SEED=N
 // runs seed N alone).
 
-// modelKnown are the defects of issue 12 this store still has: the model
+// modelKnown are the known defects this store still has: the model
 // tolerates them here so that the rest is checked, and the regression
 // cases below pin each one (skipped until it is fixed; then drop its flag).
 const modelKnown = queuetest.DefectPushbackWindow |
@@ -103,7 +103,7 @@ func TestModelRegression(t *testing.T) {
 		ops    []queuetest.Op
 	}{
 		{
-			// Issue 12 #4: windows add no place to the queue (capacity 5: one
+			// Windows add no place to the queue (capacity 5: one
 			// at once and five waiting, then a seventh is refused until the
 			// first waiting one goes, exactly).
 			name: "WindowPlace",
@@ -122,13 +122,13 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
-			// Issue 12 #1: a prompt job is not scheduled later and later as
+			// A prompt job is not scheduled later and later as
 			// jobs are sent (the start lag stays at the real overhead: none).
 			name: "PromptStartLag", defect: queuetest.DefectStartLag,
 			ops: promptStream(40),
 		},
 		{
-			// Issue 12 #3: killed again and again, with a backlog and writes
+			// Killed again and again, with a backlog and writes
 			// in flight, each restart spaces from the last possible write.
 			name: "RepeatedCrashes",
 			ops: []queuetest.Op{

@@ -76,7 +76,7 @@ type ModelDriver struct {
 	// prompt send takes to start (it schedules as if every job arrived
 	// that much later) and resets it to zero. On the fake clock sends start
 	// at once, so anything but zero is the estimate measuring something
-	// else (issue 12 #1); it is reset so that the model can go on.
+	// else; it is reset so that the model can go on.
 	TakeStartLag func(s queue.Store) time.Duration
 	// Quiet, if set, reports whether the store's own background work is
 	// idle: every wake-up it was given has been taken and it waits for the
@@ -115,17 +115,17 @@ type ModelDriver struct {
 	Known Defect
 }
 
-// Defect is a known defect of a store (issue 12) that the model can
+// Defect is a known defect of a store that the model can
 // tolerate, as a set of flags.
 type Defect uint
 
 const (
-	// DefectStartLag (issue 12 #1): the start-lag estimate picks up waits
+	// DefectStartLag: the start-lag estimate picks up waits
 	// that are not the start of a send (a resend after a crash, a Retry of
 	// an old failed job). Tolerated: a nonzero TakeStartLag is not a
 	// failure.
 	DefectStartLag Defect = 1 << iota
-	// DefectCountRetryAfter (issue 12 #4, the part left): a refusal by
+	// DefectCountRetryAfter (the part left): a refusal by
 	// the count bound without windows (jobs waiting to retry, a pause) says
 	// Retry-After of one interval instead of the time until the job would
 	// be admitted. Tolerated: such a Retry-After is not checked. (Fixed
@@ -149,7 +149,7 @@ const (
 	// the commit), so one batch admits any number. Tolerated: the model
 	// counts as the store does. (Fixed in the embedded store.)
 	DefectBatchWindow
-	// DefectWindowRetryAfter (issue 12 #4, the part left): in token mode
+	// DefectWindowRetryAfter (the part left): in token mode
 	// with windows, a job the rate refuses is told the rate's Retry-After
 	// even when a full window refuses it for longer; in leaky mode, when
 	// more than capacity jobs wait (retries, DefectBatchWindow), it is told
@@ -197,7 +197,7 @@ const (
 	// in token mode it is refused although it has a token and room
 	// (invariant 3). Tolerated: that refusal is accepted.
 	DefectWindowFuture
-	// DefectHeldRestart (found by the model; issue 12 #3 by another way):
+	// DefectHeldRestart (found by the model, by another way too):
 	// a restart leaves a held tenant's jobs as they were, so one whose
 	// write was lost in the crash is sent again the moment the operator
 	// resumes, however soon after that write. Tolerated: that resend is
@@ -220,7 +220,7 @@ const (
 	// owner handed them over with those dispatch times (its floor and pace
 	// in memory only). Fixed for the rate: takeover.lua writes the slots
 	// it moves, from the restart (a lost write's cost after it), a cost
-	// apart; and by the windows (issue 26 #2, TakeoverWindow). No driver
+	// apart; and by the windows (TakeoverWindow). No driver
 	// tolerates it now; the flag is kept for the cases that show it
 	// failing without. Tolerated: until it is written such a
 	// job's dispatch_at, write time, rate and windows are not checked (the

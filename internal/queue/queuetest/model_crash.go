@@ -163,7 +163,7 @@ func (r *runner) recover(at time.Time) {
 // recoverTenant is recover for one tenant.
 func (r *runner) recoverTenant(tn *mtenant, at time.Time) {
 	if r.m.known&DefectRestartCost != 0 && len(tn.writes) > 0 {
-		// issue 12 (found by the model): a restart spaces the next
+		// Found by the model: a restart spaces the next
 		// send one interval after the last one, whatever its cost.
 		last := tn.writes[len(tn.writes)-1]
 		tn.rateTAT = earliest(tn.rateTAT, laterOf(last.Add(tn.lastWriteT), tn.rateTAT1))

@@ -497,7 +497,7 @@ func (r *runner) settleAndProcess() {
 		}
 		if r.d.TakeStartLag != nil {
 			if lag := r.d.TakeStartLag(r.store); lag != 0 && r.m.known&DefectStartLag == 0 {
-				r.failf("start lag", "the store's start-lag estimate is %v on a clock where every send starts at once (issue 12 #1): it schedules every job that much late", lag)
+				r.failf("start lag", "the store's start-lag estimate is %v on a clock where every send starts at once: it schedules every job that much late", lag)
 			}
 		}
 		return

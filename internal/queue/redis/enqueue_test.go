@@ -93,7 +93,7 @@ func arrivalListed(t *testing.T, s *Store, rdb *goredis.Client, id string) bool 
 	return false
 }
 
-// Issue 12 #7: a batch whose admission script ran is durable. A repeated
+// A batch whose admission script ran is durable. A repeated
 // key's answer must not need a second read that can fail after the commit
 // (the call would answer 503, the client would retry, and the key-less jobs
 // of the batch would be admitted twice): the call succeeds, the repeat is
@@ -134,7 +134,7 @@ func TestRepeatIsAnsweredWithoutASecondRead(t *testing.T) {
 	}
 }
 
-// Issue 12 #6 on Redis: any deadline given is a deadline, one at or before
+// On Redis too: any deadline given is a deadline, one at or before
 // 1970 too (the scripts took 0 and below as none): a deadline already past
 // is refused as would_expire, as the embedded store refuses it.
 func TestDeadlineAtOrBefore1970IsADeadline(t *testing.T) {

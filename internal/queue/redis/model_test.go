@@ -45,7 +45,7 @@ const modelLease = 250 * time.Millisecond
 // modelSkews are how far the model's processes' own clocks are off the
 // run's clock (which stands for Redis's TIME), one after another: a
 // takeover is between workers whose clocks disagree by seconds, and
-// nothing may show it (issue 26 #3).
+// nothing may show it.
 var modelSkews = []time.Duration{0, 2 * time.Second, -1500 * time.Millisecond, 350 * time.Millisecond, -40 * time.Millisecond}
 
 // skewedClock reads clock plus skew; it waits as clock does.

@@ -46,7 +46,7 @@ func holdLease(t *testing.T, rdb *goredis.Client, f owner.Fence) {
 // off from Redis, or killed) has each such tenant's schedule moved past
 // them: a job admitted after the takeover is promised when the new owner
 // will send it, behind the backlog, and not the slot the backlog already
-// holds (issue 14's faults between worker and Redis: before, a job
+// holds (faults between worker and Redis: before, a job
 // admitted a second after a 3 s cut was promised 40 ms and waited 1.1 s).
 func TestTakeoverMovesTheScheduleOfJobsOverdue(t *testing.T) {
 	s, rdb, clk := openOwnerStore(t)
@@ -90,7 +90,7 @@ func TestTakeoverMovesTheScheduleOfJobsOverdue(t *testing.T) {
 // An attempt written later than its claim's dispatch time (a loaded
 // machine, a slow gate) moves its tenant's next to its real write plus an
 // interval, and the next owner after a clean handover starts the tenant no
-// earlier (issue 14's faults between worker and Redis: a partition handed
+// earlier (faults between worker and Redis: a partition handed
 // over right after a cut had two sends 87 ms apart at T = 100 ms). Both
 // ways of recording: the batch (finish.lua) and the rule (a retry).
 func TestOutcomeMovesNextToTheRealWrite(t *testing.T) {
