@@ -197,10 +197,14 @@ func (r *Record) NextAfterLastAttempt(p leaky.Policy) time.Time {
 
 // FloorAfterLastAttempt raises the schedule so that the next send comes no
 // sooner than NextAfterLastAttempt, even if the schedule says so (a retry
-// sent long after its reserved slot, a late write). A running process's
-// gate knows that; after a restart or an eviction only this does.
-func (r *Record) FloorAfterLastAttempt(p leaky.Policy) {
-	if r.LastAttemptAt.IsZero() {
+// sent long after its reserved slot, a late write), with no burst credit:
+// the sends before may have used it. Only for an attempt made by started
+// (when this process began; one at that instant is taken as the last
+// process's): this process's gate spaces its own sends from their real
+// writes, and a tenant it forgot while idle and loads again decides as if
+// it had stayed (TestEvictionKeepsBurstCredit).
+func (r *Record) FloorAfterLastAttempt(p leaky.Policy, started time.Time) {
+	if r.LastAttemptAt.IsZero() || r.LastAttemptAt.After(started) {
 		return
 	}
 	// In tenant time, with the burst's tolerance: the next conforming job

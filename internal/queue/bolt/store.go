@@ -89,6 +89,7 @@ type testHooks struct {
 type Store struct {
 	db        *bbolt.DB
 	clock     clock.Clock
+	opened    time.Time // attempts from then on were this process's: its gate spaces from them
 	policy    queue.PolicyFunc
 	ceiling   queue.CeilingFunc
 	onExpired func(queue.Job)
@@ -209,6 +210,7 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 	if s.ceiling == nil {
 		s.ceiling = noCeiling
 	}
+	s.opened = s.clock.Now()
 	s.space = &space{path: path, reserve: cmp.Or(opts.Reserve, DefaultReserve), db: db, log: s.log}
 	s.lag.send.avg.Store(int64(opts.InitialStartLag))
 	if free, err := fsFree(filepath.Dir(path)); err == nil && free < ballastSize {

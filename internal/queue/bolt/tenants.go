@@ -47,7 +47,7 @@ func (s *Store) loadTenantTx(tx *bbolt.Tx, name string) (*tenantMem, error) {
 	if err := dropStaleBookings(tx, &tm.rec); err != nil {
 		return nil, fmt.Errorf("tenant %q: %w", name, err)
 	}
-	tm.rec.FloorAfterLastAttempt(s.policy(name))
+	tm.rec.FloorAfterLastAttempt(s.policy(name), s.opened)
 	s.tenants[name] = tm
 	return tm, nil
 }
