@@ -53,9 +53,9 @@ func claimSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int, de
 		t.Fatal(err)
 	}
 	c := rules.ClaimCall{
-		Horizon: us(rng.Int64N(3 * w.unit)),
-		Recheck: us(w.unit * (1 + rng.Int64N(20))),
-		Margin:  us(rng.Int64N(w.unit / 2)),
+		Horizon: w.span(0, 3),
+		Recheck: w.span(1, 20) + us(w.grain),
+		Margin:  w.span(0, 1) / 2 / us(w.grain) * us(w.grain),
 	}
 	// The idle time outlasts a sequence: the recent set lives that long.
 	retention, idle := time.Minute+ms(rng.Int64N(60_000)), 10*time.Second+ms(rng.Int64N(100_000))
@@ -87,7 +87,7 @@ func claimSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int, de
 			want := rules.Claim(&tn.rec, &tn.h, *j, c)
 			decisions[want.Verdict]++
 			if msg := claimDiff(got.Jobs[i], want, j.ID); msg != "" {
-				t.Fatalf("seed %d step %d job %d (%+v; policy %+v, pause %+v, call %+v): %s", seed, step, i, *j, tn.p, tn.rec.Pause, c, msg)
+				t.Fatalf("seed %d step %d, batch item %d (%s; policy %+v, pause %+v, call %+v): %s", seed, step, i, brief(*j), tn.p, tn.rec.Pause, c, msg)
 			}
 			switch want.Verdict {
 			case rules.Claimed:

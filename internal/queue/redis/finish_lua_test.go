@@ -58,7 +58,7 @@ func finishSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (
 	if err := rdb.Set(ctx, w.lease(), w.token, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	margin := us(rng.Int64N(w.unit / 2))
+	margin := w.span(0, 1) / 2 / us(w.grain) * us(w.grain)
 	retention, idle := time.Minute+ms(rng.Int64N(60_000)), 10*time.Second+ms(rng.Int64N(100_000))
 	failed := map[string]map[string]int64{} // tenant -> its failed jobs' set
 	for step := range steps {
@@ -89,7 +89,7 @@ func finishSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (
 		touched, endedNow, answers := map[string]bool{}, map[string]bool{}, map[string]string{}
 		for i, b := range batch {
 			tn := w.tenant(b.j.Tenant)
-			where := fmt.Sprintf("seed %d step %d outcome %d (%+v of %+v; policy %+v)", seed, step, i, b.o, *b.j, tn.p)
+			where := fmt.Sprintf("seed %d step %d outcome %d (%+v of %s; policy %+v)", seed, step, i, b.o, brief(*b.j), tn.p)
 			if b.j.State != queue.StateDispatching {
 				refused++
 				if got[i] {
@@ -245,7 +245,7 @@ func (w *luaWorld) finishBatch(rng *rand.Rand) []finishOutcome {
 			o = queue.Outcome{Result: queue.Failed, Status: []int{0, 400, 500}[rng.IntN(3)], Error: []string{"", "400 Bad Request"}[rng.IntN(2)]}
 		}
 		if rng.IntN(5) > 0 { // written, up to a few units late or early
-			o.SentAt = j.DispatchAt.Add(us(rng.Int64N(4*w.unit) - w.unit))
+			o.SentAt = j.DispatchAt.Add(w.span(-1, 3))
 		}
 		if rng.IntN(3) == 0 {
 			o.Response = &queue.Response{Status: cmp.Or(o.Status, 200), Body: fmt.Sprintf("answer %d", rng.IntN(100))}

@@ -25,6 +25,8 @@ import (
 type luaWorld struct {
 	prefix, token string
 	unit          int64 // the sequence's time scale, microseconds
+	grain         int64 // every time and duration is a multiple of it, microseconds
+	rng           *rand.Rand
 	now           time.Time
 	tenants       []*luaTenant
 	jobs          []*queue.Job
@@ -41,10 +43,16 @@ type luaTenant struct {
 }
 
 // newLuaWorld is a partition of one to three tenants with random rates,
-// bursts and scales, under the key prefix prefix.
+// bursts and scales, under the key prefix prefix. Half the worlds keep
+// their times on a coarse grain, where comparisons meet their bounds
+// exactly (a deadline at now, a dispatch time at the horizon).
 func newLuaWorld(rng *rand.Rand, prefix string) *luaWorld {
-	unit := 1000 + rng.Int64N(100_000)
-	w := &luaWorld{prefix: prefix, token: "owner-1", unit: unit, now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), recent: map[string]time.Time{}, dirty: map[string]bool{}}
+	unit := 4 * (250 + rng.Int64N(25_000))
+	grain := int64(1)
+	if rng.IntN(2) == 0 {
+		grain = unit / 4
+	}
+	w := &luaWorld{prefix: prefix, token: "owner-1", unit: unit, grain: grain, rng: rng, now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), recent: map[string]time.Time{}, dirty: map[string]bool{}}
 	for i := range 1 + rng.IntN(3) {
 		p := leaky.Policy{Interval: us(unit * (1 + rng.Int64N(3))), Burst: 1 + rng.IntN(4), Capacity: 10}
 		w.tenants = append(w.tenants, &luaTenant{name: fmt.Sprintf("t%d", i), p: p})
@@ -53,6 +61,13 @@ func newLuaWorld(rng *rand.Rand, prefix string) *luaWorld {
 }
 
 func (w *luaWorld) lease() string { return w.prefix + "lease" }
+
+// span is a random duration from lo to hi units (hi excluded), a multiple
+// of the grain.
+func (w *luaWorld) span(lo, hi int64) time.Duration {
+	n := lo*w.unit + w.rng.Int64N((hi-lo)*w.unit)
+	return us(n - n%w.grain)
+}
 
 func (w *luaWorld) tenant(name string) *luaTenant {
 	for _, tn := range w.tenants {
@@ -81,12 +96,12 @@ func (w *luaWorld) counts(tenant string) (depth, inflight int) {
 // and go, jobs are admitted (some with deadlines, costs, idempotency keys,
 // bookings; some retries), and finished jobs leave now and then.
 func (w *luaWorld) evolve(rng *rand.Rand) {
-	w.now = w.now.Add(us(rng.Int64N(2 * w.unit)))
+	w.now = w.now.Add(w.span(0, 2))
 	for _, tn := range w.tenants {
 		pz := tn.rec.Pause
 		switch rng.IntN(16) {
 		case 0:
-			tn.rec.Pause = pz.PauseUntil(w.now, w.now.Add(us(rng.Int64N(20*w.unit))), pz.TenantTime(w.now).Add(-us(rng.Int64N(2*w.unit))))
+			tn.rec.Pause = pz.PauseUntil(w.now, w.now.Add(w.span(0, 20)), pz.TenantTime(w.now).Add(-w.span(0, 2)))
 		case 1:
 			tn.rec.Pause = pz.Hold(w.now)
 		case 2, 3:
@@ -105,17 +120,17 @@ func (w *luaWorld) evolve(rng *rand.Rand) {
 func (w *luaWorld) admit(rng *rand.Rand, tn *luaTenant) {
 	w.made++
 	tnow := tn.rec.Pause.TenantTime(w.now)
-	j := &queue.Job{ID: fmt.Sprintf("j%d", w.made), Tenant: tn.name, State: queue.StateQueued, Slot: tnow.Add(us(rng.Int64N(11*w.unit) - 3*w.unit))}
+	j := &queue.Job{ID: fmt.Sprintf("j%d", w.made), Tenant: tn.name, State: queue.StateQueued, Slot: tnow.Add(w.span(-3, 8))}
 	if c := 1 + rng.IntN(3); c > 1 {
 		j.Cost = c
 	}
 	if rng.IntN(3) == 0 {
 		// What its last attempt left: an answer, a write, an error.
 		j.State, j.Attempts, j.Failures = queue.StateRetrying, 1+rng.IntN(3), 1
-		j.SentAt, j.ResponseStatus, j.LastError = w.now.Add(-us(rng.Int64N(5*w.unit))), 503, "503 Service Unavailable"
+		j.SentAt, j.ResponseStatus, j.LastError = w.now.Add(-w.span(0, 5)), 503, "503 Service Unavailable"
 	}
 	if rng.IntN(3) == 0 {
-		j.Deadline = w.now.Add(us(rng.Int64N(12*w.unit) - 2*w.unit))
+		j.Deadline = w.now.Add(w.span(-2, 10))
 	}
 	if rng.IntN(2) == 0 {
 		j.IdempotencyKey = "k" + j.ID
@@ -375,3 +390,10 @@ func (w *luaWorld) setsDiff(s luaSnap, claimed func(tenant string) map[string]in
 }
 
 func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// brief is what a failure says of job j: what the scripts read of it.
+func brief(j queue.Job) string {
+	return fmt.Sprintf("job %s of %s, %s, attempt %d, slot %v, dispatch %v, deadline %v, cost %d, sent %v",
+		j.ID, j.Tenant, j.State, j.Attempts, j.Slot.Format(time.StampMicro), j.DispatchAt.Format(time.StampMicro),
+		j.Deadline.Format(time.StampMicro), j.EffectiveCost(), j.SentAt.Format(time.StampMicro))
+}
