@@ -271,7 +271,7 @@ func (s *Store) expire(entries []dueEntry) {
 	for _, j := range done {
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.depth--
-			tm.rec.Expired++
+			tm.rec.CountEnd(queue.StateExpired)
 			tm.rec.Unbook(j.ID) // never sent: nothing to place around
 			tm.dirty = true
 		}

@@ -110,7 +110,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 	if err == nil {
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.depth--
-			tm.rec.Cancelled++
+			tm.rec.CountEnd(queue.StateCancelled)
 			tm.dirty = true
 			// The last job of the schedule gives its place back, so that
 			// cancelling does not leave the queue looking fuller than it is.

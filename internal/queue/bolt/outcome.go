@@ -215,16 +215,9 @@ func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
 	}
 	tm.inFlight--
 	tm.dirty = true
-	switch result.State {
-	case queue.StateSucceeded:
-		tm.rec.Delivered++
-	case queue.StateFailed:
-		tm.rec.Failed++
-	case queue.StateExpired:
-		tm.rec.Expired++
-	case queue.StateCancelled: // the handler said not to do it
-		tm.rec.Cancelled++
-	default:
+	// Counted here, once the write is durable, not with the rest of the
+	// outcome (rules.ApplyOutcome): a write that failed is tried again.
+	if !tm.rec.CountEnd(result.State) {
 		tm.depth++
 	}
 	return at, waits

@@ -1,7 +1,11 @@
 -- Claims a batch of due jobs of one partition for their owner, each for
--- one attempt: Store.claimBatch (claim.go). Fenced (owner.FenceLua is put
--- in front): only the partition's owner, in its epoch, claims. Keys are
--- built from the partition's prefix (its hash tag: the slot of KEYS).
+-- one attempt: Store.claimBatch (claim.go). Each job's decision, and what
+-- it does to its tenant (next, last, recent, expired, bookings) and to the
+-- record's retention (settle), is the Lua port of rules.Claim
+-- (internal/rules/claim.go) and rules.KeepRecord, checked against them on
+-- random sequences (claim_lua_test.go). Fenced (owner.FenceLua is put in
+-- front): only the partition's owner, in its epoch, claims. Keys are built
+-- from the partition's prefix (its hash tag: the slot of KEYS).
 -- Microseconds.
 --
 -- KEYS[1]  the partition's lease (the fence)
@@ -37,9 +41,13 @@ local horizon, retention, recheck = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumb
 local prefix, idle_ms, margin = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 
 -- Each tenant's hash, read once: its pause, and what the batch changes.
+-- Its last claim is the one that goes last, whichever batch claimed it: a
+-- later batch may claim a job that goes sooner (a burst admitted since, a
+-- retry), and the takeover spaces the next send from the last to go.
 local tenant_of, tenants = tenant_batch(prefix,
-  {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'}, {'next', 'next'}, {'tat', 'tat'}},
-  function(t) t.claimed, t.expired, t.tau, t.sent_by, t.last, t.last_cost = 0, 0, 0, 0, 0, 1 end)
+  {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'}, {'next', 'next'}, {'tat', 'tat'},
+   {'last', 'last'}, {'lastcost', 'last_cost'}},
+  function(t) t.claimed, t.expired, t.tau, t.last_cost = 0, 0, 0, at_least(t.last_cost, 1) end)
 
 local expired = {}
 local function expire(jk, id, t, key)
@@ -110,7 +118,7 @@ for i = 9, #ARGV, 4 do
         t.claimed = t.claimed + 1
         local after = dispatch_at + interval * at_least(tonumber(j.cost) or 1, 1)
         t.next = at_least(t.next, after + margin)
-        t.sent_by, t.tau = at_least(t.sent_by, after), tau
+        t.tau = tau
         if dispatch_at >= t.last then t.last, t.last_cost = dispatch_at, at_least(tonumber(j.cost) or 1, 1) end
         reply = {2, 0, dispatch_at, attempts}
         -- The hash but the answer kept of the last attempt (up to 1 MiB),

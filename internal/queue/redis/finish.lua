@@ -1,8 +1,11 @@
 -- Records a batch of attempts that ended their jobs (sent and answered
 -- 2xx, or failed for good) for the partition's owner, in one round trip:
--- Store.finishBatch (outcome.go). Outcomes that change a tenant's schedule
--- (a retry, a pushback, a release) go through the Go rule instead
--- (queue.ApplyOutcome, in Store.finishByRule). Fenced (owner.FenceLua is
+-- Store.finishBatch (outcome.go). It is the Lua port of rules.Finish for
+-- those outcomes (internal/rules/finish.go: the job's end, its tenant's
+-- counters and next) and of rules.KeepRecord, checked against them on
+-- random sequences (finish_lua_test.go). Outcomes that change a tenant's
+-- schedule (a retry, a pushback, a release) go through the Go rule instead
+-- (rules.Finish, in Store.finishByRule). Fenced (owner.FenceLua is
 -- put in front): a stale owner's outcomes are refused, and the job goes
 -- again from its new owner with the same Idempotency-Key. Keys are built
 -- from the partition's prefix. Microseconds.
@@ -18,9 +21,9 @@
 -- ARGV[6..] per job: id, tenant, state ('succeeded' | 'failed'), sent at
 --          (0: not sent), status, error, idempotency key ('' none),
 --          the earliest the tenant's next send may go after it (its real
---          write plus its cost in intervals; 0: not sent), and the answer
---          kept of the attempt (JSON, field 'resp'; '' none: the one
---          before stays)
+--          write plus its cost in intervals, rules.AfterWrite; 0: not
+--          sent), and the answer kept of the attempt (JSON, field 'resp';
+--          '' none: the one before stays)
 --
 -- The tenant's next (claim.lua's: the last claim's dispatch time plus its
 -- cost in intervals) moves on to the last of those: a write comes when it

@@ -40,13 +40,7 @@ func ending(o queue.Outcome) bool {
 func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs []queue.Job, outs []queue.Outcome) (recorded []bool, err error) {
 	args := []any{f.Token(), s.now(), s.retain.Milliseconds(), s.idle.Milliseconds(), k.tag}
 	for i, j := range jobs {
-		o := outs[i]
-		state, msg := queue.StateSucceeded, ""
-		if o.Result == queue.Failed {
-			state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
-		}
-		args = append(args, j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey,
-			sentNext(j, o, s.policy(j.Tenant), s.clockMargin()), responseArg(o.Response))
+		args = append(args, finishArgs(j, outs[i], s.policy(j.Tenant), s.clockMargin())...)
 	}
 	var r finishReplies
 	if err := finishScript.Run(ctx, s.rdb, []string{f.Key(), k.active(), k.sending()}, args, &r); err != nil {
@@ -58,6 +52,18 @@ func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs
 	return r, nil
 }
 
+// finishArgs is finish.lua's arguments for job j's outcome o (ending):
+// what rules.Finish makes of the job, and the tenant's next after it
+// (rules.AfterWrite, with margin).
+func finishArgs(j queue.Job, o queue.Outcome, p leaky.Policy, margin time.Duration) []any {
+	state, msg := queue.StateSucceeded, ""
+	if o.Result == queue.Failed {
+		state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
+	}
+	after := rules.AfterWrite(p, o.SentAt, j.EffectiveCost(), margin)
+	return []any{j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey, microsOf(after), responseArg(o.Response)}
+}
+
 // finishReplies is finish.lua's answer: whether each job was recorded.
 type finishReplies []bool
 
@@ -67,7 +73,7 @@ func (l *finishReplies) Decode(r *luascript.Reply) {
 	}
 }
 
-// finishByRule records an outcome by queue.ApplyOutcome, in one optimistic
+// finishByRule records an outcome by rules.Finish, in one optimistic
 // transaction on the job, its tenant, its windows and the partition's
 // lease (the fence: a stale owner's outcome is a *owner.FencedError). It
 // returns the job as it is now (cur; ok false: it was not being sent) and
@@ -85,7 +91,8 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 			return err
 		}
 		rec := st.rec
-		next, pausedNow := rules.ApplyOutcome(&rec, j, o, st.now, p)
+		h := rules.Handover{Next: fromMicros(st.next)}
+		next, pausedNow := rules.Finish(&rec, &h, j, o, st.now, p, s.clockMargin())
 		next.Response = o.Response // nil: the answer before stays in the hash
 		_, err = tx.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
 			s.writeOutcome(ctx, pipe, k, next, st, rec, p)
@@ -93,8 +100,8 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 				oweCallback(ctx, pipe, k, next, st.now)     // in the same transaction (lib.lua's owe_callbacks)
 				pipe.Publish(ctx, finishedChannel, next.ID) // and tell_finished
 			}
-			if after := sentNext(j, o, p, s.clockMargin()); after > st.next {
-				pipe.HSet(ctx, k.tenant(j.Tenant), "next", after)
+			if micros(h.Next) > st.next {
+				pipe.HSet(ctx, k.tenant(j.Tenant), "next", micros(h.Next))
 			}
 			return nil
 		})
@@ -151,20 +158,6 @@ type outcomeState struct {
 	tenantState
 	now  time.Time
 	next int64 // the tenant hash's next (claim.lua's), micros
-}
-
-// sentNext is the earliest the next send of j's tenant may go after
-// attempt o of j, in micros (0: nothing was written): its real write plus
-// its cost in intervals. It moves the tenant's next on (finish.lua): a
-// write comes when it comes, later than the claim's dispatch time under
-// load, and the next owner after a clean handover starts the tenant from
-// next (takeover.lua). Plus margin: how early the writer's reading of
-// Redis's clock may be (Store.clockMargin).
-func sentNext(j queue.Job, o queue.Outcome, p leaky.Policy, margin time.Duration) int64 {
-	if o.SentAt.IsZero() {
-		return 0
-	}
-	return micros(o.SentAt.Add(time.Duration(j.EffectiveCost())*p.Interval + margin))
 }
 
 // readForOutcome reads, watched, job j's tenant and windows, and the
@@ -236,20 +229,24 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k part
 		}
 	}
 	s.writeWindows(ctx, pipe, k, cur.Tenant, rec, now, p)
-	switch cur.State {
-	case queue.StateSucceeded:
-		pipe.HIncrBy(ctx, tk, "delivered", 1)
-	case queue.StateFailed:
-		pipe.HIncrBy(ctx, tk, "failed", 1)
+	// The counter the end counted in (rules.Record.CountEnd), by an
+	// increment: the hash's other counters are not rewritten.
+	for _, c := range []struct {
+		field  string
+		before int64
+		after  int64
+	}{
+		{"delivered", st.rec.Delivered, rec.Delivered}, {"failed", st.rec.Failed, rec.Failed},
+		{"expired", st.rec.Expired, rec.Expired}, {"cancelled", st.rec.Cancelled, rec.Cancelled},
+	} {
+		if c.after != c.before {
+			pipe.HIncrBy(ctx, tk, c.field, c.after-c.before)
+		}
+	}
+	if cur.State == queue.StateFailed {
 		pipe.ZAdd(ctx, k.failed(cur.Tenant), goredis.Z{Score: float64(micros(now)), Member: cur.ID})
 		pipe.ZRemRangeByScore(ctx, k.failed(cur.Tenant), "-inf", strconv.FormatInt(micros(now.Add(-s.retain)), 10))
 		pipe.PExpire(ctx, k.failed(cur.Tenant), s.retain)
-	case queue.StateExpired:
-		pipe.HIncrBy(ctx, tk, "expired", 1)
-	case queue.StateCancelled: // the handler said not to do it (queue.Cancelled)
-		pipe.HIncrBy(ctx, tk, "cancelled", 1)
-	default:
-		pipe.HIncrBy(ctx, tk, "depth", 1)
 	}
 	jobs := st.depth + st.inFlight // this one is counted in flight
 	if cur.State.Finished() {
@@ -258,13 +255,14 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k part
 		pipe.PExpire(ctx, k.idemOf(cur), s.retain)
 		pipe.ZIncrBy(ctx, k.active(), -1, cur.Tenant)
 		pipe.ZRemRangeByScore(ctx, k.active(), "-inf", "0")
+	} else {
+		pipe.HIncrBy(ctx, tk, "depth", 1) // it waits again
 	}
-	// As lib.lua's settle: the state lives while the tenant has jobs or a
-	// hold, then expires idle after its schedule.
-	if jobs > 0 || !rec.Pause.Held.IsZero() {
+	// As lib.lua's settle.
+	if ttl, forever := rules.KeepRecord(rec, jobs, now, s.idle); forever {
 		pipe.Persist(ctx, tk)
 	} else {
-		pipe.PExpire(ctx, tk, max(rules.DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+s.idle)
+		pipe.PExpire(ctx, tk, ttl)
 	}
 }
 
