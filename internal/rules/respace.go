@@ -7,8 +7,8 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
-// Placed is a waiting job as a restart finds it: its slot (tenant time),
-// cost and id, and whether Respace moved it.
+// Placed is a waiting job as a restart or a takeover finds it: its slot
+// (tenant time), cost and id, and whether Respace moved it.
 type Placed struct {
 	Slot  time.Time
 	Cost  int // 0 read as 1
@@ -18,52 +18,138 @@ type Placed struct {
 
 func (w Placed) cost() int { return max(w.Cost, 1) }
 
-// Respace moves, after a restart at now, a tenant's waiting jobs (in slot
-// order) whose time passed while nothing sent them: from the later of now
-// and the last moment a send may have happened, plus its cost in intervals,
-// one job's cost apart, in their order, within the windows. After an
-// unclean stop any job whose time passed may have been sent at that time,
-// and the sends before the crash may have used the tenant's whole burst
-// just before now: the moved jobs and what comes after them get no burst
-// of their own. A tenant an operator holds is left to its resume after a
-// clean stop. It returns how many jobs moved.
-func Respace(rec *Record, jobs []Placed, p leaky.Policy, now time.Time, clean bool) int {
-	if len(jobs) == 0 {
-		return 0
+// Pickup is how a tenant's waiting jobs come to a process that did not
+// send them: the embedded store's restart (RestartPickup) or a Redis
+// partition's new owner (takeover.lua). The rule is the same; what the
+// process can know of the sends before it differs.
+type Pickup struct {
+	// Now is when the new process looks.
+	Now time.Time
+	// Next is the soonest real time the next send may go by what the last
+	// process recorded besides the record's last attempt (Redis: a claim's
+	// next); zero for none.
+	Next time.Time
+	// Lost is the largest cost of a send that may have been written, at any
+	// moment up to Now, without its outcome being recorded (0: none): the
+	// next send comes that many intervals after Now.
+	Lost int
+	// Credit is whether the moved jobs keep the burst's credit: only when
+	// no send can have gone unrecorded. A new Redis owner cannot tell a
+	// clean handover from an owner frozen mid-send, so it gives none.
+	Credit bool
+}
+
+// NextSend is the soonest real time the tenant's next send may go after the
+// handover, by what was recorded (zero: nothing was).
+func (h Pickup) NextSend(rec Record, p leaky.Policy) time.Time {
+	return clock.Later(h.Next, rec.NextAfterLastAttempt(p))
+}
+
+// RestartPickup is the embedded store's restart at now: its claims are
+// not written, so after an unclean stop any job whose time passed may have
+// been written at that time (or later: a slow connection, a held gate).
+// For a held tenant, whose clock stands still, a job is due if its slot is
+// not past the frozen tenant time.
+func RestartPickup(rec Record, jobs []Placed, now time.Time, clean bool) Pickup {
+	h := Pickup{Now: now, Credit: true}
+	if clean || len(jobs) == 0 {
+		return h
 	}
 	pz := rec.Pause
-	if !pz.Held.IsZero() {
-		if clean {
-			return 0 // held: nothing goes until an operator resumes it
+	due := func(w Placed) bool {
+		if !pz.Held.IsZero() {
+			return !w.Slot.After(pz.TenantTime(now))
 		}
-		return respaceHeld(rec, jobs, p, now)
+		at, _ := pz.Real(w.Slot)
+		return !at.After(now)
 	}
-	floor := clock.Later(now, rec.NextAfterLastAttempt(p))
-	crashed := false
-	if at, _ := pz.Real(jobs[0].Slot); !at.After(now) && !clean {
-		// One of them may have been written at any moment before the
-		// crash (its time, or later: a slow connection, a held gate):
-		// only "before now" is sure. Whichever it was, the next send
-		// comes its cost in intervals later.
-		floor = clock.Later(floor, now.Add(time.Duration(overdueCost(jobs, pz, now))*p.Interval))
-		crashed = true
+	for _, w := range jobs {
+		if !due(w) {
+			break
+		}
+		h.Lost = max(h.Lost, w.cost())
 	}
+	h.Credit = h.Lost == 0
+	return h
+}
+
+// Respace moves a tenant's waiting jobs (in slot order, then id) that the
+// handover makes too soon: from the later of Now, the next send by what
+// was recorded, and a lost send's cost after Now; one job's cost apart, in
+// their order, within the windows. The old slots stay in the windows'
+// bookkeeping: they may have been sent. A pause that ends after that
+// floor moves nothing. A held tenant's clock stands still: only a lost
+// send moves its jobs, past the frozen tenant time (respaceHeld). Then the
+// schedule runs past the last job waiting (jobs placed at a vacant
+// partition's start, or spaced at a faster rate before a reload), and no
+// sooner than the next send with no burst credit. It returns how many jobs
+// moved.
+func Respace(rec *Record, jobs []Placed, p leaky.Policy, h Pickup) int {
+	next := h.NextSend(*rec, p)
+	moved := 0
+	if len(jobs) > 0 {
+		if rec.Pause.Held.IsZero() {
+			moved = respaceRunning(rec, jobs, p, h, next)
+		} else {
+			moved = respaceHeld(rec, jobs, p, h)
+		}
+		rec.runPastLast(jobs, p)
+	}
+	// The last process's sends may have used the burst just before next.
+	if !next.IsZero() {
+		if floor := next.Add(p.Tolerance() - rec.Pause.Shift); floor.After(rec.Pause.TenantTime(h.Now)) {
+			rec.TAT = clock.Later(rec.TAT, floor)
+		}
+	}
+	return moved
+}
+
+// respaceRunning is Respace for a tenant not held.
+func respaceRunning(rec *Record, jobs []Placed, p leaky.Policy, h Pickup, next time.Time) int {
+	pz := rec.Pause
+	floor := clock.Later(h.Now, next)
+	if h.Lost > 0 {
+		floor = clock.Later(floor, h.Now.Add(time.Duration(h.Lost)*p.Interval))
+	}
+	if !pz.Until.Before(floor) {
+		return 0 // every job goes at the pause's end or later
+	}
+	// Real(slot) is slot + Shift from here on: the pause ends before floor.
+	return moveFrom(rec, jobs, p, floor.Add(-pz.Shift), h.Credit)
+}
+
+// respaceHeld is Respace for a tenant an operator holds. Its clock stands
+// still until the resume, which may come at once: a lost send moves the
+// jobs, in the tenant's time, past the frozen now by the largest of its
+// cost and the last recorded attempt's (whose real time a frozen clock
+// cannot place), so that after the resume they go that many intervals
+// after it. With no lost send the resume's floor is the owner's.
+func respaceHeld(rec *Record, jobs []Placed, p leaky.Policy, h Pickup) int {
+	if h.Lost == 0 {
+		return 0
+	}
+	cost := max(h.Lost, rec.LastAttemptCost, 1)
+	from := rec.Pause.TenantTime(h.Now).Add(time.Duration(cost) * p.Interval)
+	return moveFrom(rec, jobs, p, from, false)
+}
+
+// moveFrom moves the jobs whose slots are before from (tenant time), one
+// cost apart from it, in their order, within the windows, and raises the
+// schedule past them (with the burst's tolerance unless credit).
+func moveFrom(rec *Record, jobs []Placed, p leaky.Policy, from time.Time, credit bool) int {
 	recent := rec.Recent(p)
 	moved := 0
 	for i := range jobs {
 		w := &jobs[i]
-		if at, _ := pz.Real(w.Slot); !at.Before(floor) {
+		if !w.Slot.Before(from) {
 			break // on schedule: so are the later ones
 		}
-		// Real(floor - Shift) is floor: floor is past the pause's end.
-		// The old slot stays in the windows' bookkeeping: it may have
-		// been sent.
-		w.Slot, w.Moved = leaky.WindowSlot(recent, p, floor.Add(-pz.Shift), w.cost()), true
+		w.Slot, w.Moved = leaky.WindowSlot(recent, p, from, w.cost()), true
 		recent = leaky.Record(recent, p, w.Slot, w.cost())
-		floor = w.Slot.Add(pz.Shift).Add(time.Duration(w.cost()) * p.Interval)
-		next := w.Slot.Add(time.Duration(w.cost()) * p.Interval)
-		if crashed {
-			next = next.Add(p.Tolerance()) // no burst credit: see above
+		from = w.Slot.Add(time.Duration(w.cost()) * p.Interval)
+		next := from
+		if !credit {
+			next = next.Add(p.Tolerance()) // the sends before may have used it
 		}
 		rec.TAT = clock.Later(rec.TAT, next)
 		rec.Unbook(w.ID) // a booked retry moved: it is in the schedule now
@@ -73,52 +159,27 @@ func Respace(rec *Record, jobs []Placed, p leaky.Policy, now time.Time, clean bo
 	return moved
 }
 
-// respaceHeld is Respace after an unclean stop for a tenant an operator
-// holds. Its clock stands still until the resume, and the jobs that were
-// due when it was held may have been written at any moment before the
-// crash: they move, in the tenant's time, past the frozen now by the
-// largest of their costs (and the last recorded attempt's), so that after
-// the resume they go that many intervals after it, not at once.
-func respaceHeld(rec *Record, jobs []Placed, p leaky.Policy, now time.Time) int {
-	tnow := rec.Pause.TenantTime(now)
-	if jobs[0].Slot.After(tnow) {
-		return 0 // none was due: none was written
-	}
-	cost := max(rec.LastAttemptCost, 1)
-	for _, w := range jobs {
-		if w.Slot.After(tnow) {
-			break
+// runPastLast raises the schedule to a cost past the last job waiting that
+// has no booking (the jobs admitted are placed around a booking: Absorb).
+func (r *Record) runPastLast(jobs []Placed, p leaky.Policy) {
+	for i := len(jobs) - 1; i >= 0; i-- {
+		if w := jobs[i]; !r.IsBooked(w.ID) {
+			r.TAT = clock.Later(r.TAT, w.Slot.Add(time.Duration(w.cost())*p.Interval))
+			return
 		}
-		cost = max(cost, w.cost())
 	}
-	floor := tnow.Add(time.Duration(cost) * p.Interval)
-	recent := rec.Recent(p)
-	moved := 0
-	for i := range jobs {
-		w := &jobs[i]
-		if !w.Slot.Before(floor) {
-			break
-		}
-		w.Slot, w.Moved = leaky.WindowSlot(recent, p, floor, w.cost()), true
-		recent = leaky.Record(recent, p, w.Slot, w.cost())
-		floor = w.Slot.Add(time.Duration(w.cost()) * p.Interval)
-		rec.TAT = clock.Later(rec.TAT, floor.Add(p.Tolerance())) // no burst credit
-		rec.Unbook(w.ID)
-		moved++
-	}
-	rec.SetRecent(p, recent)
-	return moved
 }
 
-// overdueCost is the largest cost among jobs (in slot order) whose time has
-// passed at now: any of them may be the last one written.
-func overdueCost(jobs []Placed, pz leaky.Pause, now time.Time) int {
-	most := 1
-	for _, w := range jobs {
-		if at, _ := pz.Real(w.Slot); at.After(now) {
-			break
-		}
-		most = max(most, w.cost())
+// MissedDeadline is the deadline of a waiting job of slot if its tenant's
+// pause moves its dispatch time past it, or its tenant is held (the resume
+// may come after it); else zero. Its sender looks at such a job at its
+// deadline, when the job expires, not when its tenant's pace lets it go.
+func MissedDeadline(pz leaky.Pause, slot, deadline time.Time) time.Time {
+	if deadline.IsZero() {
+		return time.Time{}
 	}
-	return most
+	if at, ok := pz.Real(slot); ok && !at.After(deadline) {
+		return time.Time{}
+	}
+	return deadline
 }

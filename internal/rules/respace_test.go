@@ -7,41 +7,132 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
-// After a restart, jobs whose time passed are moved from the later of now
-// and the last send's next, one interval apart; after a crash the first
-// moved job comes an interval after now (one overdue job may have been
-// written just before), and the schedule gets no burst credit.
+// restart is the embedded store's handover at t0.
+func restart(clean bool) func(Record, []Placed) Pickup {
+	return func(rec Record, jobs []Placed) Pickup { return RestartPickup(rec, jobs, t0, clean) }
+}
+
+// takeover is a new Redis owner's handover at t0 that took back a job of
+// cost lost (0: none).
+func takeover(lost int) func(Record, []Placed) Pickup {
+	return func(Record, []Placed) Pickup { return Pickup{Now: t0, Lost: lost} }
+}
+
+// Jobs whose time passed are moved from the later of now, the last send's
+// next and a lost send's cost after now, one job's cost apart. A held
+// tenant's jobs move only for a lost send, past its frozen clock; a pause
+// that ends after the floor holds them as they are.
 func TestRespace(t *testing.T) {
 	p := leaky.Policy{Interval: 100 * ms, Burst: 3, Capacity: 10}
 	overdue := func() []Placed {
 		return []Placed{{Slot: t0.Add(-300 * ms), ID: "a"}, {Slot: t0.Add(-200 * ms), ID: "b", Cost: 2}, {Slot: t0.Add(time.Second), ID: "c"}}
 	}
+	heldJustBefore := leaky.Pause{}.Hold(t0.Add(-100 * ms))
 	for _, tc := range []struct {
 		name  string
-		clean bool
 		rec   Record
+		h     func(Record, []Placed) Pickup
 		want  []time.Duration // new slots from t0, or the old ones
 		moved int
-		tat   time.Duration
 	}{
-		{"clean", true, Record{}, []time.Duration{0, 100 * ms, time.Second}, 2, 300 * ms},
-		{"crash", false, Record{}, []time.Duration{200 * ms, 300 * ms, time.Second}, 2, 700 * ms},
-		{"clean, a late last send", true, Record{LastAttemptAt: t0.Add(50 * ms)}, []time.Duration{150 * ms, 250 * ms, time.Second}, 2, 450 * ms},
-		{"clean, held", true, Record{Pause: leaky.Pause{Held: t0.Add(-time.Second)}}, []time.Duration{-300 * ms, -200 * ms, time.Second}, 0, 0},
+		{"clean", Record{}, restart(true), []time.Duration{0, 100 * ms, time.Second}, 2},
+		// One of them may have been written just before the crash: the
+		// first goes the largest overdue cost after now.
+		{"crash", Record{}, restart(false), []time.Duration{200 * ms, 300 * ms, time.Second}, 2},
+		{"clean, a late last send", Record{LastAttemptAt: t0.Add(50 * ms)}, restart(true), []time.Duration{150 * ms, 250 * ms, time.Second}, 2},
+		{"clean, held", Record{Pause: leaky.Pause{Held: t0.Add(-time.Second)}}, restart(true), []time.Duration{-300 * ms, -200 * ms, time.Second}, 0},
+		// Due when held, they may have been written: past the frozen
+		// clock by the largest of their costs.
+		{"crash, held", Record{Pause: heldJustBefore}, restart(false), []time.Duration{100 * ms, 200 * ms, time.Second}, 2},
+		{"takeover, a send lost", Record{}, takeover(1), []time.Duration{100 * ms, 200 * ms, time.Second}, 2},
+		{"takeover, nothing lost", Record{}, takeover(0), []time.Duration{0, 100 * ms, time.Second}, 2},
+		// The last attempt's cost counts from the frozen clock too: the
+		// resume may come at once.
+		{"takeover, held, a send lost", Record{Pause: heldJustBefore, LastAttemptCost: 3}, takeover(1), []time.Duration{200 * ms, 300 * ms, time.Second}, 2},
+		{"takeover, held, nothing lost", Record{Pause: heldJustBefore}, takeover(0), []time.Duration{-300 * ms, -200 * ms, time.Second}, 0},
+		{"takeover, paused past the floor", Record{Pause: leaky.Pause{}.PauseUntil(t0, t0.Add(500*ms), time.Time{})}, takeover(2), []time.Duration{-300 * ms, -200 * ms, time.Second}, 0},
+		// A pause that ends before a lost send's floor: the jobs go from
+		// the floor (real t0+200ms, tenant time 50ms behind), not at the
+		// pause's end 50 ms after a send that may have been written at t0.
+		{"takeover, a pause ending before the floor", Record{Pause: leaky.Pause{}.PauseUntil(t0, t0.Add(50*ms), time.Time{})}, takeover(2), []time.Duration{150 * ms, 250 * ms, time.Second}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := tc.rec
 			jobs := overdue()
-			if moved := Respace(&rec, jobs, p, t0, tc.clean); moved != tc.moved {
+			if moved := Respace(&rec, jobs, p, tc.h(rec, jobs)); moved != tc.moved {
 				t.Fatalf("moved %d, want %d", moved, tc.moved)
 			}
 			for i, w := range jobs {
 				if !w.Slot.Equal(t0.Add(tc.want[i])) {
-					t.Fatalf("job %s at %v, want t0%+v", w.ID, w.Slot.Sub(t0), tc.want[i])
+					t.Fatalf("job %s at t0%+v, want t0%+v", w.ID, w.Slot.Sub(t0), tc.want[i])
 				}
 			}
-			if tc.moved > 0 && !rec.TAT.Equal(t0.Add(tc.tat)) {
+		})
+	}
+}
+
+// Moved jobs keep the burst's credit only if no send can have gone
+// unrecorded: a clean restart. After a crash, or at any takeover, the
+// schedule runs a tolerance past them.
+func TestRespaceBurstCredit(t *testing.T) {
+	p := leaky.Policy{Interval: 100 * ms, Burst: 3, Capacity: 10}
+	for _, tc := range []struct {
+		name string
+		h    func(Record, []Placed) Pickup
+		tat  time.Duration
+	}{
+		{"clean", restart(true), 300 * ms},
+		{"crash", restart(false), 700 * ms},
+		{"takeover", takeover(0), 500 * ms},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rec Record
+			jobs := []Placed{{Slot: t0.Add(-300 * ms), ID: "a"}, {Slot: t0.Add(-200 * ms), ID: "b", Cost: 2}}
+			Respace(&rec, jobs, p, tc.h(rec, jobs))
+			if !rec.TAT.Equal(t0.Add(tc.tat)) {
 				t.Fatalf("TAT t0%+v, want t0%+v", rec.TAT.Sub(t0), tc.tat)
+			}
+		})
+	}
+}
+
+// The schedule runs a cost past the last job waiting, moved or not (after a
+// reload to a slower rate it is a new interval past it), but not past a
+// booked retry: the jobs admitted are placed around that.
+func TestRespaceRunsPastTheLastJob(t *testing.T) {
+	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10}
+	jobs := []Placed{{Slot: t0.Add(time.Second), ID: "x", Cost: 2}, {Slot: t0.Add(1500 * ms), ID: "y"}}
+	var rec Record
+	Respace(&rec, jobs, p, Pickup{Now: t0})
+	if want := t0.Add(1600 * ms); !rec.TAT.Equal(want) {
+		t.Fatalf("TAT t0%+v, want t0+1.6s (a cost past y)", rec.TAT.Sub(t0))
+	}
+	rec = Record{Booked: []Booking{{Slot: jobs[1].Slot.UnixNano(), Job: "y"}}}
+	Respace(&rec, jobs, p, Pickup{Now: t0})
+	if want := t0.Add(1200 * ms); !rec.TAT.Equal(want) {
+		t.Fatalf("TAT t0%+v, want t0+1.2s (a cost past x: y is booked)", rec.TAT.Sub(t0))
+	}
+}
+
+// With or without jobs, the schedule starts no sooner than the next send
+// with no burst credit, by the last attempt or the handover's next.
+func TestRespaceFloorsTheNextSend(t *testing.T) {
+	p := leaky.Policy{Interval: 100 * ms, Burst: 3, Capacity: 10}
+	for _, tc := range []struct {
+		name string
+		rec  Record
+		next time.Time
+		tat  time.Time
+	}{
+		{"last attempt", Record{LastAttemptAt: t0.Add(-50 * ms)}, time.Time{}, t0.Add(250 * ms)},
+		{"next", Record{LastAttemptAt: t0.Add(-50 * ms)}, t0.Add(120 * ms), t0.Add(320 * ms)},
+		{"long past", Record{LastAttemptAt: t0.Add(-time.Second)}, time.Time{}, time.Time{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := tc.rec
+			Respace(&rec, nil, p, Pickup{Now: t0, Next: tc.next})
+			if !rec.TAT.Equal(tc.tat) {
+				t.Fatalf("TAT %v, want %v", rec.TAT, tc.tat)
 			}
 		})
 	}
@@ -54,8 +145,32 @@ func TestRespaceKeepsTheWindows(t *testing.T) {
 	var rec Record
 	rec.SetRecent(p, []leaky.Recent{{t0.Add(-900 * ms), t0.Add(-800 * ms)}})
 	jobs := []Placed{{Slot: t0.Add(-100 * ms), ID: "a"}}
-	Respace(&rec, jobs, p, t0, true)
+	Respace(&rec, jobs, p, RestartPickup(rec, jobs, t0, true))
 	if want := t0.Add(100 * ms); !jobs[0].Slot.Equal(want) {
 		t.Fatalf("moved to t0%+v, want t0+100ms (the window of the sends at -900ms and -800ms)", jobs[0].Slot.Sub(t0))
+	}
+}
+
+// A job's deadline is told when its pause or its tenant's hold may send it
+// after it.
+func TestMissedDeadline(t *testing.T) {
+	deadline := t0.Add(time.Second)
+	for _, tc := range []struct {
+		name     string
+		pz       leaky.Pause
+		deadline time.Time
+		want     time.Time
+	}{
+		{"no deadline", leaky.Pause{Held: t0}, time.Time{}, time.Time{}},
+		{"in time", leaky.Pause{}, deadline, time.Time{}},
+		{"at the deadline", leaky.Pause{Shift: 500 * ms}, deadline, time.Time{}},
+		{"paused past it", leaky.Pause{}.PauseUntil(t0, t0.Add(2*time.Second), time.Time{}), deadline, deadline},
+		{"held", leaky.Pause{Held: t0}, deadline, deadline},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := MissedDeadline(tc.pz, t0.Add(500*ms), tc.deadline); !got.Equal(tc.want) {
+				t.Fatalf("%v, want %v", got, tc.want)
+			}
+		})
 	}
 }

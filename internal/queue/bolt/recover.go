@@ -129,14 +129,14 @@ func readWaiting(tx *bbolt.Tx) (map[string][]*waitingJob, []string, error) {
 	return byTenant, tenants, nil
 }
 
-// respaceTenant moves a tenant's overdue jobs by rules.Respace and
-// returns how many it moved.
+// respaceTenant moves a tenant's overdue jobs by rules.Respace, as a
+// restart at now finds them, and returns how many it moved.
 func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.Time, clean bool) int {
 	placed := make([]rules.Placed, len(jobs))
 	for i, w := range jobs {
 		placed[i] = rules.Placed{Slot: w.slot, Cost: w.job.Cost, ID: w.job.ID}
 	}
-	moved := rules.Respace(&tm.rec, placed, p, now, clean)
+	moved := rules.Respace(&tm.rec, placed, p, rules.RestartPickup(tm.rec, placed, now, clean))
 	for i, w := range jobs {
 		w.slot, w.moved = placed[i].Slot, placed[i].Moved
 	}

@@ -87,6 +87,43 @@ func TestTakeoverMovesTheScheduleOfJobsOverdue(t *testing.T) {
 	}
 }
 
+// A held tenant's job being sent when its partition's owner was lost may
+// have been written at any moment up to the takeover: the new owner moves
+// it past the tenant's frozen clock by its cost, so that a resume at once
+// sends it an interval after the takeover, not at the resume, as the
+// embedded store does after a crash. Before, a takeover left a held
+// tenant's jobs where they were.
+func TestTakeoverMovesAHeldTenantsJobTakenBack(t *testing.T) {
+	s, rdb, clk := openOwnerStore(t)
+	ctx := context.Background()
+	id := admitAcme(t, s, 0).Job.ID
+	p := s.partOf("acme")
+	k := keysOf(p)
+	f := owner.Fence{Partition: p, Worker: "owner", Epoch: 1}
+	holdLease(t, rdb, f)
+	r, err := s.claimBatch(ctx, f, k, []*entry{{at: clk.Now(), id: id, tenant: "acme"}}, queue.DefaultLead)
+	if err != nil || r.Jobs[0].Code != claimed {
+		t.Fatalf("claim: %+v %v", r, err)
+	}
+	if _, err := s.Pause(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second) // the owner, cut off, may write it late
+
+	f.Worker, f.Epoch = "next-owner", 2
+	holdLease(t, rdb, f)
+	if _, taken, _, err := s.takeOver(ctx, f, k); err != nil || taken != 1 {
+		t.Fatalf("takeover: took back %d, %v; want 1", taken, err)
+	}
+	if _, err := s.Resume(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	j, err := s.Job(ctx, id)
+	if want := clk.Now().Add(queuetest.T); err != nil || j.DispatchAt.Before(want) {
+		t.Fatalf("resumed at once after the takeover, the job goes at now%+v (%v), want no sooner than now+%v", j.DispatchAt.Sub(clk.Now()), err, queuetest.T)
+	}
+}
+
 // An attempt written later than its claim's dispatch time (a loaded
 // machine, a slow gate) moves its tenant's next to its real write plus an
 // interval, and the next owner after a clean handover starts the tenant no

@@ -102,18 +102,7 @@ func (s *Store) takeOver(ctx context.Context, f owner.Fence, k partKeys) (now ti
 	}
 	for first := true; first || len(names) > 0; first = false {
 		n := min(len(names), takeoverTenants)
-		takeBack := "0"
-		if first {
-			takeBack = "1"
-		}
-		args := []any{f.Token(), s.now(), k.tag, takeBack, s.idle.Milliseconds()}
-		for _, name := range names[:n] {
-			p := s.policy(name)
-			args = append(args, name, usCeil(p.Interval), usCeil(p.Tolerance()), len(p.Windows))
-			for _, w := range p.Windows {
-				args = append(args, w.String(), w.N, usCeil(w.Length))
-			}
-		}
+		args := takeoverArgs(f, s.now(), k, first, s.idle, names[:n], s.policy)
 		var r takeoverReply
 		if err := takeoverScript.Run(ctx, s.rdb, []string{f.Key(), k.sending()}, args, &r); err != nil {
 			return now, 0, nil, f.Err(err)
@@ -121,4 +110,23 @@ func (s *Store) takeOver(ctx context.Context, f owner.Fence, k partKeys) (now ti
 		now, taken, tenants, names = r.Now, taken+r.Taken, append(tenants, r.Tenants...), names[n:]
 	}
 	return now, taken, tenants, nil
+}
+
+// takeoverArgs is ARGV of a run of takeover.lua under fence f at now
+// (microseconds, 0: Redis's TIME) for names, each under its policy;
+// takeBack on the first run of a tenure.
+func takeoverArgs(f owner.Fence, now int64, k partKeys, takeBack bool, idle time.Duration, names []string, policy func(string) leaky.Policy) []any {
+	flag := "0"
+	if takeBack {
+		flag = "1"
+	}
+	args := []any{f.Token(), now, k.tag, flag, idle.Milliseconds()}
+	for _, name := range names {
+		p := policy(name)
+		args = append(args, name, usCeil(p.Interval), usCeil(p.Tolerance()), len(p.Windows))
+		for _, w := range p.Windows {
+			args = append(args, w.String(), w.N, usCeil(w.Length))
+		}
+	}
+	return args
 }

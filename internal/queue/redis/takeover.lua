@@ -36,13 +36,18 @@
 -- moved, and its tat past them, to where the new owner will really send
 -- them: from now (or its next, if later; or, if a job taken back may have
 -- been written, its cost after now), one interval a cost apart, with no
--- burst credit (the sends before may have used it), as the embedded store
--- does at a restart (bolt's respaceTenant). A tenant's windows hold too:
--- each moved job goes no sooner than its windows allow, counting the old
--- slots (a job taken back may have been sent at its old slot), and its new
--- slot is counted in them. So each job says when it goes,
--- and a job admitted after the takeover is promised what it will see, not
--- a slot the backlog has taken.
+-- burst credit (the sends before may have used it). A pause that ends
+-- after that moves nothing: its end holds them. A held tenant's clock
+-- stands still and its resume may come at once: its jobs move only if a
+-- job taken back may have been written, past the frozen clock by that
+-- job's cost or its last claim's. A tenant's windows hold too: each moved
+-- job goes no sooner than its windows allow, counting the old slots (a
+-- job taken back may have been sent at its old slot), and its new slot is
+-- counted in them. So each job says when it goes, and a job admitted
+-- after the takeover is promised what it will see, not a slot the backlog
+-- has taken. The rule is rules.Respace, which the embedded store's
+-- restart follows too (bolt's respaceTenant); only what each can know of
+-- the sends before differs (rules.Pickup).
 
 local now = server_now(ARGV[2])
 local prefix, idle_ms = ARGV[3], tonumber(ARGV[5])
@@ -75,20 +80,34 @@ if ARGV[4] == '1' then
   redis.call('DEL', KEYS[2])
 end
 
--- Moves tk's overdue waiting jobs, and its tat past them (see above):
--- waiting is ZRANGE WITHSCORES, in slot order, and gets their new slots.
-local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tat)
-  if held > 0 or untl > now or #waiting == 0 then return end -- paused: its end moves everything
-  local t = at_least(now, nxt)
+-- Moves tk's waiting jobs that the takeover makes too soon, and its tat
+-- past them (see above; rules.Respace is the rule, and
+-- TestLuaTakeoverAgreesWithRules holds the two together): waiting is
+-- ZRANGE WITHSCORES, in slot order, and gets their new slots.
+local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tat, lastcost)
+  if #waiting == 0 then return end
   local lost = tonumber(redis.call('HGET', tk, 'lost')) or 0
-  if lost > 0 then
-    t = at_least(t, now + lost * T) -- a write lost in the crash (see above)
-    redis.call('HDEL', tk, 'lost')
+  if lost > 0 then redis.call('HDEL', tk, 'lost') end -- spent here, whatever the pause
+  local tnow = tenant_time(tk, now)
+  local t -- tenant time: the jobs before it move (nil: none does)
+  if held > 0 then
+    -- Its clock stands still, and the resume may come at once: past the
+    -- frozen now by the lost send's cost or the last claim's.
+    if lost > 0 then t = tnow + at_least(lost, lastcost) * T end
+  else
+    local floor = at_least(now, nxt)
+    if lost > 0 then floor = at_least(floor, now + lost * T) end -- a write lost in the crash (see above)
+    if untl < floor then t = floor - shift end -- else the pause's end holds them all
   end
-  t = t - shift -- tenant time
+  -- Their real time (leaky.Pause.Real; held: as if resumed now).
+  local function real(slot)
+    if held == 0 then return at_least(untl, slot + shift) end
+    local u = at_least(untl, now)
+    return at_least(u, slot + u - tnow)
+  end
   local moved = false
   for i = 1, #waiting, 2 do
-    if tonumber(waiting[i + 1]) >= t then break end -- on schedule: so are the later ones
+    if t == nil or tonumber(waiting[i + 1]) >= t then break end -- on schedule: so are the later ones
     -- Written where the new owner will send it, so that what Job says and
     -- what is sent agree.
     local jk = prefix .. 'job:' .. waiting[i]
@@ -98,7 +117,7 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
       windows_record(windows, t, cost)
     end
     redis.call('ZADD', prefix .. 'waiting:' .. name, t, waiting[i])
-    redis.call('HSET', jk, 'slot', t, 'dispatch', t + shift)
+    redis.call('HSET', jk, 'slot', t, 'dispatch', real(t))
     booked_drop(tk, waiting[i]) -- a booked retry moved: it is in the schedule now
     waiting[i + 1] = string.format('%d', t) -- as ZRANGE gives it (tostring would round to 14 digits)
     t, moved = t + cost * T, true
@@ -110,7 +129,7 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
   -- and a busy machine's second between two crashes let the list lapse,
   -- so the second takeover spaced the job it took back by no window.
   for _, w in ipairs(windows) do
-    if moved then keep(w.key, math.floor((t + shift - now + w.len) / 1000) + idle_ms) end
+    if moved then keep(w.key, math.floor((real(t) - now + w.len) / 1000) + idle_ms) end
   end
   if moved and t + tau > tat then
     tat = t + tau
@@ -122,7 +141,7 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
   -- is a new interval from the next. Every takeover applies it, so that
   -- two of one restart agree (one that moved the jobs and one that found
   -- them on schedule). A booked retry is not in it (the jobs admitted
-  -- are placed around it: queue.TenantRecord.Absorb).
+  -- are placed around it: rules.Record.Absorb).
   local booked = {}
   for _, b in ipairs(booked_parse(redis.call('HGET', tk, 'booked'))) do booked[b.id] = true end
   local n = #waiting
@@ -153,7 +172,7 @@ while i <= #ARGV do
   if last > 0 then nxt = at_least(nxt, last + T * at_least(tonumber(h[7]) or 1, 1)) end
   local r = {name, shift, untl, held, nxt}
   local waiting = redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')
-  respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tonumber(h[5]) or 0)
+  respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tonumber(h[5]) or 0, at_least(tonumber(h[7]) or 1, 1))
   local floor = nxt - shift + tau -- tenant time
   if floor > tenant_time(tk, now) then -- held: its clock stands still, and so does its credit
     if floor > (tonumber(redis.call('HGET', tk, 'tat')) or 0) then redis.call('HSET', tk, 'tat', floor) end
