@@ -66,17 +66,23 @@ type process struct {
 var addrRE = regexp.MustCompile(`throttler started"?,?\s*"?addr"?[=:]"?([^"\s]+)`)
 
 // startProcess runs `throttler serve --config file` and waits until it listens.
-//
-// Under -race it skips its test: the child is built without the detector,
-// which would watch only the test's side of it, and the plain pass runs the
-// same checks (with their timing). The race pass's time goes to the tests
-// that run the service in the test's own process.
+// Under -race it skips its test (skipUnderRace).
 func startProcess(t *testing.T, file string, args ...string) *process {
+	t.Helper()
+	skipUnderRace(t)
+	return startCommand(t, exec.Command(throttlerBinary(t), append([]string{"serve", "--config", file}, args...)...))
+}
+
+// skipUnderRace skips a test of child processes under -race: the child is
+// built without the detector, which would watch only the test's side of
+// it, and the plain pass runs the same checks (with their timing). The
+// race pass's time goes to the tests that run the service in the test's
+// own process.
+func skipUnderRace(t *testing.T) {
 	t.Helper()
 	if testutil.Race {
 		t.Skip("a child process built without -race: the plain pass runs this test")
 	}
-	return startCommand(t, exec.Command(throttlerBinary(t), append([]string{"serve", "--config", file}, args...)...))
 }
 
 // startCommand starts cmd, a throttler serving, and waits until it
@@ -265,6 +271,12 @@ func TestKill9DuringAnAttemptRepeatsWithTheSameKey(t *testing.T) {
 // stalled attempt counts (it was carried out, its answer lost), a repeat
 // does not.
 func stallThirdJob(t *testing.T, ds *downstreamtest.Server) (inAttempt <-chan string, carriedOut func() map[string]int) {
+	return stallFirst(t, ds, func(_ *http.Request, body string) bool { return strings.Contains(body, `"n":2}`) })
+}
+
+// stallFirst is stallThirdJob for the first request that match holds for
+// (it is asked of each request, one at a time, until it holds).
+func stallFirst(t *testing.T, ds *downstreamtest.Server, match func(r *http.Request, body string) bool) (inAttempt <-chan string, carriedOut func() map[string]int) {
 	var mu sync.Mutex
 	done := map[string]int{}
 	stalled := false
@@ -274,7 +286,7 @@ func stallThirdJob(t *testing.T, ds *downstreamtest.Server) (inAttempt <-chan st
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
 		mu.Lock()
-		first := strings.Contains(readBody(r), `"n":2}`) && !stalled
+		first := !stalled && match(r, readBody(r))
 		if first {
 			stalled = true
 		}
@@ -299,15 +311,15 @@ func stallThirdJob(t *testing.T, ds *downstreamtest.Server) (inAttempt <-chan st
 	}
 }
 
-// awaitStalled waits for the attempt stallThirdJob stalls and returns its
-// job's key.
+// awaitStalled waits for the attempt stallThirdJob (or stallFirst) stalls
+// and returns its job's key.
 func awaitStalled(t *testing.T, inAttempt <-chan string) string {
 	t.Helper()
 	select {
 	case key := <-inAttempt:
 		return key
 	case <-time.After(10 * time.Second):
-		t.Fatal("the third job never reached the downstream")
+		t.Fatal("the job to stall never reached the downstream")
 		return ""
 	}
 }

@@ -19,8 +19,9 @@ import (
 
 func TestMain(m *testing.M) {
 	serveSkewedIfAsked()
-	// The built binary (30 MB a run) is removed in goleak's Cleanup: the
-	// verifier exits the process itself, so a deferred call would not run.
+	// The built binaries (30 MB a run each) are removed in goleak's
+	// Cleanup: the verifier exits the process itself, so a deferred call
+	// would not run.
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
@@ -29,6 +30,9 @@ func TestMain(m *testing.M) {
 		goleak.Cleanup(func(int) {
 			if binDir != "" {
 				os.RemoveAll(binDir)
+			}
+			if previousDir != "" {
+				os.RemoveAll(previousDir)
 			}
 		}))
 }
