@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/outbound"
@@ -35,22 +37,44 @@ type jobRequest struct {
 	CallbackOn  []string `json:"callback_on"`
 }
 
-// decode reads exactly one JSON value from body into v, refusing unknown
-// fields and trailing data.
+// decode reads exactly one JSON value from body into v, refusing a body
+// that is not UTF-8, unknown fields and trailing data.
 func decode(body io.Reader, v any) error {
-	dec := json.NewDecoder(body)
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		return decodeError(err)
+	}
+	// encoding/json takes bytes that are not UTF-8 (a RawMessage keeps
+	// them as they came): a payload would go on as application/json, which
+	// is UTF-8 (RFC 8259), and the vendor would refuse or mangle it.
+	if at := notUTF8(raw); at >= 0 {
+		return errorf(http.StatusBadRequest, "invalid_utf8", "request body is not UTF-8 (at byte %d): JSON is UTF-8 (RFC 8259); send text as UTF-8, and bytes that are not text in base64", at)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return decodeError(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return decodeError(err)
-		}
 		return errorf(http.StatusBadRequest, "invalid_json", "unexpected data after the JSON object: send one object per request")
 	}
 	return nil
+}
+
+// notUTF8 is the offset of the first byte of b that is not part of a UTF-8
+// sequence, or -1 when b is UTF-8.
+func notUTF8(b []byte) int {
+	if utf8.Valid(b) {
+		return -1
+	}
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
 }
 
 func decodeError(err error) error {
