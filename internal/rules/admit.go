@@ -72,7 +72,8 @@ type Decision struct {
 	// WouldExpire).
 	Delay time.Duration
 	// RetryAfter is how long until the same job is admitted (Refused), in
-	// real time: it counts what is left of a pause.
+	// real time: it counts what is left of a pause, and is at least
+	// HeldRetryAfter during an operator hold, which has no end to count to.
 	RetryAfter time.Duration
 	// Prompt: it goes at once (no wait for the rate, a window or a pause).
 	Prompt bool
@@ -198,6 +199,11 @@ func place(r *Record, q Queue, c Call, paused bool, depth, cost int) (leaky.Deci
 	}
 	if !d.Admitted {
 		d.RetryAfter = DispatchAt(r.Pause, tnow.Add(d.RetryAfter), c.Now).Sub(c.Now)
+		if !r.Pause.Held.IsZero() {
+			// Counted as if resumed now, which no clock says will happen:
+			// nothing leaves until an operator resumes the tenant.
+			d.RetryAfter = max(d.RetryAfter, HeldRetryAfter)
+		}
 	}
 	return d, st, recent
 }
@@ -314,3 +320,10 @@ func CeilingDelay(c *leaky.Policy, ahead int) time.Duration {
 	}
 	return time.Duration(max(0, ahead+1-c.Burst)) * c.Interval
 }
+
+// HeldRetryAfter is the least Retry-After of a refusal while an operator
+// hold is on. The hold has no end to count to, and the answer as if it
+// were resumed now (0 for a queue due already) would have a client that
+// obeys it spin; a minute keeps such a client quiet and costs it at most
+// a minute after the resume.
+const HeldRetryAfter = time.Minute

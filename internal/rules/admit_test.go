@@ -220,3 +220,35 @@ func TestExpectedDelay(t *testing.T) {
 		t.Fatalf("behind a ceiling: %v, want %v", got, want)
 	}
 }
+
+// While an operator hold is on, nothing leaves the queue until someone
+// resumes it, which no clock says: a refusal then asks for no retry
+// sooner than HeldRetryAfter (a client that obeys would spin on the
+// as-if-resumed-now answer, 0 for a queue due already). A timed pause
+// says when it ends, and a refusal counts to then as before.
+func TestHeldRefusalPromisesNoSoonRetry(t *testing.T) {
+	leakyP := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 2}
+	tokenP := leaky.Policy{Interval: 100 * ms, Burst: 3}
+	held := leaky.Pause{}.Hold(t0.Add(-time.Hour))
+	for _, tc := range []struct {
+		name  string
+		p     leaky.Policy
+		pause leaky.Pause
+		q     slots
+		want  time.Duration
+	}{
+		{"held, a full queue due already", leakyP, held, slots{scheduled: []time.Time{t0.Add(-2 * time.Hour), t0.Add(-2 * time.Hour)}}, HeldRetryAfter},
+		{"held, a full queue due soon", leakyP, held, slots{scheduled: []time.Time{t0.Add(-time.Hour), t0.Add(-time.Hour + 100*ms)}}, HeldRetryAfter},
+		{"held, token mode", tokenP, held, slots{}, HeldRetryAfter},
+		{"held, a queue due past the floor", leakyP, held, slots{scheduled: []time.Time{t0.Add(-time.Hour + 2*time.Minute), t0.Add(-time.Hour + 2*time.Minute + 100*ms), t0.Add(-time.Hour + 2*time.Minute + 200*ms)}}, 2 * time.Minute},
+		{"a timed pause", leakyP, leaky.Pause{Until: t0.Add(3 * time.Second), Shift: 3 * time.Second}, slots{scheduled: []time.Time{t0, t0.Add(100 * ms)}}, 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := Record{Pause: tc.pause, TAT: tc.pause.TenantTime(t0).Add(200 * ms)}
+			d := Admit(&rec, &tc.q, Call{Now: t0, Arrival: tc.pause.TenantTime(t0), Policy: tc.p})
+			if d.Verdict != Refused || d.RetryAfter != tc.want {
+				t.Fatalf("%+v, want refused with Retry-After %v", d, tc.want)
+			}
+		})
+	}
+}
