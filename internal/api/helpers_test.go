@@ -152,7 +152,9 @@ var filterOptions = &openapi3filter.Options{
 	IncludeResponseStatus: true,
 	SkipSettingDefaults:   true,
 	AuthenticationFunc: func(_ context.Context, in *openapi3filter.AuthenticationInput) error {
-		if v := in.RequestValidationInput.Request.Header.Get("Authorization"); !strings.HasPrefix(v, "Bearer ") {
+		// The scheme's name is case-insensitive (RFC 9110, 11.1).
+		scheme, _, _ := strings.Cut(in.RequestValidationInput.Request.Header.Get("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") {
 			return fmt.Errorf("no bearer token")
 		}
 		return nil
@@ -191,20 +193,22 @@ func checkExchange(method, path, body string, reqHeader http.Header, status int,
 
 // unroutedAnswer checks the answer to a request no operation of the
 // document matches: the mux's own redirects (paths it cleans), or the
-// catch-all JSON errors: 404 not_found (as the document's NotFound) and 405
+// catch-all JSON errors: 404 not_found (as the document's NotFound), 405
 // method_not_allowed for a method no operation has (the document cannot
-// list it: it lists operations), {"error", "message"} like every error.
+// list it: it lists operations), and 400 invalid_tenant for a tenant path
+// with a dot or empty segment, {"error", "message"} like every error.
 func unroutedAnswer(method, path string, routeErr error, status int, body []byte) error {
 	switch status {
 	case http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
 		return nil
+	case http.StatusBadRequest:
+		if !strings.HasPrefix(path, "/v1/tenants/") {
+			return fmt.Errorf("%s %s is not in the document (%v), yet the server answered 400", method, path, routeErr)
+		}
+		return unroutedError(method, path, status, body, "BadRequest")
 	case http.StatusNotFound, http.StatusMethodNotAllowed:
 	default:
 		return fmt.Errorf("%s %s is not in the document (%v), yet the server answered %d: document it", method, path, routeErr, status)
-	}
-	doc, err := apiDoc()
-	if err != nil {
-		return err
 	}
 	var v map[string]any
 	if err := json.Unmarshal(body, &v); err != nil {
@@ -216,8 +220,22 @@ func unroutedAnswer(method, path string, routeErr error, status int, body []byte
 		}
 		return nil
 	}
-	if err := doc.Components.Schemas["NotFound"].Value.VisitJSON(v, openapi3.EnableJSONSchema2020()); err != nil {
-		return fmt.Errorf("%s %s answered %d, not as the document's errors: %v", method, path, status, err)
+	return unroutedError(method, path, status, body, "NotFound")
+}
+
+// unroutedError checks an error answer against the document's schema of
+// that name.
+func unroutedError(method, path string, status int, body []byte, schema string) error {
+	doc, err := apiDoc()
+	if err != nil {
+		return err
+	}
+	var v any
+	if err := json.Unmarshal(body, &v); err != nil {
+		return fmt.Errorf("%s %s answered %d without a JSON body: %v", method, path, status, err)
+	}
+	if err := doc.Components.Schemas[schema].Value.VisitJSON(v, openapi3.EnableJSONSchema2020()); err != nil {
+		return fmt.Errorf("%s %s answered %d, not as the document's %s: %v", method, path, status, schema, err)
 	}
 	return nil
 }

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/queue"
@@ -26,6 +28,30 @@ func (s *server) tenantFromPath(r *http.Request, a access) (string, config.Tenan
 			"tenant %q is not configured and allow_unknown_tenants is false", name)
 	}
 	return name, ts, nil
+}
+
+// tenantPaths refuses a path under /v1/tenants/ with a "." or ".." segment
+// or an empty one, 400 invalid_tenant, before the mux cleans it and
+// redirects there: a client that follows the redirect would reach another
+// tenant, or another route, than the one it named. "." and ".." are not
+// tenant names (config.ValidName), and a job's tenant is never found by
+// walking a path.
+func tenantPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest, ok := strings.CutPrefix(r.URL.Path, "/v1/tenants/")
+		if !ok {
+			next.ServeHTTP(w, r)
+			return
+		}
+		segs := strings.Split(rest, "/")
+		for i, seg := range segs {
+			if seg == "." || seg == ".." || (seg == "" && i < len(segs)-1) || (seg == "" && i == 0) {
+				writeError(w, http.StatusBadRequest, "invalid_tenant", fmt.Sprintf("path %q has a \".\", \"..\" or empty segment: name the tenant itself (1 to 128 ASCII letters, digits or . _ - + @, not . or ..) in /v1/tenants/{tenant}", truncate(r.URL.Path, 200)), nil)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func truncate(s string, n int) string {
