@@ -35,6 +35,40 @@ type jobRequest struct {
 	// when the job names none.
 	CallbackURL string   `json:"callback_url"`
 	CallbackOn  []string `json:"callback_on"`
+	// null is the first optional field given as null ("": none). No
+	// optional field takes null (the document's types forbid it), and
+	// encoding/json would read it as absent: validate refuses it instead.
+	null string
+}
+
+// optionalFields are a job's fields besides payload, in the order a
+// refusal names them.
+var optionalFields = []string{"idempotency_key", "cost", "deadline", "expires_in", "request", "type", "callback_url", "callback_on"}
+
+// UnmarshalJSON is encoding/json's, with unknown fields refused and an
+// optional field given as null noted (null).
+func (j *jobRequest) UnmarshalJSON(b []byte) error {
+	type plain jobRequest // its own methods, without this one
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode((*plain)(j)); err != nil {
+		return err
+	}
+	// Most jobs hold no null at all: only those that do are read again.
+	if !bytes.Contains(b, []byte("null")) {
+		return nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return err
+	}
+	for _, name := range optionalFields {
+		if v, ok := fields[name]; ok && string(v) == "null" {
+			j.null = name
+			return nil
+		}
+	}
+	return nil
 }
 
 // decode reads exactly one JSON value from body into v, refusing a body
@@ -120,6 +154,9 @@ func kindName(t reflect.Type) string {
 // says the job's request sends no body (GET, DELETE), so that its payload
 // may be absent or null (it is then stored as null).
 func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayload int64, where string, bodiless bool) (queue.NewJob, error) {
+	if j.null != "" {
+		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_json", "%s%q is null: leave it out for its default, or give it a value (null is not one)", where, j.null)
+	}
 	if len(j.Payload) == 0 || string(j.Payload) == "null" {
 		if !bodiless {
 			return queue.NewJob{}, errorf(http.StatusBadRequest, "missing_payload", "%s\"payload\" is required: it is the body sent to the downstream (only a GET or DELETE request goes without one)", where)

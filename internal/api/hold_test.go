@@ -39,3 +39,41 @@ func TestHeldTenantsRefusalDoesNotInviteASpin(t *testing.T) {
 		t.Fatalf("after the resume: %d Retry-After %q %v, want the queue's own wait", st, hdr.Get("Retry-After"), body)
 	}
 }
+
+// Pause and resume take no body, or {}, as the document says: anything
+// else is refused, 400 (413 past a few bytes), and the hold does not
+// change; a body is never read past its bound.
+func TestHoldTakesNoBodyOrAnEmptyObject(t *testing.T) {
+	t.Parallel()
+	h, _ := newAPI(t)
+	for _, body := range []string{"", "{}", " { } \n"} {
+		if st, _, ans := do(t, h, "POST", "/v1/tenants/acme/pause", body); st != http.StatusOK || ans["held"] != true {
+			t.Fatalf("pause with %q: %d %v", body, st, ans)
+		}
+		if st, _, ans := do(t, h, "POST", "/v1/tenants/acme/resume", body); st != http.StatusOK || ans["held"] != false {
+			t.Fatalf("resume with %q: %d %v", body, st, ans)
+		}
+	}
+	for _, c := range []struct {
+		body   string
+		status int
+		code   string
+	}{
+		{"not json", 400, "invalid_json"},
+		{"[]", 400, "invalid_json"},
+		{"null", 400, "invalid_json"},
+		{`{"until": "5m"}`, 400, "unknown_field"},
+		{"{}{}", 400, "invalid_json"},
+		{`"` + strings.Repeat("x", 1<<20) + `"`, 413, "body_too_large"},
+	} {
+		for _, verb := range []string{"pause", "resume"} {
+			st, _, ans := do(t, h, "POST", "/v1/tenants/acme/"+verb, c.body)
+			if st != c.status || ans["error"] != c.code {
+				t.Errorf("%s with %.20q: %d %v, want %d %s", verb, c.body, st, ans, c.status, c.code)
+			}
+		}
+	}
+	if _, _, ten := do(t, h, "GET", "/v1/tenants/acme", ""); ten["held"] != false {
+		t.Fatalf("a refused pause held the tenant: %v", ten)
+	}
+}
