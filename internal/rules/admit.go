@@ -44,7 +44,7 @@ type Call struct {
 	// tenant has a sender.
 	OwnerAt time.Time
 	// Resend: the job is a failed one sent again by hand, not a new one
-	// (the accepted count stays as it was).
+	// (the accepted count stays as it was; the failed count drops by it).
 	Resend bool
 }
 
@@ -140,7 +140,11 @@ func Admit(rec *Record, q Queue, c Call) Decision {
 	}
 	rec.TAT, rec.Booked = st.TAT, r.Booked
 	rec.SetRecent(p, counted)
-	if !c.Resend {
+	if c.Resend {
+		// It waits again: no longer one of the tenant's failed jobs (it
+		// counts there again if it fails again).
+		rec.Failed = max(0, rec.Failed-1)
+	} else {
 		rec.Accepted++
 	}
 	return out

@@ -197,12 +197,17 @@ func TestOwnerAtMovesThePromise(t *testing.T) {
 	}
 }
 
-// A hand retry of a failed job is not a new acceptance.
+// A hand retry of a failed job is not a new acceptance, and the job is no
+// longer failed while it waits again; a refused one still is.
 func TestResendIsNotCounted(t *testing.T) {
 	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10}
-	var rec Record
-	if d := Admit(&rec, &slots{}, Call{Now: t0, Arrival: t0, Policy: p, Resend: true}); d.Verdict != Admitted || rec.Accepted != 0 {
-		t.Fatalf("%+v, accepted %d", d, rec.Accepted)
+	rec := Record{Accepted: 3, Failed: 2}
+	if d := Admit(&rec, &slots{}, Call{Now: t0, Arrival: t0, Policy: p, Resend: true}); d.Verdict != Admitted || rec.Accepted != 3 || rec.Failed != 1 {
+		t.Fatalf("%+v, accepted %d failed %d, want 3 and 1", d, rec.Accepted, rec.Failed)
+	}
+	full := &slots{deciding: make([]time.Time, 12)}
+	if d := Admit(&rec, full, Call{Now: t0, Arrival: t0, Policy: p, Resend: true}); d.Verdict != Refused || rec.Failed != 1 {
+		t.Fatalf("%+v, failed %d, want refused and 1", d, rec.Failed)
 	}
 }
 
