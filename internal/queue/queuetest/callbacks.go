@@ -107,6 +107,11 @@ func checkCallbacksOwed(t *testing.T, s0 queue.Store, reopen func() queue.Store,
 			if j.Callback == nil || j.Callback.URL != hookURL || j.CallbackStatus == nil || j.CallbackStatus.State != queue.CallbackPending || j.Payload != nil {
 				t.Fatalf("due %s: callback %+v status %+v payload %q, want its callback, pending, no payload", j.ID, j.Callback, j.CallbackStatus, j.Payload)
 			}
+			// Its finish time names the end the callback tells (its
+			// webhook-id: callback.MessageID).
+			if j.FinishedAt.IsZero() {
+				t.Fatalf("due %s: no finish time", j.ID)
+			}
 		}
 		slices.Sort(names)
 		slices.Sort(wantNames)
