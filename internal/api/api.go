@@ -52,6 +52,11 @@ type Options struct {
 	// job's payload and request against them, so that a job that could
 	// never be sent is refused (422) before it is queued. Nil: no checks.
 	Outbound func(downstream string) *outbound.Downstream
+	// HandlesType reports whether the Go handler named handler takes a
+	// job of downstream with type typ, as this process knows its handlers:
+	// admission refuses a job no handler can ever take (422 unknown_type).
+	// Nil: types are not checked.
+	HandlesType func(handler, downstream, typ string) bool
 }
 
 type server struct {
@@ -66,6 +71,8 @@ type server struct {
 	memos   memos // what the RateLimit fields need beyond the store's answers
 	// outbound gives a downstream's request rules (nil: none checked).
 	outbound func(downstream string) *outbound.Downstream
+	// handlesType is Options.HandlesType (nil: none checked).
+	handlesType func(handler, downstream, typ string) bool
 }
 
 // MaxBatchJobs is the most jobs one jobs:batch request may carry.
@@ -79,7 +86,7 @@ func New(opts Options) http.Handler {
 	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger,
 		slots:   make(chan struct{}, opts.Config().Server.MaxConcurrentRequests),
 		waiters: make(chan struct{}, waitersPerSlot*opts.Config().Server.MaxConcurrentRequests), metrics: opts.Metrics,
-		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{}), outbound: opts.Outbound}
+		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{}), outbound: opts.Outbound, handlesType: opts.HandlesType}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
