@@ -1,8 +1,12 @@
 package api
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
 )
 
 // Tests that the document tells what the server does where no answer of
@@ -128,5 +133,82 @@ func TestInvalidWaitIsDocumented(t *testing.T) {
 		if status != http.StatusBadRequest || ans["error"] != "invalid_wait" {
 			t.Errorf("wait=%s: %d %v, want 400 invalid_wait", wait, status, ans)
 		}
+	}
+}
+
+// requestMalformed is the document's verdict on a request: nil when it
+// takes it, else why not.
+func requestMalformed(method, path, body string) error {
+	router, err := apiRouter()
+	if err != nil {
+		return err
+	}
+	req := httptestRequest(method, path, body)
+	route, params, err := router.FindRoute(req)
+	if err != nil {
+		return err
+	}
+	in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route, Options: filterOptions}
+	return openapi3filter.ValidateRequest(context.Background(), in)
+}
+
+func httptestRequest(method, path, body string) *http.Request {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req
+}
+
+// The schema of a job's type, expires_in and of ?wait refuses what the
+// server refuses (printable ASCII for a type; Go's duration syntax, and
+// whole seconds for a wait) and takes what it takes; what a pattern cannot
+// bound (the maxima) its description says, and the server refuses past it.
+func TestDocumentPatternsMatchTheServer(t *testing.T) {
+	t.Parallel()
+	h, _ := newAPI(t)
+	_, _, first := do(t, h, "POST", "/v1/tenants/acme/jobs", `{"payload": 1}`)
+	jobPath := "/v1/jobs/" + first["id"].(string)
+	do(t, h, "DELETE", jobPath, "") // ended: a wait is answered at once
+	type value struct {
+		v      string
+		server bool // the server takes it
+	}
+	check := func(what string, vals []value, request func(v string) (method, path, body string)) {
+		for _, c := range vals {
+			method, path, body := request(c.v)
+			status, _, ans := do(t, h, method, path, body)
+			if took := status < 400 || status == http.StatusUnprocessableEntity; took != c.server {
+				t.Errorf("%s %q: the server answered %d %v, want taken %v", what, c.v, status, ans, c.server)
+			}
+			if err := requestMalformed(method, path, body); (err == nil) != c.server {
+				t.Errorf("%s %q: the document's verdict %v, want taken %v as the server", what, c.v, err, c.server)
+			}
+		}
+	}
+	jsonString := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	check("type", []value{{"email:welcome", true}, {" ~!", true}, {"", true}, {"é", false}, {"a\x01", false}, {"a\x7f", false}},
+		func(v string) (string, string, string) {
+			return "POST", "/v1/tenants/acme/jobs", `{"payload": 1, "type": ` + jsonString(v) + `}`
+		})
+	check("expires_in", []value{{"30s", true}, {"0", true}, {"-5s", true}, {"+30s", true}, {"1h30m", true}, {"1.5h", true}, {".5s", true}, {"5.s", true},
+		{"5µs", true}, {"5μs", true}, {"8784h", true}, {"-m", false}, {".h", false}, {"h", false}, {"1d", false}, {"5", false}, {"30 s", false}, {"", false}},
+		func(v string) (string, string, string) {
+			return "POST", "/v1/tenants/acme/jobs", `{"payload": 1, "expires_in": ` + jsonString(v) + `}`
+		})
+	check("wait", []value{{"30", true}, {"0", true}, {"060", true}, {"500ms", true}, {"1m", true}, {"0.5m", true}, {"-0s", true}, {"+5s", true},
+		{"1.5s", true}, {".5s", true}, {"60s", true}, {"+0", true}, {"-m", false}, {".h", false}, {"1d", false}, {"-5s", false}, {"-0s5ms", false}, {"+", false}, {"5 s", false}},
+		func(v string) (string, string, string) { return "GET", jobPath + "?wait=" + url.QueryEscape(v), "" })
+	// Past the maxima: refused by the server, said by the description.
+	doc, _ := apiDoc()
+	wait := doc.Paths.Find("/v1/jobs/{id}").Get.Parameters.GetByInAndName("query", "wait")
+	expires := doc.Components.Schemas["JobRequest"].Value.Properties["expires_in"].Value
+	for _, c := range []struct{ desc, says string }{{wait.Description, "400 invalid_wait"}, {expires.Description, "400 invalid_deadline"}, {expires.Description, "8784h"}} {
+		if !strings.Contains(c.desc, c.says) {
+			t.Errorf("the description %q does not say %q", c.desc, c.says)
+		}
+	}
+	if status, _, ans := do(t, h, "POST", "/v1/tenants/acme/jobs", `{"payload": 1, "expires_in": "8785h"}`); status != http.StatusBadRequest || ans["error"] != "invalid_deadline" {
+		t.Errorf("expires_in past 366 days: %d %v, want 400 invalid_deadline", status, ans)
 	}
 }

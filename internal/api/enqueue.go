@@ -35,15 +35,20 @@ type jobRequest struct {
 	// when the job names none.
 	CallbackURL string   `json:"callback_url"`
 	CallbackOn  []string `json:"callback_on"`
-	// null is the first optional field given as null ("": none). No
-	// optional field takes null (the document's types forbid it), and
-	// encoding/json would read it as absent: validate refuses it instead.
-	null string
+	// null is the first optional field given as null, or as "" where its
+	// value cannot be empty ("": none). The document's types and patterns
+	// forbid both, and encoding/json would read them as absent: validate
+	// refuses them instead.
+	null, empty string
 }
 
 // optionalFields are a job's fields besides payload, in the order a
 // refusal names them.
 var optionalFields = []string{"idempotency_key", "cost", "deadline", "expires_in", "request", "type", "callback_url", "callback_on"}
+
+// nonEmptyFields are the string fields whose value cannot be "" (a type
+// can: none).
+var nonEmptyFields = []string{"idempotency_key", "deadline", "expires_in", "callback_url"}
 
 // UnmarshalJSON is encoding/json's, with unknown fields refused and an
 // optional field given as null noted (null).
@@ -54,8 +59,8 @@ func (j *jobRequest) UnmarshalJSON(b []byte) error {
 	if err := dec.Decode((*plain)(j)); err != nil {
 		return err
 	}
-	// Most jobs hold no null at all: only those that do are read again.
-	if !bytes.Contains(b, []byte("null")) {
+	// Most jobs hold no null and no "": only those that do are read again.
+	if !bytes.Contains(b, []byte("null")) && !bytes.Contains(b, []byte(`""`)) {
 		return nil
 	}
 	var fields map[string]json.RawMessage
@@ -65,6 +70,12 @@ func (j *jobRequest) UnmarshalJSON(b []byte) error {
 	for _, name := range optionalFields {
 		if v, ok := fields[name]; ok && string(v) == "null" {
 			j.null = name
+			return nil
+		}
+	}
+	for _, name := range nonEmptyFields {
+		if v, ok := fields[name]; ok && string(v) == `""` {
+			j.empty = name
 			return nil
 		}
 	}
@@ -156,6 +167,9 @@ func kindName(t reflect.Type) string {
 func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayload int64, where string, bodiless bool) (queue.NewJob, error) {
 	if j.null != "" {
 		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_json", "%s%q is null: leave it out for its default, or give it a value (null is not one)", where, j.null)
+	}
+	if j.empty != "" {
+		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_json", "%s%q is empty: leave it out for its default, or give it a value", where, j.empty)
 	}
 	if len(j.Payload) == 0 || string(j.Payload) == "null" {
 		if !bodiless {

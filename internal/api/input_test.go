@@ -49,6 +49,13 @@ func TestNullOptionalFieldsAreRefused(t *testing.T) {
 			t.Errorf("%s null: %d %v, want 400 invalid_json naming it", field, status, body)
 		}
 	}
+	// So is "" for a string that cannot be empty (a type can: none).
+	for _, field := range []string{"idempotency_key", "deadline", "expires_in", "callback_url"} {
+		status, _, body := do(t, h, "POST", "/v1/tenants/acme/jobs", `{"payload": 1, "`+field+`": ""}`)
+		if msg, _ := body["message"].(string); status != http.StatusBadRequest || body["error"] != "invalid_json" || !strings.Contains(msg, `"`+field+`" is empty`) {
+			t.Errorf("%s empty: %d %v, want 400 invalid_json naming it", field, status, body)
+		}
+	}
 	status, _, body := do(t, h, "POST", "/v1/tenants/acme/jobs:batch", `{"jobs": [{"payload": 1}, {"payload": 2, "cost": null}]}`)
 	if msg, _ := body["message"].(string); status != http.StatusBadRequest || body["error"] != "invalid_json" || !strings.Contains(msg, "jobs[1]") || !strings.Contains(msg, `"cost"`) {
 		t.Errorf("batch with a null cost: %d %v, want 400 invalid_json naming jobs[1] and cost", status, body)
