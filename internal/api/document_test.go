@@ -212,3 +212,64 @@ func TestDocumentPatternsMatchTheServer(t *testing.T) {
 		t.Errorf("expires_in past 366 days: %d %v, want 400 invalid_deadline", status, ans)
 	}
 }
+
+// The rules the schema cannot express are in the document's prose, each
+// where a reader of that part looks, naming the code the server answers;
+// and the server answers it.
+func TestDocumentSaysTheRulesItsSchemaCannot(t *testing.T) {
+	t.Parallel()
+	h, _ := newAPI(t)
+	var raw any
+	if err := json.Unmarshal(openAPI, &raw); err != nil {
+		t.Fatal(err)
+	}
+	const enqueue = "/paths/~1v1~1tenants~1{tenant}~1jobs/post"
+	for _, r := range []struct {
+		rule, body, header string
+		code, where        string
+	}{
+		{"a payload, unless the job's request is a GET or DELETE", `{}`, "", "missing_payload", "/components/schemas/JobRequest/properties/payload/description"},
+		{"callback_on needs a callback_url, the job's or its tenant's", `{"payload": 1, "callback_on": ["failed"]}`, "", "invalid_callback_on", "/components/schemas/JobRequest/properties/callback_on/description"},
+		{"the Idempotency-Key header and the body's key agree", `{"payload": 1, "idempotency_key": "a"}`, "b", "invalid_idempotency_key", enqueue + "/parameters/0/description"},
+		{"an optional field is never null", `{"payload": 1, "cost": null}`, "", "invalid_json", "/components/schemas/JobRequest/description"},
+		{"expires_in is at most 366 days", `{"payload": 1, "expires_in": "9000h"}`, "", "invalid_deadline", "/components/schemas/JobRequest/properties/expires_in/description"},
+	} {
+		hdr := http.Header{"Content-Type": {"application/json"}}
+		if r.header != "" {
+			hdr.Set("Idempotency-Key", r.header)
+		}
+		status, _, body := doHeader(t, h, "POST", "/v1/tenants/acme/jobs", r.body, hdr)
+		if status != http.StatusBadRequest || body["error"] != r.code {
+			t.Errorf("%s: the server answered %d %v, want 400 %s", r.rule, status, body, r.code)
+		}
+		if text, _ := pointer(raw, r.where).(string); !strings.Contains(text, r.code) {
+			t.Errorf("%s: the document at %s says %q, not naming %s", r.rule, r.where, text, r.code)
+		}
+	}
+	// A batch with one malformed job queues nothing.
+	status, _, body := do(t, h, "POST", "/v1/tenants/acme/jobs:batch", `{"jobs": [{"payload": 1}, {}]}`)
+	batch, _ := pointer(raw, "/paths/~1v1~1tenants~1{tenant}~1jobs:batch/post/description").(string)
+	if status != http.StatusBadRequest || !strings.Contains(batch, "refused whole") || depth(t, h, "acme") != "depth 0 accepted 0" {
+		t.Errorf("a batch with a malformed job: %d %v; the document says %q", status, body, batch)
+	}
+}
+
+// pointer is the value at a JSON pointer (RFC 6901) of v, nil if none.
+func pointer(v any, p string) any {
+	for _, tok := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+		tok = strings.NewReplacer("~1", "/", "~0", "~").Replace(tok)
+		switch c := v.(type) {
+		case map[string]any:
+			v = c[tok]
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(c) {
+				return nil
+			}
+			v = c[i]
+		default:
+			return nil
+		}
+	}
+	return v
+}
