@@ -273,3 +273,34 @@ func pointer(v any, p string) any {
 	}
 	return v
 }
+
+// The answers no operation lists are in the document too: 405 with Allow
+// for a method a known path does not take (its MethodNotAllowed answer,
+// which every 405 of the tests is checked against), the router's 307 to a
+// path's clean form, and the HTTP server's own text answers to a request
+// it cannot read (400, 431: see TestAnswersBeforeAnyRoute in
+// cmd/throttler, which sends them to the real server).
+func TestDocumentTellsTheAnswersNoOperationLists(t *testing.T) {
+	t.Parallel()
+	h, _ := newAPI(t)
+	doc, _ := apiDoc()
+	status, hdr, body := do(t, h, "PATCH", "/v1/tenants", "")
+	if status != http.StatusMethodNotAllowed || hdr.Get("Allow") != "GET, HEAD" || body["error"] != "method_not_allowed" {
+		t.Errorf("PATCH /v1/tenants: %d Allow %q %v", status, hdr.Get("Allow"), body)
+	}
+	status, hdr, _ = do(t, h, "GET", "/v1/jobs/../tenants", "")
+	if status != http.StatusTemporaryRedirect || hdr.Get("Location") != "/v1/tenants" {
+		t.Errorf("GET /v1/jobs/../tenants: %d Location %q, want 307 to /v1/tenants", status, hdr.Get("Location"))
+	}
+	for _, says := range []string{"405", "Allow", "307", "Location", "400", "431", "text/plain", "invalid_tenant"} {
+		if !strings.Contains(doc.Info.Description, says) {
+			t.Errorf("the document's description does not say %q", says)
+		}
+	}
+	for name, status := range map[string]string{"MethodNotAllowed": "405", "Redirect": "307", "MalformedRequest": "400", "HeaderFieldsTooLarge": "431"} {
+		r := doc.Components.Responses[name]
+		if r == nil || r.Value == nil || r.Value.Description == nil || !strings.Contains(*r.Value.Description, status) {
+			t.Errorf("the document has no %s answer (%s)", name, status)
+		}
+	}
+}
