@@ -228,20 +228,7 @@ max_attempts = 100
 		return len(seen) == n
 	})
 	t.Logf("every callback within %v of the receiver coming back", time.Since(back).Round(time.Millisecond))
-	repeats := 0
-	hookIDs := map[string]string{} // job -> its callback's webhook-id
-	for _, ev := range rcv.got() {
-		if ev.WebhookID == "" || ev.WebhookID == ev.Job || ev.Type != "job.succeeded" || ev.State != "succeeded" || ev.Tenant != "shop" {
-			t.Errorf("callback %+v, want a webhook-id of its own (not the job id) and job.succeeded", ev)
-		}
-		if id, ok := hookIDs[ev.Job]; ok && id != ev.WebhookID {
-			t.Errorf("job %s's callback came with webhook-ids %s and %s, want one", ev.Job, id, ev.WebhookID)
-		}
-		hookIDs[ev.Job] = ev.WebhookID
-		if ev.Repeat {
-			repeats++
-		}
-	}
+	repeats := checkHookEvents(t, rcv.got())
 	testutil.WaitFor(t, 10*time.Second, "every callback recorded delivered", func() bool {
 		for _, id := range ids {
 			if cb, _ := jobState(t, p.base, id)["callback"].(map[string]any); cb["state"] != "delivered" || cb["last_error"] != nil {
@@ -281,6 +268,27 @@ max_attempts = 100
 	if _, _, raw := send(t, "GET", p.base+"/v1/jobs/"+ids[0], ""); strings.Contains(string(raw), key) {
 		t.Error("the callback secret reached a job's answer")
 	}
+}
+
+// checkHookEvents checks the callbacks a receiver took, each of a job of
+// shop that succeeded, and returns how many were repeats: each job's
+// callback has one webhook-id on every attempt, its own, not the job id.
+func checkHookEvents(t *testing.T, events []hookEvent) (repeats int) {
+	t.Helper()
+	hookIDs := map[string]string{} // job -> its callback's webhook-id
+	for _, ev := range events {
+		if ev.WebhookID == "" || ev.WebhookID == ev.Job || ev.Type != "job.succeeded" || ev.State != "succeeded" || ev.Tenant != "shop" {
+			t.Errorf("callback %+v, want a webhook-id of its own (not the job id) and job.succeeded", ev)
+		}
+		if id, ok := hookIDs[ev.Job]; ok && id != ev.WebhookID {
+			t.Errorf("job %s's callback came with webhook-ids %s and %s, want one", ev.Job, id, ev.WebhookID)
+		}
+		hookIDs[ev.Job] = ev.WebhookID
+		if ev.Repeat {
+			repeats++
+		}
+	}
+	return repeats
 }
 
 // kill -9 between a job's end and its callback's answer (the receiver
