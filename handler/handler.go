@@ -56,6 +56,20 @@ type Preparer interface {
 	Prepare(ctx context.Context, job *Job) func() ([]byte, error)
 }
 
+// Typed is a Handler that knows the job types it handles (an asynq
+// ServeMux knows its patterns: package asynqhandler). In a process that
+// has it, a job of a type it does not handle is refused at admission (422
+// unknown_type, nothing queued), and one that reaches it anyway (enqueued
+// through a process without the handler, such as a stock API process on
+// Redis) fails at once instead of being retried: no attempt can change
+// its type.
+type Typed interface {
+	Handler
+	// Handles reports whether a job of downstream with type typ ("" for
+	// a job without one) has a handler.
+	Handles(downstream, typ string) bool
+}
+
 // HandlerFunc is a function as a Handler.
 type HandlerFunc func(ctx context.Context, job *Job) ([]byte, error)
 
@@ -109,6 +123,15 @@ func (m *Mux) Names() []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return slices.Sorted(maps.Keys(m.handlers))
+}
+
+// typed is name's handler as a Typed, unwrapped (the middleware does not
+// say which types it handles); nil when it is not one.
+func (m *Mux) typed(name string) Typed {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	t, _ := m.handlers[name].(Typed)
+	return t
 }
 
 // handler is name's handler wrapped in the middleware (nil: none).

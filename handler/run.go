@@ -3,6 +3,7 @@ package handler
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -66,7 +67,18 @@ func Run(ctx context.Context, opts Options) error {
 	reloads := make(chan *config.Config)
 	go forwardReloads(ctx, opts.Reloads, load, reloads, log)
 	return service.Run(ctx, service.Options{Config: cfg, Logger: log, Started: opts.Started, Role: opts.Role,
-		Handlers: calls(opts.Handlers), Reloads: reloads})
+		Handlers: calls(opts.Handlers), Types: types(opts.Handlers), Reloads: reloads})
+}
+
+// types are the Mux's Typed handlers' Handles, by name.
+func types(m *Mux) map[string]func(downstream, typ string) bool {
+	out := map[string]func(downstream, typ string) bool{}
+	for _, name := range m.Names() {
+		if t := m.typed(name); t != nil {
+			out[name] = t.Handles
+		}
+	}
+	return out
 }
 
 // forwardReloads loads the config at each reload asked for and passes it
@@ -98,8 +110,15 @@ func forwardReloads(ctx context.Context, asked <-chan struct{}, load func() (*co
 func calls(m *Mux) map[string]dispatch.Call {
 	out := map[string]dispatch.Call{}
 	for _, name := range m.Names() {
-		h := m.handler(name)
+		h, typed := m.handler(name), m.typed(name)
 		out[name] = func(ctx context.Context, downstream string, j queue.Job) func() dispatch.Reply {
+			if typed != nil && !typed.Handles(downstream, j.Type) {
+				// Admitted where the handler is not known (a stock API
+				// process): no attempt can change its type.
+				return func() dispatch.Reply {
+					return dispatch.Reply{Result: queue.Failed, Error: unknownType(name, downstream, j.Type)}
+				}
+			}
 			// Built before the gate: after it, only the call.
 			job := jobOf(downstream, j)
 			ctx = context.WithValue(ctx, jobKey{}, job)
@@ -123,4 +142,14 @@ func jobOf(downstream string, j queue.Job) *Job {
 		job.Request = &Request{Method: r.Method, Path: r.Path, Query: r.Query, Headers: r.Headers}
 	}
 	return job
+}
+
+// unknownType says that handler name of downstream takes no job of type
+// typ (a job's last_error).
+func unknownType(name, downstream, typ string) string {
+	what := fmt.Sprintf("type %q", typ)
+	if typ == "" {
+		what = "no type (\"type\" left out)"
+	}
+	return fmt.Sprintf("the Go handler %q of downstream %q has no handler for a job of %s: give a type it handles, or register one in the program", name, downstream, what)
 }

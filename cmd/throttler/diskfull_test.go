@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -214,5 +215,28 @@ func checkStoreFull(t *testing.T, h http.Header, body map[string]any) {
 	t.Helper()
 	if body["error"] != "store_full" || !strings.Contains(fmt.Sprint(body["message"]), "store.reserve") || h.Get("Retry-After") == "" {
 		t.Fatalf("507 answer: Retry-After %q, %v; want store_full naming store.reserve, with Retry-After", h.Get("Retry-After"), body)
+	}
+}
+
+// A store.reserve the store's filesystem can never have free is refused
+// at start, naming the key and what to do, instead of a service that
+// answers every admission 507 for ever.
+func TestReserveLargerThanTheDiskIsRefusedAtStart(t *testing.T) {
+	testutil.SkipShort(t, "process test: starts the throttler binary")
+	t.Parallel()
+	ds := downstreamtest.New(t)
+	file := writeConfig(t, "", ds)
+	// A serve that does not refuse runs until the context kills it.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, throttlerBinary(t), "serve", "--config", file, "--set", "store.reserve=1000TiB").CombinedOutput()
+	var ee *exec.ExitError
+	if ctx.Err() != nil || !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("serve with a reserve of 1000 TiB: %v (still running after 20 s: %v)\n%s", err, ctx.Err() != nil, out)
+	}
+	for _, want := range []string{"store.reserve (1000.0 TiB)", "Lower store.reserve", "larger filesystem"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("serve with a reserve of 1000 TiB said:\n%s\nwant %q in it", out, want)
+		}
 	}
 }

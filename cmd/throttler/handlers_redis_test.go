@@ -96,6 +96,27 @@ capacity = 200
 	if repeats > 2 {
 		t.Fatalf("%d repeats: only a call in flight at the kill may repeat", repeats)
 	}
+	unknownTypeFailsAtOnce(t, api.base)
+}
+
+// unknownTypeFailsAtOnce: a job of a type the workers' ServeMux has no
+// handler for, admitted by a stock API process (which has no handlers to
+// ask), fails at its first attempt naming the type, not after
+// max_attempts.
+func unknownTypeFailsAtOnce(t *testing.T, base string) {
+	st, _, body := call(t, "POST", base+"/v1/tenants/acme/jobs", `{"type": "fax:send", "payload": {"to": "user"}}`)
+	if st != 202 {
+		t.Fatalf("a job of an unknown type through the stock API: %d %v", st, body)
+	}
+	id := body["id"].(string)
+	var j map[string]any
+	testutil.WaitFor(t, 15*time.Second, "the job of an unknown type ended", func() bool {
+		j = jobState(t, base, id)
+		return j["state"] == "failed" || j["state"] == "succeeded"
+	})
+	if last, _ := j["last_error"].(string); j["state"] != "failed" || j["attempts"] != 1.0 || !strings.Contains(last, `"fax:send"`) {
+		t.Fatalf("a job of an unknown type: %v, want failed after 1 attempt, naming its type", j)
+	}
 }
 
 // handlerWorker is examples/asynqmux running as a Redis worker.

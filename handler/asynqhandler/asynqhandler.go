@@ -17,6 +17,12 @@
 //   - any other error: retried with backoff, up to the downstream's
 //     max_attempts.
 //
+// A task type an *asynq.ServeMux has no handler for is not retried as
+// asynq would retry its "handler not found": the adapter is a
+// handler.Typed, so the service refuses such a job at admission (422
+// unknown_type) where the process has the handler, and one that reaches
+// it anyway fails at once.
+//
 // What does not carry over from asynq's server: asynq.GetTaskID,
 // GetRetryCount, GetMaxRetry and GetQueueName report ok = false (they
 // read values only asynq's server can put in the context; use
@@ -32,6 +38,7 @@ package asynqhandler
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/hibiken/asynq"
 
@@ -51,16 +58,43 @@ func (a adapter) Handle(ctx context.Context, job *handler.Job) ([]byte, error) {
 }
 
 func (a adapter) Prepare(ctx context.Context, job *handler.Job) func() ([]byte, error) {
-	typ := job.Type
-	if typ == "" {
-		typ = job.Downstream
-	}
+	typ := taskType(job.Downstream, job.Type)
 	task := asynq.NewTask(typ, job.Payload)
 	h := a.h
 	if mux, ok := h.(*asynq.ServeMux); ok {
-		h, _ = mux.Handler(task) // what mux.ProcessTask does first
+		var pattern string
+		h, pattern = mux.Handler(task) // what mux.ProcessTask does first
+		if pattern == "" {
+			// asynq's "handler not found" would be retried to the last
+			// attempt, and no attempt can change the task's type.
+			return func() ([]byte, error) {
+				err := h.ProcessTask(ctx, task) // its middleware sees the call, as under asynq
+				return nil, handler.Permanent(fmt.Errorf("the asynq ServeMux has no handler for task type %q (register one, or enqueue a type it has): %w", typ, err))
+			}
+		}
 	}
 	return func() ([]byte, error) { return nil, decide(h.ProcessTask(ctx, task)) }
+}
+
+// Handles implements handler.Typed: an *asynq.ServeMux handles the task
+// types its patterns match (asked as its ProcessTask asks); any other
+// asynq.Handler takes every type.
+func (a adapter) Handles(downstream, typ string) bool {
+	mux, ok := a.h.(*asynq.ServeMux)
+	if !ok {
+		return true
+	}
+	_, pattern := mux.Handler(asynq.NewTask(taskType(downstream, typ), nil))
+	return pattern != ""
+}
+
+// taskType is the asynq task type of a job: its "type", or its
+// downstream's name when it has none.
+func taskType(downstream, typ string) string {
+	if typ == "" {
+		return downstream
+	}
+	return typ
 }
 
 // decide maps asynq's sentinel errors onto throttler's outcomes.

@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,5 +220,55 @@ func TestServeMuxIsRoutedBeforeTheSlot(t *testing.T) {
 	}
 	if want := `[chained middleware handler {"to":"1"}]`; fmt.Sprint(events) != want {
 		t.Fatalf("after the call: %v, want %v", events, want)
+	}
+}
+
+// A job whose type no handler of the ServeMux knows can never succeed:
+// where the process has the handler it is refused at admission (422
+// unknown_type, nothing queued; in a batch, that job alone), and one that
+// reaches the handler anyway (enqueued through a process without it)
+// fails at once, not retried max_attempts times.
+func TestUnknownTypeIsRefusedOrFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("email:", func(context.Context, *asynq.Task) error { calls.Add(1); return nil })
+	hm := handler.NewMux()
+	hm.Handle("tasks", asynqhandler.New(mux))
+	base := start(t, `
+[downstreams.tasks]
+handler = "tasks"
+max_attempts = 5
+[tenant_defaults]
+downstream = "tasks"
+rate = "50/s"
+`, hm)
+	for _, body := range []string{`{"type": "sms:otp", "payload": 1}`, `{"payload": 1}`} {
+		status, out := post(t, base+"/v1/tenants/acme/jobs", body)
+		if msg, _ := out["message"].(string); status != http.StatusUnprocessableEntity || out["error"] != "unknown_type" || out["part"] != "type" || !strings.Contains(msg, `"tasks"`) {
+			t.Fatalf("enqueue %s: %d %v, want 422 unknown_type naming the handler", body, status, out)
+		}
+	}
+	status, out := post(t, base+"/v1/tenants/acme/jobs:batch", `{"jobs": [{"type": "email:welcome", "payload": 1}, {"type": "sms:otp", "payload": 2}]}`)
+	results, _ := out["results"].([]any)
+	if status != http.StatusOK || len(results) != 2 || results[0].(map[string]any)["status"] != 202.0 || results[1].(map[string]any)["error"] != "unknown_type" {
+		t.Fatalf("batch: %d %v, want the known type admitted and the other refused", status, out)
+	}
+	if _, ten := get(t, base+"/v1/tenants/acme"); ten["accepted_total"] != 1.0 {
+		t.Fatalf("tenant %v, want the one job of a known type accepted", ten)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the known type handled", func() bool { return calls.Load() == 1 })
+
+	h := asynqhandler.New(mux)
+	typed, ok := h.(handler.Typed)
+	if !ok || !typed.Handles("tasks", "email:welcome") || typed.Handles("tasks", "sms:otp") || typed.Handles("tasks", "") {
+		t.Fatalf("the adapter of a ServeMux as handler.Typed: %v", ok)
+	}
+	_, err := h.Handle(context.Background(), &handler.Job{Downstream: "tasks", Type: "sms:otp", Payload: []byte(`1`)})
+	if kind, _ := handler.Decide(err); kind != handler.Failed || !strings.Contains(fmt.Sprint(err), `"sms:otp"`) {
+		t.Fatalf("a job of an unknown type handled anyway: %v (%v), want it failed at once, naming the type", err, kind)
+	}
+	if anyType, ok := asynqhandler.New(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })).(handler.Typed); ok && !anyType.Handles("tasks", "sms:otp") {
+		t.Fatal("a plain asynq.Handler takes every type")
 	}
 }

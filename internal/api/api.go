@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -50,6 +52,11 @@ type Options struct {
 	// job's payload and request against them, so that a job that could
 	// never be sent is refused (422) before it is queued. Nil: no checks.
 	Outbound func(downstream string) *outbound.Downstream
+	// HandlesType reports whether the Go handler named handler takes a
+	// job of downstream with type typ, as this process knows its handlers:
+	// admission refuses a job no handler can ever take (422 unknown_type).
+	// Nil: types are not checked.
+	HandlesType func(handler, downstream, typ string) bool
 }
 
 type server struct {
@@ -64,6 +71,8 @@ type server struct {
 	memos   memos // what the RateLimit fields need beyond the store's answers
 	// outbound gives a downstream's request rules (nil: none checked).
 	outbound func(downstream string) *outbound.Downstream
+	// handlesType is Options.HandlesType (nil: none checked).
+	handlesType func(handler, downstream, typ string) bool
 }
 
 // MaxBatchJobs is the most jobs one jobs:batch request may carry.
@@ -77,7 +86,7 @@ func New(opts Options) http.Handler {
 	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger,
 		slots:   make(chan struct{}, opts.Config().Server.MaxConcurrentRequests),
 		waiters: make(chan struct{}, waitersPerSlot*opts.Config().Server.MaxConcurrentRequests), metrics: opts.Metrics,
-		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{}), outbound: opts.Outbound}
+		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{}), outbound: opts.Outbound, handlesType: opts.HandlesType}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -85,20 +94,21 @@ func New(opts Options) http.Handler {
 		s.ready = func() error { return nil }
 	}
 	mux := http.NewServeMux()
+	rt := newRoutes(mux)
 	if opts.WorkerOnly {
 		mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, "worker_only", "this process runs with --role worker: it sends jobs and serves /healthz, /readyz and /metrics; send API requests to a process with --role api or all", nil)
 		})
 	} else {
-		s.routes(mux)
+		s.routes(rt)
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	rt.handle("GET", "/healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	mux.HandleFunc("GET /readyz", s.readyz)
+	rt.handle("GET", "/readyz", s.readyz)
 	if s.metrics != nil {
 		prom := promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})
-		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		rt.handle("GET", "/metrics", func(w http.ResponseWriter, r *http.Request) {
 			// Metrics show every tenant: a token scoped to some may not see them.
 			if t := principal(r); t != nil && !t.AllTenants() {
 				s.fail(w, r, errorf(http.StatusForbidden, "forbidden", "token %q is scoped to some tenants; /metrics needs a token for all (\"*\")", t.Name))
@@ -107,34 +117,68 @@ func New(opts Options) http.Handler {
 			prom.ServeHTTP(w, r)
 		})
 	}
+	rt.otherMethods()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.URL.Path+"; the API lives under /v1/ (see README)", nil)
 	})
-	return s.limit(s.authenticate(mux))
+	return s.limit(s.authenticate(tenantPaths(mux)))
 }
 
 // routes adds the API's own routes (all but health and metrics).
-func (s *server) routes(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/tenants/{tenant}/jobs", s.enqueue)
-	mux.HandleFunc("POST /v1/tenants/{tenant}/jobs:batch", s.enqueueBatch)
-	mux.HandleFunc("GET /v1/tenants/{tenant}", s.tenant)
-	mux.HandleFunc("GET /v1/tenants", s.tenants)
-	mux.HandleFunc("GET /v1/jobs/{id}", s.job)
-	mux.HandleFunc("DELETE /v1/jobs/{id}", s.cancel)
-	mux.HandleFunc("POST /v1/jobs/{id}/retry", s.retry)
-	mux.HandleFunc("GET /v1/tenants/{tenant}/jobs", s.failedJobs)
-	mux.HandleFunc("POST /v1/tenants/{tenant}/pause", s.hold(true))
-	mux.HandleFunc("POST /v1/tenants/{tenant}/resume", s.hold(false))
-	s.statusRoutes(mux) // overview.go: whoami, downstreams, history
-	// The same paths with other methods: a JSON 405 instead of the mux's text.
-	for _, p := range []string{"/v1/tenants/{tenant}/jobs", "/v1/tenants/{tenant}/jobs:batch", "/v1/tenants/{tenant}", "/v1/tenants", "/v1/jobs/{id}", "/v1/jobs/{id}/retry", "/v1/tenants/{tenant}/pause", "/v1/tenants/{tenant}/resume", "/healthz", "/readyz", "/openapi.json"} {
-		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path), nil)
+func (s *server) routes(rt *routes) {
+	rt.handle("POST", "/v1/tenants/{tenant}/jobs", s.enqueue)
+	rt.handle("POST", "/v1/tenants/{tenant}/jobs:batch", s.enqueueBatch)
+	rt.handle("GET", "/v1/tenants/{tenant}", s.tenant)
+	rt.handle("GET", "/v1/tenants", s.tenants)
+	rt.handle("GET", "/v1/jobs/{id}", s.job)
+	rt.handle("DELETE", "/v1/jobs/{id}", s.cancel)
+	rt.handle("POST", "/v1/jobs/{id}/retry", s.retry)
+	rt.handle("GET", "/v1/tenants/{tenant}/jobs", s.failedJobs)
+	rt.handle("POST", "/v1/tenants/{tenant}/pause", s.hold(true))
+	rt.handle("POST", "/v1/tenants/{tenant}/resume", s.hold(false))
+	s.statusRoutes(rt) // overview.go: whoami, downstreams, history
+	rt.handle("GET", "/openapi.json", s.openAPIDocument)
+	rt.handle("GET", "/{$}", s.page)
+	rt.handle("GET", "/static/app.js", s.pageScript)
+}
+
+// routes registers handlers by method and path, and keeps, by path, the
+// methods it has, so that any other method on a known path is answered 405
+// with an Allow header naming them (RFC 9110, 15.5.6), in JSON like every
+// error, instead of the mux's text or a 404 that says the path does not
+// exist.
+type routes struct {
+	mux   *http.ServeMux
+	allow map[string][]string // pattern -> methods
+	order []string            // patterns, as first added
+}
+
+func newRoutes(mux *http.ServeMux) *routes {
+	return &routes{mux: mux, allow: map[string][]string{}}
+}
+
+// handle routes method on pattern to h. A GET route answers HEAD too (the
+// mux's rule), so HEAD is allowed with it.
+func (rt *routes) handle(method, pattern string, h http.HandlerFunc) {
+	rt.mux.HandleFunc(method+" "+pattern, h)
+	if _, ok := rt.allow[pattern]; !ok {
+		rt.order = append(rt.order, pattern)
+	}
+	rt.allow[pattern] = append(rt.allow[pattern], method)
+	if method == http.MethodGet {
+		rt.allow[pattern] = append(rt.allow[pattern], http.MethodHead)
+	}
+}
+
+// otherMethods answers every method not routed on a known path: 405.
+func (rt *routes) otherMethods() {
+	for _, p := range rt.order {
+		allow := strings.Join(slices.Sorted(slices.Values(rt.allow[p])), ", ")
+		rt.mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s: it takes %s", r.Method, r.URL.Path, allow), nil)
 		})
 	}
-	mux.HandleFunc("GET /openapi.json", s.openAPIDocument)
-	mux.HandleFunc("GET /{$}", s.page)
-	mux.HandleFunc("GET /static/app.js", s.pageScript)
 }
 
 func (s *server) counted(tenant string, out []queue.Admission) {

@@ -42,8 +42,8 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		presented, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		digest := sha256.Sum256([]byte(strings.TrimSpace(presented)))
+		presented, ok := bearerToken(r.Header.Get("Authorization"))
+		digest := sha256.Sum256([]byte(presented))
 		match := -1
 		for i := range tokens {
 			if subtle.ConstantTimeCompare(digest[:], tokens[i].Digest[:]) == 1 {
@@ -57,6 +57,17 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, &tokens[match])))
 	})
+}
+
+// bearerToken is the token of an Authorization header of the Bearer scheme,
+// whose name is case-insensitive (RFC 9110, 11.1): "bearer" and "BEARER"
+// are "Bearer" too, and spaces may follow it.
+func bearerToken(v string) (string, bool) {
+	scheme, token, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(token), true
 }
 
 // authorize says whether the request's token may do a of tenant.

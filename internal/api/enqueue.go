@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/outbound"
@@ -33,24 +35,91 @@ type jobRequest struct {
 	// when the job names none.
 	CallbackURL string   `json:"callback_url"`
 	CallbackOn  []string `json:"callback_on"`
+	// null is the first optional field given as null, or as "" where its
+	// value cannot be empty ("": none). The document's types and patterns
+	// forbid both, and encoding/json would read them as absent: validate
+	// refuses them instead.
+	null, empty string
 }
 
-// decode reads exactly one JSON value from body into v, refusing unknown
-// fields and trailing data.
+// optionalFields are a job's fields besides payload, in the order a
+// refusal names them.
+var optionalFields = []string{"idempotency_key", "cost", "deadline", "expires_in", "request", "type", "callback_url", "callback_on"}
+
+// nonEmptyFields are the string fields whose value cannot be "" (a type
+// can: none).
+var nonEmptyFields = []string{"idempotency_key", "deadline", "expires_in", "callback_url"}
+
+// UnmarshalJSON is encoding/json's, with unknown fields refused and an
+// optional field given as null noted (null).
+func (j *jobRequest) UnmarshalJSON(b []byte) error {
+	type plain jobRequest // its own methods, without this one
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode((*plain)(j)); err != nil {
+		return err
+	}
+	// Most jobs hold no null and no "": only those that do are read again.
+	if !bytes.Contains(b, []byte("null")) && !bytes.Contains(b, []byte(`""`)) {
+		return nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return err
+	}
+	for _, name := range optionalFields {
+		if v, ok := fields[name]; ok && string(v) == "null" {
+			j.null = name
+			return nil
+		}
+	}
+	for _, name := range nonEmptyFields {
+		if v, ok := fields[name]; ok && string(v) == `""` {
+			j.empty = name
+			return nil
+		}
+	}
+	return nil
+}
+
+// decode reads exactly one JSON value from body into v, refusing a body
+// that is not UTF-8, unknown fields and trailing data.
 func decode(body io.Reader, v any) error {
-	dec := json.NewDecoder(body)
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		return decodeError(err)
+	}
+	// encoding/json takes bytes that are not UTF-8 (a RawMessage keeps
+	// them as they came): a payload would go on as application/json, which
+	// is UTF-8 (RFC 8259), and the vendor would refuse or mangle it.
+	if at := notUTF8(raw); at >= 0 {
+		return errorf(http.StatusBadRequest, "invalid_utf8", "request body is not UTF-8 (at byte %d): JSON is UTF-8 (RFC 8259); send text as UTF-8, and bytes that are not text in base64", at)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return decodeError(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return decodeError(err)
-		}
 		return errorf(http.StatusBadRequest, "invalid_json", "unexpected data after the JSON object: send one object per request")
 	}
 	return nil
+}
+
+// notUTF8 is the offset of the first byte of b that is not part of a UTF-8
+// sequence, or -1 when b is UTF-8.
+func notUTF8(b []byte) int {
+	if utf8.Valid(b) {
+		return -1
+	}
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
 }
 
 func decodeError(err error) error {
@@ -96,6 +165,12 @@ func kindName(t reflect.Type) string {
 // says the job's request sends no body (GET, DELETE), so that its payload
 // may be absent or null (it is then stored as null).
 func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayload int64, where string, bodiless bool) (queue.NewJob, error) {
+	if j.null != "" {
+		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_json", "%s%q is null: leave it out for its default, or give it a value (null is not one)", where, j.null)
+	}
+	if j.empty != "" {
+		return queue.NewJob{}, errorf(http.StatusBadRequest, "invalid_json", "%s%q is empty: leave it out for its default, or give it a value", where, j.empty)
+	}
 	if len(j.Payload) == 0 || string(j.Payload) == "null" {
 		if !bodiless {
 			return queue.NewJob{}, errorf(http.StatusBadRequest, "missing_payload", "%s\"payload\" is required: it is the body sent to the downstream (only a GET or DELETE request goes without one)", where)

@@ -152,7 +152,9 @@ var filterOptions = &openapi3filter.Options{
 	IncludeResponseStatus: true,
 	SkipSettingDefaults:   true,
 	AuthenticationFunc: func(_ context.Context, in *openapi3filter.AuthenticationInput) error {
-		if v := in.RequestValidationInput.Request.Header.Get("Authorization"); !strings.HasPrefix(v, "Bearer ") {
+		// The scheme's name is case-insensitive (RFC 9110, 11.1).
+		scheme, _, _ := strings.Cut(in.RequestValidationInput.Request.Header.Get("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") {
 			return fmt.Errorf("no bearer token")
 		}
 		return nil
@@ -171,7 +173,7 @@ func checkExchange(method, path, body string, reqHeader http.Header, status int,
 	req.Header = reqHeader.Clone()
 	route, params, err := router.FindRoute(req)
 	if err != nil {
-		return unroutedAnswer(method, path, err, status, respBody)
+		return unroutedAnswer(method, path, err, status, header, respBody)
 	}
 	in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route, Options: filterOptions}
 	// Refused (4xx), or redirected by the mux (a path it cleans, such as
@@ -190,34 +192,48 @@ func checkExchange(method, path, body string, reqHeader http.Header, status int,
 }
 
 // unroutedAnswer checks the answer to a request no operation of the
-// document matches: the mux's own redirects (paths it cleans), or the
-// catch-all JSON errors: 404 not_found (as the document's NotFound) and 405
-// method_not_allowed for a method no operation has (the document cannot
-// list it: it lists operations), {"error", "message"} like every error.
-func unroutedAnswer(method, path string, routeErr error, status int, body []byte) error {
+// document matches, against the answers its description lists beside the
+// operations: the router's redirect to a path's clean form (Redirect),
+// 405 for a method no operation has (MethodNotAllowed, with Allow), 400
+// invalid_tenant for a tenant path with a dot or empty segment, and the
+// catch-all 404 not_found (as the document's NotFound); {"error",
+// "message"} like every error.
+func unroutedAnswer(method, path string, routeErr error, status int, header http.Header, body []byte) error {
 	switch status {
 	case http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+		if header.Get("Location") == "" {
+			return fmt.Errorf("%s %s answered %d without Location", method, path, status)
+		}
 		return nil
-	case http.StatusNotFound, http.StatusMethodNotAllowed:
-	default:
-		return fmt.Errorf("%s %s is not in the document (%v), yet the server answered %d: document it", method, path, routeErr, status)
+	case http.StatusBadRequest:
+		if !strings.HasPrefix(path, "/v1/tenants/") {
+			return fmt.Errorf("%s %s is not in the document (%v), yet the server answered 400", method, path, routeErr)
+		}
+		return unroutedError(method, path, status, body, "BadRequest")
+	case http.StatusMethodNotAllowed:
+		if header.Get("Allow") == "" {
+			return fmt.Errorf("%s %s answered 405 without Allow", method, path)
+		}
+		return unroutedError(method, path, status, body, "MethodNotAllowed")
+	case http.StatusNotFound:
+		return unroutedError(method, path, status, body, "NotFound")
 	}
+	return fmt.Errorf("%s %s is not in the document (%v), yet the server answered %d: document it", method, path, routeErr, status)
+}
+
+// unroutedError checks an error answer against the document's schema of
+// that name.
+func unroutedError(method, path string, status int, body []byte, schema string) error {
 	doc, err := apiDoc()
 	if err != nil {
 		return err
 	}
-	var v map[string]any
+	var v any
 	if err := json.Unmarshal(body, &v); err != nil {
 		return fmt.Errorf("%s %s answered %d without a JSON body: %v", method, path, status, err)
 	}
-	if status == http.StatusMethodNotAllowed {
-		if msg, _ := v["message"].(string); len(v) != 2 || v["error"] != "method_not_allowed" || msg == "" {
-			return fmt.Errorf("%s %s answered 405 with %v: want {error: method_not_allowed, message}", method, path, v)
-		}
-		return nil
-	}
-	if err := doc.Components.Schemas["NotFound"].Value.VisitJSON(v, openapi3.EnableJSONSchema2020()); err != nil {
-		return fmt.Errorf("%s %s answered %d, not as the document's errors: %v", method, path, status, err)
+	if err := doc.Components.Schemas[schema].Value.VisitJSON(v, openapi3.EnableJSONSchema2020()); err != nil {
+		return fmt.Errorf("%s %s answered %d, not as the document's %s: %v", method, path, status, schema, err)
 	}
 	return nil
 }

@@ -17,15 +17,10 @@ import (
 const maxHistoryTenants = 100
 
 // statusRoutes adds the status page's own routes.
-func (s *server) statusRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/whoami", s.whoami)
-	mux.HandleFunc("GET /v1/downstreams", s.downstreams)
-	mux.HandleFunc("GET /v1/history", s.history)
-	for _, p := range []string{"/v1/whoami", "/v1/downstreams", "/v1/history"} {
-		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+r.URL.Path+": use GET", nil)
-		})
-	}
+func (s *server) statusRoutes(rt *routes) {
+	rt.handle("GET", "/v1/whoami", s.whoami)
+	rt.handle("GET", "/v1/downstreams", s.downstreams)
+	rt.handle("GET", "/v1/history", s.history)
 }
 
 // whoami says what the request's token may do, so that a page shows only

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/outbound"
 	"github.com/throttler-dev/throttler/internal/queue"
 )
 
@@ -38,10 +40,14 @@ func (s *server) bodiless(ts config.TenantSettings, r *queue.JobRequest) bool {
 }
 
 // checkRequest checks the job's payload and request against its tenant's
-// downstream: nil, or the *outbound.NotAllowedError that fail answers
-// (422). Without Options.Outbound, or for a downstream it does not know,
-// nothing is checked here (the dispatcher refuses what it cannot build).
+// downstream, and its type against the downstream's Go handler: nil, or
+// the *outbound.NotAllowedError that fail answers (422). Without
+// Options.Outbound, or for a downstream it does not know, the request is
+// not checked here (the dispatcher refuses what it cannot build).
 func (s *server) checkRequest(ts config.TenantSettings, nj queue.NewJob) error {
+	if err := s.checkType(ts, nj); err != nil {
+		return err
+	}
 	if s.outbound == nil {
 		return nil
 	}
@@ -50,4 +56,20 @@ func (s *server) checkRequest(ts config.TenantSettings, nj queue.NewJob) error {
 		return nil
 	}
 	return o.Check(nj.Payload, nj.Request)
+}
+
+// checkType refuses a job whose type the Go handler of its downstream does
+// not take (Options.HandlesType): no attempt could change its type, and
+// it would fail at the handler.
+func (s *server) checkType(ts config.TenantSettings, nj queue.NewJob) error {
+	name := s.config().Downstreams[ts.Downstream].Handler
+	if s.handlesType == nil || name == "" || s.handlesType(name, ts.Downstream, nj.Type) {
+		return nil
+	}
+	what := fmt.Sprintf("type %q", nj.Type)
+	if nj.Type == "" {
+		what = "no \"type\""
+	}
+	return &outbound.NotAllowedError{Code: "unknown_type", Part: "type",
+		Reason: fmt.Sprintf("the Go handler %q of downstream %q has no handler for a job of %s: give a type it handles", name, ts.Downstream, what)}
 }

@@ -1,9 +1,14 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/queue"
@@ -26,6 +31,30 @@ func (s *server) tenantFromPath(r *http.Request, a access) (string, config.Tenan
 			"tenant %q is not configured and allow_unknown_tenants is false", name)
 	}
 	return name, ts, nil
+}
+
+// tenantPaths refuses a path under /v1/tenants/ with a "." or ".." segment
+// or an empty one, 400 invalid_tenant, before the mux cleans it and
+// redirects there: a client that follows the redirect would reach another
+// tenant, or another route, than the one it named. "." and ".." are not
+// tenant names (config.ValidName), and a job's tenant is never found by
+// walking a path.
+func tenantPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest, ok := strings.CutPrefix(r.URL.Path, "/v1/tenants/")
+		if !ok {
+			next.ServeHTTP(w, r)
+			return
+		}
+		segs := strings.Split(rest, "/")
+		for i, seg := range segs {
+			if seg == "." || seg == ".." || (seg == "" && i < len(segs)-1) || (seg == "" && i == 0) {
+				writeError(w, http.StatusBadRequest, "invalid_tenant", fmt.Sprintf("path %q has a \".\", \"..\" or empty segment: name the tenant itself (1 to 128 ASCII letters, digits or . _ - + @, not . or ..) in /v1/tenants/{tenant}", truncate(r.URL.Path, 200)), nil)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func truncate(s string, n int) string {
@@ -84,9 +113,15 @@ func (s *server) tenants(w http.ResponseWriter, r *http.Request) {
 }
 
 func intParam(r *http.Request, name string, def, lo, hi int) (int, error) {
-	v := r.URL.Query().Get(name)
-	if v == "" {
+	q := r.URL.Query()
+	if !q.Has(name) {
 		return def, nil
+	}
+	// Given empty (?limit=), it is not left out: the client meant a value
+	// it did not send, and the default may not be what it meant.
+	v := q.Get(name)
+	if v == "" {
+		return 0, errorf(http.StatusBadRequest, "invalid_parameter", "%s is empty: give a whole number from %d to %d, or leave it out for %d", name, lo, hi, def)
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < lo || n > hi {
@@ -100,6 +135,9 @@ func intParam(r *http.Request, name string, def, lo, hi int) (int, error) {
 func (s *server) hold(pause bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tenant, ts, err := s.tenantFromPath(r, operate)
+		if err == nil {
+			err = readNothing(w, r)
+		}
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -125,4 +163,31 @@ func who(r *http.Request) string {
 		return t.Name
 	}
 	return "(no auth)"
+}
+
+// nothingBytes bounds the body of a request that takes none (pause,
+// resume): room for {} and whitespace, not for a client's mistake.
+const nothingBytes = 1 << 10
+
+// readNothing reads the body of a request that takes none: empty, or {}
+// (clients send {} as often as nothing). Anything else is refused, 400,
+// rather than ignored: a client that sent fields meant something by them.
+func readNothing(w http.ResponseWriter, r *http.Request) error {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, nothingBytes))
+	if err != nil {
+		return decodeError(err)
+	}
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return nil
+	}
+	var fields map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if raw[0] != '{' || dec.Decode(&fields) != nil || dec.More() {
+		return errorf(http.StatusBadRequest, "invalid_json", "this request takes no body, or {}: got %q", truncate(string(raw), 40))
+	}
+	for name := range fields {
+		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: this request takes no body, or {}", truncate(name, 40))
+	}
+	return nil
 }

@@ -1,12 +1,12 @@
 // Package callback sends the callbacks that jobs' ends owe to their
-// producers (DESIGN.md section 6b): a signed POST (Standard Webhooks, the
-// job id as webhook-id on every attempt) of the job as GET /v1/jobs/{id}
-// shows it, retried with backoff and full jitter until a 2xx or
-// callbacks.max_attempts. The store keeps what is owed (written with the
-// job's final state: Store); a Sender takes what is due, sends it with its
-// own bounded concurrency and client, and records how it went. It takes
-// no slot of any rate and never touches the dispatcher's path: a slow or
-// dead receiver costs only its own sends.
+// producers (DESIGN.md section 6b): a signed POST (Standard Webhooks, with
+// a webhook-id of its own, the same on every attempt: MessageID) of the
+// job as GET /v1/jobs/{id} shows it, retried with backoff and full jitter
+// until a 2xx or callbacks.max_attempts. The store keeps what is owed
+// (written with the job's final state: Store); a Sender takes what is due,
+// sends it with its own bounded concurrency and client, and records how it
+// went. It takes no slot of any rate and never touches the dispatcher's
+// path: a slow or dead receiver costs only its own sends.
 package callback
 
 import (
@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -242,7 +243,7 @@ func (s *Sender) post(ctx context.Context, j queue.Job, timeout time.Duration, s
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "throttler-callback")
-	signer.Sign(req.Header, j.ID, body, time.Now())
+	signer.Sign(req.Header, MessageID(j), body, time.Now())
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
 		return sendError(err, timeout)
@@ -253,6 +254,18 @@ func (s *Sender) post(ctx context.Context, j queue.Job, timeout time.Duration, s
 		return fmt.Errorf("the receiver answered %d", resp.StatusCode)
 	}
 	return nil
+}
+
+// MessageID is the webhook-id of the callback of job j's end: the same on
+// every attempt of that callback (the receiver drops a resend as a
+// repeat), never the job id alone (the id a signed delivery of the same
+// job carries: a service that is both the vendor and the producer would
+// drop the callback as a repeat of the delivery), and new for a later end
+// of the job after a hand retry (Standard Webhooks: one id per message).
+// The end is the job's finish time, which a retry clears and the next end
+// sets anew; both stores keep it to the microsecond.
+func MessageID(j queue.Job) string {
+	return "cb_" + j.ID + "_" + strconv.FormatInt(j.FinishedAt.UnixMicro(), 36)
 }
 
 // sendError says why a request got no answer, without its URL (which

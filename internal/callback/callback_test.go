@@ -133,7 +133,7 @@ func TestSenderRetriesUntilDelivered(t *testing.T) {
 		}
 	}
 	for _, r := range got {
-		if r.Header.Get("Webhook-Id") != store.job.ID || r.Header.Get("Content-Type") != "application/json" ||
+		if r.Header.Get("Webhook-Id") != MessageID(store.job) || r.Header.Get("Content-Type") != "application/json" ||
 			!strings.HasPrefix(r.Header.Get("Webhook-Signature"), "v1,") || r.Method != http.MethodPost {
 			t.Fatalf("callback %s %v", r.Method, r.Header)
 		}
@@ -179,5 +179,54 @@ func TestSenderGivesUp(t *testing.T) {
 		if a := store.recorded()[0]; a.Delivered || !a.Retry.IsZero() || !strings.Contains(a.Error, c.err) {
 			t.Errorf("%s: %+v, want given up with %q", c.name, a, c.err)
 		}
+	}
+}
+
+// A callback carries a webhook-id of its own (Standard Webhooks: one id
+// per message): not the job id, which the signed delivery of the same job
+// carries, so that a service that is both the vendor and the producer, and
+// drops ids it has seen, does not drop the callback. Every attempt of one
+// callback carries the same id (a resend is dropped as a repeat); the
+// callback of a later end of the job, after a hand retry, carries a new
+// one.
+func TestCallbackHasAWebhookIDOfItsOwn(t *testing.T) {
+	ids := make(chan string, 10)
+	fails := 1
+	var mu sync.Mutex
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ids <- r.Header.Get("Webhook-Id")
+		mu.Lock()
+		defer mu.Unlock()
+		if fails > 0 {
+			fails--
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer recv.Close()
+	end := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
+	store := &memStore{job: queue.Job{ID: "06h3e8gd38mjxg6fvqndn6rctm", Tenant: "shop", State: queue.StateFailed, FinishedAt: end,
+		Callback: &queue.JobCallback{URL: recv.URL + "/hooks"}, CallbackStatus: &queue.CallbackStatus{State: queue.CallbackPending}}}
+	cfg := config.Callbacks{Allow: []string{recv.URL + "/"}, Timeout: config.Duration(time.Second), MaxAttempts: 5,
+		MinBackoff: config.Duration(time.Millisecond), MaxBackoff: config.Duration(time.Millisecond), Concurrency: 1}
+	sig := signer(t)
+	s := New(Options{Store: store, Live: func() (config.Callbacks, *outbound.Signer) { return cfg, sig },
+		Body: func(queue.Job) ([]byte, error) { return []byte("{}"), nil }, Poll: 5 * time.Millisecond})
+	s.Start(context.Background())
+	defer s.Stop()
+	testutil.WaitFor(t, 5*time.Second, "the first end's callback delivered", func() bool { return len(store.recorded()) == 2 })
+	first, again := <-ids, <-ids
+	if first == "" || first == store.job.ID || again != first {
+		t.Fatalf("the first end's attempts: webhook-id %q then %q, want one id of their own, not the job id %q", first, again, store.job.ID)
+	}
+	// A hand retry, and the job ends again, later: its callback is owed anew.
+	store.mu.Lock()
+	store.job.State, store.job.FinishedAt = queue.StateSucceeded, end.Add(3*time.Second)
+	store.job.CallbackStatus = &queue.CallbackStatus{State: queue.CallbackPending}
+	store.mu.Unlock()
+	testutil.WaitFor(t, 5*time.Second, "the second end's callback delivered", func() bool { return len(store.recorded()) == 3 })
+	if second := <-ids; second == "" || second == first || second == store.job.ID {
+		t.Fatalf("the second end's webhook-id %q: want a new one (the first was %q, the job is %q)", second, first, store.job.ID)
 	}
 }

@@ -46,7 +46,8 @@ func compileSigning(key string, ref secret.Ref) ([]secret.Value, error) {
 }
 
 // Sign adds the Standard Webhooks headers to h for a request whose body is
-// exactly body: webhook-id (id, the job id: the same on every attempt),
+// exactly body: webhook-id (id: the message's, the same on every attempt of
+// it: a delivery's job id, a callback's callback.MessageID),
 // webhook-timestamp (at, in Unix seconds) and webhook-signature, one
 // "v1,<base64 HMAC-SHA256>" per secret, space-separated, so a receiver
 // that knows any one of them (rotation) accepts it. It does nothing for a

@@ -44,7 +44,7 @@ type Call struct {
 	// tenant has a sender.
 	OwnerAt time.Time
 	// Resend: the job is a failed one sent again by hand, not a new one
-	// (the accepted count stays as it was).
+	// (the accepted count stays as it was; the failed count drops by it).
 	Resend bool
 }
 
@@ -72,7 +72,8 @@ type Decision struct {
 	// WouldExpire).
 	Delay time.Duration
 	// RetryAfter is how long until the same job is admitted (Refused), in
-	// real time: it counts what is left of a pause.
+	// real time: it counts what is left of a pause, and is at least
+	// HeldRetryAfter during an operator hold, which has no end to count to.
 	RetryAfter time.Duration
 	// Prompt: it goes at once (no wait for the rate, a window or a pause).
 	Prompt bool
@@ -139,7 +140,11 @@ func Admit(rec *Record, q Queue, c Call) Decision {
 	}
 	rec.TAT, rec.Booked = st.TAT, r.Booked
 	rec.SetRecent(p, counted)
-	if !c.Resend {
+	if c.Resend {
+		// It waits again: no longer one of the tenant's failed jobs (it
+		// counts there again if it fails again).
+		rec.Failed = max(0, rec.Failed-1)
+	} else {
 		rec.Accepted++
 	}
 	return out
@@ -198,6 +203,11 @@ func place(r *Record, q Queue, c Call, paused bool, depth, cost int) (leaky.Deci
 	}
 	if !d.Admitted {
 		d.RetryAfter = DispatchAt(r.Pause, tnow.Add(d.RetryAfter), c.Now).Sub(c.Now)
+		if !r.Pause.Held.IsZero() {
+			// Counted as if resumed now, which no clock says will happen:
+			// nothing leaves until an operator resumes the tenant.
+			d.RetryAfter = max(d.RetryAfter, HeldRetryAfter)
+		}
 	}
 	return d, st, recent
 }
@@ -314,3 +324,10 @@ func CeilingDelay(c *leaky.Policy, ahead int) time.Duration {
 	}
 	return time.Duration(max(0, ahead+1-c.Burst)) * c.Interval
 }
+
+// HeldRetryAfter is the least Retry-After of a refusal while an operator
+// hold is on. The hold has no end to count to, and the answer as if it
+// were resumed now (0 for a queue due already) would have a client that
+// obeys it spin; a minute keeps such a client quiet and costs it at most
+// a minute after the resume.
+const HeldRetryAfter = time.Minute

@@ -197,12 +197,17 @@ func TestOwnerAtMovesThePromise(t *testing.T) {
 	}
 }
 
-// A hand retry of a failed job is not a new acceptance.
+// A hand retry of a failed job is not a new acceptance, and the job is no
+// longer failed while it waits again; a refused one still is.
 func TestResendIsNotCounted(t *testing.T) {
 	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10}
-	var rec Record
-	if d := Admit(&rec, &slots{}, Call{Now: t0, Arrival: t0, Policy: p, Resend: true}); d.Verdict != Admitted || rec.Accepted != 0 {
-		t.Fatalf("%+v, accepted %d", d, rec.Accepted)
+	rec := Record{Accepted: 3, Failed: 2}
+	if d := Admit(&rec, &slots{}, Call{Now: t0, Arrival: t0, Policy: p, Resend: true}); d.Verdict != Admitted || rec.Accepted != 3 || rec.Failed != 1 {
+		t.Fatalf("%+v, accepted %d failed %d, want 3 and 1", d, rec.Accepted, rec.Failed)
+	}
+	full := &slots{deciding: make([]time.Time, 12)}
+	if d := Admit(&rec, full, Call{Now: t0, Arrival: t0, Policy: p, Resend: true}); d.Verdict != Refused || rec.Failed != 1 {
+		t.Fatalf("%+v, failed %d, want refused and 1", d, rec.Failed)
 	}
 }
 
@@ -218,5 +223,37 @@ func TestExpectedDelay(t *testing.T) {
 	ceiling := &leaky.Policy{Interval: 400 * ms, Burst: 1}
 	if got, want := ExpectedDelay(rec, t0, p, ceiling, 2, time.Time{}), 800*ms; got != want {
 		t.Fatalf("behind a ceiling: %v, want %v", got, want)
+	}
+}
+
+// While an operator hold is on, nothing leaves the queue until someone
+// resumes it, which no clock says: a refusal then asks for no retry
+// sooner than HeldRetryAfter (a client that obeys would spin on the
+// as-if-resumed-now answer, 0 for a queue due already). A timed pause
+// says when it ends, and a refusal counts to then as before.
+func TestHeldRefusalPromisesNoSoonRetry(t *testing.T) {
+	leakyP := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 2}
+	tokenP := leaky.Policy{Interval: 100 * ms, Burst: 3}
+	held := leaky.Pause{}.Hold(t0.Add(-time.Hour))
+	for _, tc := range []struct {
+		name  string
+		p     leaky.Policy
+		pause leaky.Pause
+		q     slots
+		want  time.Duration
+	}{
+		{"held, a full queue due already", leakyP, held, slots{scheduled: []time.Time{t0.Add(-2 * time.Hour), t0.Add(-2 * time.Hour)}}, HeldRetryAfter},
+		{"held, a full queue due soon", leakyP, held, slots{scheduled: []time.Time{t0.Add(-time.Hour), t0.Add(-time.Hour + 100*ms)}}, HeldRetryAfter},
+		{"held, token mode", tokenP, held, slots{}, HeldRetryAfter},
+		{"held, a queue due past the floor", leakyP, held, slots{scheduled: []time.Time{t0.Add(-time.Hour + 2*time.Minute), t0.Add(-time.Hour + 2*time.Minute + 100*ms), t0.Add(-time.Hour + 2*time.Minute + 200*ms)}}, 2 * time.Minute},
+		{"a timed pause", leakyP, leaky.Pause{Until: t0.Add(3 * time.Second), Shift: 3 * time.Second}, slots{scheduled: []time.Time{t0, t0.Add(100 * ms)}}, 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := Record{Pause: tc.pause, TAT: tc.pause.TenantTime(t0).Add(200 * ms)}
+			d := Admit(&rec, &tc.q, Call{Now: t0, Arrival: tc.pause.TenantTime(t0), Policy: tc.p})
+			if d.Verdict != Refused || d.RetryAfter != tc.want {
+				t.Fatalf("%+v, want refused with Retry-After %v", d, tc.want)
+			}
+		})
 	}
 }

@@ -46,6 +46,11 @@ type Options struct {
 	// RoleWorker) refuses to start, and a reload, when the config names
 	// a handler it does not have (handlers.go).
 	Handlers map[string]dispatch.Call
+	// Types tell, by handler name, whether a handler takes a job of a
+	// downstream and type (handler.Typed); a handler not named takes every
+	// type. The API refuses a job of a type its handler does not take (422
+	// unknown_type) where this process has the handler.
+	Types map[string]func(downstream, typ string) bool
 	// RedisTesting is for tests only; production leaves it nil (no config
 	// setting, flag or environment variable reaches it). It is the Redis
 	// store's redis.Options.Testing: a process test runs a worker whose
@@ -69,7 +74,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	r := &running{cfg: opts.Config, log: opts.Logger, role: role, handlers: opts.Handlers, redisTesting: opts.RedisTesting}
+	r := &running{cfg: opts.Config, log: opts.Logger, role: role, handlers: opts.Handlers, types: opts.Types, redisTesting: opts.RedisTesting}
 	if err := r.checkHandlers(opts.Config); err != nil {
 		return err
 	}
@@ -114,8 +119,9 @@ type running struct {
 	// pairs one config's tenant with another's downstream.
 	out atomic.Pointer[outboundSet]
 
-	handlers     map[string]dispatch.Call // Options.Handlers
-	redisTesting *redis.TestHooks         // Options.RedisTesting
+	handlers     map[string]dispatch.Call                     // Options.Handlers
+	types        map[string]func(downstream, typ string) bool // Options.Types
+	redisTesting *redis.TestHooks                             // Options.RedisTesting
 
 	store      queue.Store
 	metrics    *metrics.Metrics // made once the store is open; used from the dispatcher on
@@ -228,9 +234,13 @@ func (r *running) listen() (net.Listener, error) {
 			WorkerOnly: r.role == RoleWorker,
 			Config:     r.live.Load,
 			Outbound:   r.outbound,
-			Logger:     r.log,
-			Metrics:    r.metrics,
-			Ready:      r.ready,
+			HandlesType: func(handler, downstream, typ string) bool {
+				f := r.types[handler]
+				return f == nil || f(downstream, typ)
+			},
+			Logger:  r.log,
+			Metrics: r.metrics,
+			Ready:   r.ready,
 		}),
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.Std(),
 		ReadTimeout:       time.Minute,

@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -82,6 +83,24 @@ func (sp *space) measure(now time.Time) {
 	if !sp.full && free >= sp.reserve+ballastSize {
 		sp.keepBallast()
 	}
+}
+
+// checkReserve refuses a reserve the store's filesystem can never have
+// free (as large as the whole of it): every admission would be refused,
+// 507 store_full, for ever, with no word at start. sizeOf is the size of
+// the filesystem holding a directory (fsSize). A size it cannot read is
+// left to the measures at run time.
+func checkReserve(path string, reserve int64, sizeOf func(dir string) (int64, error)) error {
+	if reserve <= 0 {
+		return nil
+	}
+	size, err := sizeOf(filepath.Dir(path))
+	if err != nil || reserve < size {
+		return nil
+	}
+	return fmt.Errorf("embedded store %s: store.reserve (%s) is not smaller than its whole filesystem (%s in all): "+
+		"no job could ever be admitted. Lower store.reserve (the room kept free for outcomes and cancels; \"0\" turns it off), "+
+		"or put store.path on a larger filesystem", path, queue.Bytes(reserve), queue.Bytes(size))
 }
 
 // The ballast: a file of ballastSize beside the store, written while there

@@ -81,6 +81,8 @@ type testHooks struct {
 	// logIdle replaces walApplyAfter: crash tests keep admissions in the
 	// write-ahead log only, however slow the machine.
 	logIdle time.Duration
+	// fsSize replaces fsSize: the size of a filesystem no test can mount.
+	fsSize func(dir string) (int64, error)
 }
 
 // Store is the embedded backend: one process, one bbolt file and its
@@ -165,6 +167,13 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("embedded store: create directory for %s: %w", path, err)
+	}
+	sizeOf := fsSize
+	if hooks.fsSize != nil {
+		sizeOf = hooks.fsSize
+	}
+	if err := checkReserve(path, cmp.Or(opts.Reserve, DefaultReserve), sizeOf); err != nil {
+		return nil, err
 	}
 	// The freelist is rebuilt at open instead of written at every commit:
 	// commits are what this store does most.

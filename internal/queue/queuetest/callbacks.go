@@ -54,6 +54,16 @@ func testCallbacksOwedWithTheFinalState(t *testing.T, d Driver) {
 	checkCallbacksOwed(t, s0, reopen, clk, ids)
 }
 
+// checkDue checks a job handed over for its callback: its callback,
+// pending, no payload, and its finish time, which names the end the
+// callback tells (its webhook-id: callback.MessageID).
+func checkDue(t *testing.T, j queue.Job) {
+	t.Helper()
+	if j.Callback == nil || j.Callback.URL != hookURL || j.CallbackStatus == nil || j.CallbackStatus.State != queue.CallbackPending || j.Payload != nil || j.FinishedAt.IsZero() {
+		t.Fatalf("due %s: callback %+v status %+v payload %q finished %v, want its callback, pending, no payload, a finish time", j.ID, j.Callback, j.CallbackStatus, j.Payload, j.FinishedAt)
+	}
+}
+
 // checkCallbacksOwed checks the callbacks that the ended jobs (ids) owe:
 // kept across restarts, taken for a lease, retried and given up.
 func checkCallbacksOwed(t *testing.T, s0 queue.Store, reopen func() queue.Store, clk interface {
@@ -104,9 +114,7 @@ func checkCallbacksOwed(t *testing.T, s0 queue.Store, reopen func() queue.Store,
 					names = append(names, name)
 				}
 			}
-			if j.Callback == nil || j.Callback.URL != hookURL || j.CallbackStatus == nil || j.CallbackStatus.State != queue.CallbackPending || j.Payload != nil {
-				t.Fatalf("due %s: callback %+v status %+v payload %q, want its callback, pending, no payload", j.ID, j.Callback, j.CallbackStatus, j.Payload)
-			}
+			checkDue(t, j)
 		}
 		slices.Sort(names)
 		slices.Sort(wantNames)

@@ -175,6 +175,9 @@ func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
 		t.Fatalf("retry of an unknown job: %v", err)
 	}
 	fail.Store(false)
+	if st, _ := s.Tenant(ctx, "acme"); st.Failed != 1 || st.Accepted != 1 {
+		t.Fatalf("before the retry: %+v, want 1 accepted, 1 failed", st)
+	}
 	a, err := s.Retry(ctx, id)
 	if err != nil || a.Rejected != nil || a.Job.State != queue.StateQueued || a.Job.Attempts != 0 {
 		t.Fatalf("retry: %+v %v", a, err)
@@ -182,12 +185,19 @@ func testFailedJobsListedAndRetried(t *testing.T, d Driver) {
 	if list, _ := s.Failed(ctx, "acme", 10); len(list) != 0 {
 		t.Fatalf("still listed as failed: %+v", list)
 	}
+	// It waits again: no longer failed, and still the one job accepted.
+	if st, _ := s.Tenant(ctx, "acme"); st.Failed != 0 || st.Accepted != 1 || st.QueueDepth != 1 {
+		t.Fatalf("after the retry: %+v, want 1 accepted, 0 failed, 1 waiting", st)
+	}
 	for h := WaitHanded(t, clk, got, time.Millisecond); h.Job.ID != id; h = WaitHanded(t, clk, got, time.Millisecond) {
 	}
 	WaitState(t, s, id, queue.StateSucceeded)
 	stop()
 	if j, _ := s.Job(ctx, id); j.Attempts != 1 || j.ResponseStatus != 200 {
 		t.Fatalf("after the retry: %+v", j)
+	}
+	if st, _ := s.Tenant(ctx, "acme"); st.Failed != 0 || st.Delivered != 1 {
+		t.Fatalf("delivered after the retry: %+v, want 0 failed, 1 delivered", st)
 	}
 	if _, err := s.Retry(ctx, id); !errors.As(err, &se) || se.State != queue.StateSucceeded {
 		t.Fatalf("retry of a succeeded job: %v", err)

@@ -28,6 +28,7 @@
 -- ARGV[10]   the downstream ceiling's interval (0: no ceiling)
 -- ARGV[11]   the downstream ceiling's burst
 -- ARGV[12..] n and length of each window
+-- HELD_RETRY_AFTER  rules.HeldRetryAfter, put in front of the script
 -- OWNER_AT   (enqueue.lua's third argument) when the tenant's partition
 --            gets an owner, 0 if it has one (rules.Call.OwnerAt)
 -- OWN_DUE    (enqueue.lua's fourth argument) how many jobs of this batch
@@ -203,7 +204,11 @@ else
 end
 
 if not admitted then
-  return {0, 0, 0, real(tnow + retry) - now, depth, now, 0, 0}
+  local after = real(tnow + retry) - now
+  -- rules.HeldRetryAfter: a hold has no end to count to, and nothing
+  -- leaves until an operator resumes it.
+  if held > 0 then after = at_least(after, HELD_RETRY_AFTER) end
+  return {0, 0, 0, after, depth, now, 0, 0}
 end
 -- queue.CeilingDelay: the jobs ahead go no faster than the ceiling.
 local dispatch = real(slot)

@@ -30,16 +30,23 @@ func TestLuaAdmitAgreesWithRules(t *testing.T) {
 	if testing.Short() {
 		seqs = 60
 	}
-	decisions := 0
+	decisions, heldRefusals := 0, 0
 	for seq := range seqs {
-		decisions += admitSequence(t, rdb, uint64(seq), steps)
+		n, held := admitSequence(t, rdb, uint64(seq), steps)
+		decisions, heldRefusals = decisions+n, heldRefusals+held
 	}
-	t.Logf("%d sequences, %d decisions agree", seqs, decisions)
+	t.Logf("%d sequences, %d decisions agree (%d refusals during a hold)", seqs, decisions, heldRefusals)
+	// A refusal's Retry-After during a hold has a floor of its own
+	// (rules.HeldRetryAfter): the sequences must reach it.
+	if heldRefusals == 0 {
+		t.Fatal("no sequence refused a job during a hold")
+	}
 }
 
 // admitSequence runs one random sequence of admissions through admit.lua
-// and rules.Admit, and fails at the first difference.
-func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) int {
+// and rules.Admit, and fails at the first difference. It returns the
+// decisions compared, and how many were refusals during a hold.
+func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (decisions, heldRefusals int) {
 	ctx := context.Background()
 	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -56,7 +63,6 @@ func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) in
 	var rec rules.Record
 	q := &admitView{}
 	now := base
-	decisions := 0
 	for step := range steps {
 		now = now.Add(us(rng.Int64N(int64(3 * p.Interval / time.Microsecond))))
 		switch rng.IntN(12) { // pauses come and go
@@ -108,6 +114,9 @@ func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) in
 		if msg := admitDiff(got, want); msg != "" {
 			t.Fatalf("%s: %s", where, msg)
 		}
+		if want.Verdict == rules.Refused && !rec.Pause.Held.IsZero() {
+			heldRefusals++
+		}
 		if want.Verdict != rules.Admitted {
 			continue
 		}
@@ -116,7 +125,7 @@ func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) in
 			t.Fatalf("%s: %s", where, msg)
 		}
 	}
-	return decisions
+	return decisions, heldRefusals
 }
 
 func us(n int64) time.Duration { return time.Duration(n) * time.Microsecond }

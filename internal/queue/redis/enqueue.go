@@ -36,11 +36,14 @@ var (
 	//go:embed enqueue.lua
 	enqueueLua string
 
+	// admitConsts are the rules' constants admit.lua reads, from the Go
+	// that is the rule: one value, however it changes.
+	admitConsts = fmt.Sprintf("local HELD_RETRY_AFTER = %d\n", rules.HeldRetryAfter.Microseconds())
 	// admitScript is admit.lua alone, as the agreement tests run it.
-	admitScript = newScript("admit.lua", "local OWNER_AT, OWN_DUE = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])\n"+admitLua, true)
+	admitScript = newScript("admit.lua", admitConsts+"local OWNER_AT, OWN_DUE = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])\n"+admitLua, true)
 	// enqueueScript admits and keeps a batch; admit.lua is its decision,
 	// loaded as a function (its KEYS and ARGV become the function's own).
-	enqueueScript = newScript("enqueue.lua", "local function admit_decision(KEYS, ARGV, OWNER_AT, OWN_DUE)\n"+admitLua+"\nend\n"+enqueueLua, true)
+	enqueueScript = newScript("enqueue.lua", admitConsts+"local function admit_decision(KEYS, ARGV, OWNER_AT, OWN_DUE)\n"+admitLua+"\nend\n"+enqueueLua, true)
 )
 
 // enqueue.lua's codes (its header).

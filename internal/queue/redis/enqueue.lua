@@ -119,6 +119,9 @@ for j = 0, (#ARGV - a + 1) / 9 - 1 do
   elseif r[1] == 1 then
     local slot, dispatch_at, delay, depth = r[2], r[3], r[4], r[6]
     if mode == 'retry' then
+      -- It waits again: no longer one of the tenant's failed jobs
+      -- (rules.Admit's Resend).
+      if (tonumber(redis.call('HGET', KEYS[1], 'failed')) or 0) > 0 then redis.call('HINCRBY', KEYS[1], 'failed', -1) end
       redis.call('HSET', jk, 'state', 'queued', 'slot', slot, 'attempts', 0, 'failures', 0, 'fin', 0)
       redis.call('PERSIST', jk)
       redis.call('PERSIST', ik)
