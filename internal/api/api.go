@@ -65,6 +65,7 @@ type server struct {
 	ready   func() error
 	log     *slog.Logger
 	slots   chan struct{} // requests being handled
+	clients clientSlots   // each client's requests open (guard.go)
 	waiters chan struct{} // GET /v1/jobs/{id}?wait requests waiting (jobs.go)
 	metrics *metrics.Metrics
 	clock   clock.Clock
@@ -121,7 +122,7 @@ func New(opts Options) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.URL.Path+"; the API lives under /v1/ (see README)", nil)
 	})
-	return s.limit(s.authenticate(tenantPaths(mux)))
+	return s.authenticate(s.limit(tenantPaths(mux)))
 }
 
 // routes adds the API's own routes (all but health and metrics).

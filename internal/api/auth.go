@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"fmt"
 	"net/http"
 	"strings"
 
@@ -94,30 +93,4 @@ func authorize(r *http.Request, tenant string, a access) error {
 func reachesJob(r *http.Request, tenant string) bool {
 	t := principal(r)
 	return t == nil || t.Reaches(tenant)
-}
-
-// limit caps requests handled at once: past the cap, 503 at once (shed load
-// instead of queueing until memory runs out). It also bounds every request
-// body; the job routes bound theirs more tightly.
-//
-// A request that waits for a job to finish (?wait) is counted apart, under
-// a larger cap: it holds a goroutine and a watcher for up to a minute, and
-// must not keep the others out meanwhile.
-func (s *server) limit(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		slots, what := s.slots, "requests"
-		if isJobWait(r) {
-			slots, what = s.waiters, "requests waiting for jobs (?wait)"
-		}
-		select {
-		case slots <- struct{}{}:
-			defer func() { <-slots }()
-		default:
-			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusServiceUnavailable, "overloaded", fmt.Sprintf("more than %d %s at once; try again", cap(slots), what), nil)
-			return
-		}
-		r.Body = http.MaxBytesReader(w, r.Body, s.config().Server.MaxBatchBytes)
-		next.ServeHTTP(w, r)
-	})
 }

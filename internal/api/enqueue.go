@@ -130,6 +130,8 @@ func decodeError(err error) error {
 	switch {
 	case errors.As(err, &mbe):
 		return errorf(http.StatusRequestEntityTooLarge, "body_too_large", "request body is larger than %d bytes", mbe.Limit)
+	case errors.Is(err, errSlowBody):
+		return errorf(http.StatusRequestTimeout, "body_too_slow", "%v", err)
 	case errors.Is(err, io.EOF):
 		return errorf(http.StatusBadRequest, "invalid_json", "request body is empty: send a JSON object such as {\"payload\": {...}}")
 	case errors.As(err, &syn), errors.Is(err, io.ErrUnexpectedEOF):

@@ -57,9 +57,21 @@ type Server struct {
 	// MaxConcurrentRequests caps requests handled at once; past it the API
 	// answers 503 at once instead of running out of memory. Default 1024.
 	MaxConcurrentRequests int `toml:"max_concurrent_requests"`
+	// MaxRequestsPerClient caps the requests one client (a token, or an
+	// address without one) has open at once, so that no one client takes
+	// every slot. Default 0: a quarter of MaxConcurrentRequests.
+	MaxRequestsPerClient int `toml:"max_requests_per_client"`
 	// TLSCert and TLSKey (PEM files) serve the API over HTTPS. Default none.
 	TLSCert string `toml:"tls_cert"`
 	TLSKey  string `toml:"tls_key"`
+}
+
+// RequestsPerClient is MaxRequestsPerClient, or its default.
+func (s Server) RequestsPerClient() int {
+	if s.MaxRequestsPerClient > 0 {
+		return s.MaxRequestsPerClient
+	}
+	return max(s.MaxConcurrentRequests/4, 1)
 }
 
 // Log is how the service logs.

@@ -100,6 +100,8 @@ func (c *Config) checkServerLimits() error {
 		return c.bad("server.drain_delay", "must be from 0 to less than shutdown_timeout (%v)", s.ShutdownTimeout.Std())
 	case s.MaxConcurrentRequests < 1:
 		return c.bad("server.max_concurrent_requests", "must be at least 1, got %d", s.MaxConcurrentRequests)
+	case s.MaxRequestsPerClient < 0 || s.MaxRequestsPerClient > s.MaxConcurrentRequests:
+		return c.bad("server.max_requests_per_client", "must be from 1 to max_concurrent_requests (%d), or 0 for a quarter of it; got %d", s.MaxConcurrentRequests, s.MaxRequestsPerClient)
 	case s.MaxBodyBytes < 1:
 		return c.bad("server.max_body_bytes", "must be at least 1, got %d", s.MaxBodyBytes)
 	case s.MaxBatchBytes < s.MaxBodyBytes:
