@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -73,6 +75,9 @@ func (j *jobRequest) UnmarshalJSON(b []byte) error {
 			return nil
 		}
 	}
+	if j.null, j.empty = requestFault(fields["request"]); j.null != "" {
+		return nil
+	}
 	for _, name := range nonEmptyFields {
 		if v, ok := fields[name]; ok && string(v) == `""` {
 			j.empty = name
@@ -81,6 +86,45 @@ func (j *jobRequest) UnmarshalJSON(b []byte) error {
 	}
 	return nil
 }
+
+// requestFault names the first part of a job's "request" given as null
+// where null is none of its values (null: its method, path, query or
+// headers, a header's value, an item of a query parameter's array; a query
+// parameter itself may be null, as if absent), or given as "" where it
+// cannot be empty (empty: its path, of minLength 1 in the document).
+// encoding/json would read either as absent.
+func requestFault(raw json.RawMessage) (null, empty string) {
+	var req map[string]json.RawMessage
+	if json.Unmarshal(raw, &req) != nil {
+		return "", "" // absent, or not an object: decoding the job says so
+	}
+	for _, part := range []string{"method", "path", "query", "headers"} {
+		if v, ok := req[part]; ok && isNull(v) {
+			return "request." + part, ""
+		}
+	}
+	var headers map[string]json.RawMessage
+	_ = json.Unmarshal(req["headers"], &headers)
+	for _, name := range slices.Sorted(maps.Keys(headers)) {
+		if isNull(headers[name]) {
+			return "request.headers." + name, ""
+		}
+	}
+	var query map[string]json.RawMessage
+	_ = json.Unmarshal(req["query"], &query)
+	for _, name := range slices.Sorted(maps.Keys(query)) {
+		var items []json.RawMessage
+		if json.Unmarshal(query[name], &items) == nil && slices.ContainsFunc(items, isNull) {
+			return "request.query." + name, ""
+		}
+	}
+	if string(bytes.TrimSpace(req["path"])) == `""` {
+		return "", "request.path"
+	}
+	return "", ""
+}
+
+func isNull(v json.RawMessage) bool { return string(bytes.TrimSpace(v)) == "null" }
 
 // decode reads exactly one JSON value from body into v, refusing a body
 // that is not UTF-8, unknown fields and trailing data.
@@ -268,6 +312,12 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 	var req jobRequest
 	if err := decode(http.MaxBytesReader(w, r.Body, limit+envelopeBytes), &req); err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	// A header given empty is refused, like "" in the body: read as no
+	// key, a client's retry would be taken twice.
+	if _, given := r.Header["Idempotency-Key"]; given && r.Header.Get("Idempotency-Key") == "" {
+		s.fail(w, r, errorf(http.StatusBadRequest, "invalid_idempotency_key", "the Idempotency-Key header is empty: give a key (1 to 256 printable ASCII characters), or leave the header out"))
 		return
 	}
 	nj, err := s.validate(tenant, req, r.Header.Get("Idempotency-Key"), limit, "", s.bodiless(ts, req.Request))

@@ -85,13 +85,19 @@ func loadConfig(t testing.TB, body string) *config.Config {
 // tenants, that closes when the test ends.
 func openStore(t testing.TB, dir string, cfg *config.Config, o bolt.Options) *bolt.Store {
 	t.Helper()
-	o.Policy = func(name string) leaky.Policy { ts, _ := cfg.Tenant(name); return ts.Policy() }
-	store, err := bolt.Open(filepath.Join(dir, "t.db"), o)
+	store, err := openStoreIn(dir, cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
 	return store
+}
+
+// openStoreIn is openStore for a caller that closes the store itself (one
+// store per check of a property test, not one per test).
+func openStoreIn(dir string, cfg *config.Config, o bolt.Options) (*bolt.Store, error) {
+	o.Policy = func(name string) leaky.Policy { ts, _ := cfg.Tenant(name); return ts.Policy() }
+	return bolt.Open(filepath.Join(dir, "t.db"), o)
 }
 
 // do sends one request to h and checks the request and the answer against
@@ -193,13 +199,19 @@ func checkExchange(method, path, body string, reqHeader http.Header, status int,
 
 // unroutedAnswer checks the answer to a request no operation of the
 // document matches, against the answers its description lists beside the
-// operations: the router's redirect to a path's clean form (Redirect),
-// 405 for a method no operation has (MethodNotAllowed, with Allow), 400
-// invalid_tenant for a tenant path with a dot or empty segment, and the
-// catch-all 404 not_found (as the document's NotFound); {"error",
-// "message"} like every error.
+// operations: 401 for a request without a valid token (Unauthorized, with
+// WWW-Authenticate: auth comes before routing), the router's redirect to
+// a path's clean form (Redirect), 405 for a method no operation has
+// (MethodNotAllowed, with Allow), 400 invalid_tenant for a tenant path
+// with a dot or empty segment, and the catch-all 404 not_found (as the
+// document's NotFound); {"error", "message"} like every error.
 func unroutedAnswer(method, path string, routeErr error, status int, header http.Header, body []byte) error {
 	switch status {
+	case http.StatusUnauthorized:
+		if header.Get("WWW-Authenticate") == "" {
+			return fmt.Errorf("%s %s answered 401 without WWW-Authenticate", method, path)
+		}
+		return unroutedError(method, path, status, body, "Unauthorized")
 	case http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
 		if header.Get("Location") == "" {
 			return fmt.Errorf("%s %s answered %d without Location", method, path, status)

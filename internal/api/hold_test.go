@@ -64,6 +64,13 @@ func TestHoldTakesNoBodyOrAnEmptyObject(t *testing.T) {
 		{"null", 400, "invalid_json"},
 		{`{"until": "5m"}`, 400, "unknown_field"},
 		{"{}{}", 400, "invalid_json"},
+		// {} and then a closing bracket: not JSON, though a streaming
+		// decoder stops before the bracket (and dec.More says no more).
+		{"{}}", 400, "invalid_json"},
+		{"{} ]", 400, "invalid_json"},
+		// Whitespace alone is not "no body", and not JSON.
+		{"  ", 400, "invalid_json"},
+		{"\n", 400, "invalid_json"},
 		{`"` + strings.Repeat("x", 1<<20) + `"`, 413, "body_too_large"},
 	} {
 		for _, verb := range []string{"pause", "resume"} {

@@ -56,6 +56,29 @@ func TestNullOptionalFieldsAreRefused(t *testing.T) {
 			t.Errorf("%s empty: %d %v, want 400 invalid_json naming it", field, status, body)
 		}
 	}
+	// And an Idempotency-Key header given empty: as "" in the body, not
+	// read as no key (a client's retry would be taken twice).
+	hdr := http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {""}}
+	if status, _, body := doHeader(t, h, "POST", "/v1/tenants/acme/jobs", `{"payload": 1}`, hdr); status != http.StatusBadRequest || body["error"] != "invalid_idempotency_key" {
+		t.Errorf("an empty Idempotency-Key header: %d %v, want 400 invalid_idempotency_key", status, body)
+	}
+	// The same inside "request": null for a part, a header's value or an
+	// item of a query parameter's array, and "" for its path (which the
+	// document wants absolute).
+	for _, c := range []struct{ request, says string }{
+		{`{"method": null}`, `"request.method" is null`},
+		{`{"path": null}`, `"request.path" is null`},
+		{`{"query": null}`, `"request.query" is null`},
+		{`{"headers": null}`, `"request.headers" is null`},
+		{`{"headers": {"X-Ref": null}}`, `"request.headers.X-Ref" is null`},
+		{`{"query": {"id": ["a", null]}}`, `"request.query.id" is null`},
+		{`{"path": ""}`, `"request.path" is empty`},
+	} {
+		status, _, body := do(t, h, "POST", "/v1/tenants/acme/jobs", `{"payload": 1, "request": `+c.request+`}`)
+		if msg, _ := body["message"].(string); status != http.StatusBadRequest || body["error"] != "invalid_json" || !strings.Contains(msg, c.says) {
+			t.Errorf("request %s: %d %v, want 400 invalid_json saying %s", c.request, status, body, c.says)
+		}
+	}
 	status, _, body := do(t, h, "POST", "/v1/tenants/acme/jobs:batch", `{"jobs": [{"payload": 1}, {"payload": 2, "cost": null}]}`)
 	if msg, _ := body["message"].(string); status != http.StatusBadRequest || body["error"] != "invalid_json" || !strings.Contains(msg, "jobs[1]") || !strings.Contains(msg, `"cost"`) {
 		t.Errorf("batch with a null cost: %d %v, want 400 invalid_json naming jobs[1] and cost", status, body)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/metrics"
+	"github.com/throttler-dev/throttler/internal/outbound"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/bolt"
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
@@ -42,12 +43,29 @@ allow_unknown_tenants = false
 func newTour(t *testing.T) http.Handler {
 	t.Helper()
 	cfg := loadConfig(t, tourConfig)
-	store := openStore(t, t.TempDir(), cfg, bolt.Options{})
-	queuetest.Consume(t, store, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
+	h, _ := tourHandler(t, cfg, openStore(t, t.TempDir(), cfg, bolt.Options{}))
+	return h
+}
+
+// tourHandler is newTour's API over store, with cfg (tourConfig loaded)
+// and its downstreams' request rules, as the service wires it; stop stops
+// its dispatcher.
+func tourHandler(t *testing.T, cfg *config.Config, store *bolt.Store) (h http.Handler, stop func()) {
+	t.Helper()
+	compiled := map[string]*outbound.Downstream{}
+	for name, d := range cfg.Downstreams {
+		o, err := outbound.Compile(name, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		compiled[name] = o
+	}
+	stop = queuetest.Consume(t, store, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
 		return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 invalid number", SentAt: time.Now()}
 	})
 	m := metrics.New(store, func(tenant string) (string, string) { return "test", tenant }, func() []string { return []string{"acme"} })
-	return New(Options{Store: store, Config: func() *config.Config { return cfg }, Metrics: m})
+	return New(Options{Store: store, Config: func() *config.Config { return cfg }, Metrics: m,
+		Outbound: func(name string) *outbound.Downstream { return compiled[name] }}), stop
 }
 
 func bearer(token string) http.Header {

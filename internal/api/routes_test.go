@@ -94,3 +94,37 @@ func TestDotSegmentsInATenantPathAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// With tokens, auth comes before routing, as the document's description
+// says: a request without a valid token is 401 with WWW-Authenticate for a
+// method or a path no operation has too (not the 405 or 404 a caller with
+// a token gets), and a public route that is sent no Authorization header
+// answers as if there were no tokens.
+func TestAuthComesBeforeRouting(t *testing.T) {
+	t.Parallel()
+	h := newTour(t)
+	for _, c := range []struct {
+		method, path, token string
+		status              int
+	}{
+		{"PATCH", "/v1/tenants", "", http.StatusUnauthorized},
+		{"PATCH", "/v1/tenants", "admin-token", http.StatusMethodNotAllowed},
+		{"GET", "/v2/nothing", "wrong", http.StatusUnauthorized},
+		{"GET", "/v2/nothing", "viewer-token", http.StatusNotFound},
+		{"POST", "/", "wrong", http.StatusUnauthorized},
+		{"POST", "/", "", http.StatusMethodNotAllowed},
+		{"POST", "/v1/tenants/../jobs", "", http.StatusUnauthorized},
+	} {
+		st, hdr, body := doHeader(t, h, c.method, c.path, "", bearer(c.token))
+		if st != c.status || (st == http.StatusUnauthorized && (body["error"] != "unauthorized" || hdr.Get("WWW-Authenticate") == "")) {
+			t.Errorf("%s %s (token %q): %d %v, want %d", c.method, c.path, c.token, st, body, c.status)
+		}
+	}
+	doc, err := apiDoc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(doc.Info.Description, "auth comes first, on any path and for any method") {
+		t.Error("the document's description does not say that auth comes before routing")
+	}
+}

@@ -177,13 +177,14 @@ func readNothing(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return decodeError(err)
 	}
-	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
 		return nil
 	}
+	// Whitespace alone is a body, and not JSON. json.Unmarshal, not a
+	// Decoder: a Decoder stops after the object, and its More does not see
+	// a stray "}" or "]" after it ("{}}" is not JSON either).
 	var fields map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if raw[0] != '{' || dec.Decode(&fields) != nil || dec.More() {
+	if trimmed := bytes.TrimSpace(raw); len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(raw, &fields) != nil {
 		return errorf(http.StatusBadRequest, "invalid_json", "this request takes no body, or {}: got %q", truncate(string(raw), 40))
 	}
 	for name := range fields {
