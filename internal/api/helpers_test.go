@@ -24,6 +24,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/outbound"
 	"github.com/throttler-dev/throttler/internal/queue/bolt"
 )
 
@@ -255,4 +256,19 @@ func serve(h http.Handler, method, path string) []byte {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
 	return rec.Body.Bytes()
+}
+
+// compileDownstreams is cfg's downstreams' request rules by name, as the
+// service compiles them.
+func compileDownstreams(t testing.TB, cfg *config.Config) map[string]*outbound.Downstream {
+	t.Helper()
+	compiled := map[string]*outbound.Downstream{}
+	for name, d := range cfg.Downstreams {
+		o, err := outbound.Compile(name, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		compiled[name] = o
+	}
+	return compiled
 }

@@ -52,14 +52,7 @@ func newTour(t *testing.T) http.Handler {
 // its dispatcher.
 func tourHandler(t *testing.T, cfg *config.Config, store *bolt.Store) (h http.Handler, stop func()) {
 	t.Helper()
-	compiled := map[string]*outbound.Downstream{}
-	for name, d := range cfg.Downstreams {
-		o, err := outbound.Compile(name, d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		compiled[name] = o
-	}
+	compiled := compileDownstreams(t, cfg)
 	stop = queuetest.Consume(t, store, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
 		return queue.Outcome{Result: queue.Failed, Status: 400, Error: "400 invalid number", SentAt: time.Now()}
 	})

@@ -55,14 +55,7 @@ func newVendorAPI(t *testing.T) (http.Handler, *bolt.Store) {
 		t.Fatal(err)
 	}
 	cfg := loadConfig(t, fmt.Sprintf(vendorConfig, tokenFile))
-	compiled := map[string]*outbound.Downstream{}
-	for name, d := range cfg.Downstreams {
-		o, err := outbound.Compile(name, d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		compiled[name] = o
-	}
+	compiled := compileDownstreams(t, cfg)
 	store := openStore(t, t.TempDir(), cfg, bolt.Options{})
 	h := New(Options{Store: store, Config: func() *config.Config { return cfg },
 		Outbound: func(name string) *outbound.Downstream { return compiled[name] }})
