@@ -140,6 +140,7 @@ func Admit(rec *Record, q Queue, c Call) Decision {
 	}
 	rec.TAT, rec.Booked = st.TAT, r.Booked
 	rec.SetRecent(p, counted)
+	rec.ForgetSpentWindows(p, r.Pause.TenantTime(c.Now))
 	if c.Resend {
 		// It waits again: no longer one of the tenant's failed jobs (it
 		// counts there again if it fails again).

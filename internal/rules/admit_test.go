@@ -257,3 +257,43 @@ func TestHeldRefusalPromisesNoSoonRetry(t *testing.T) {
 		})
 	}
 }
+
+// A window a reload drops keeps its sends while they count: the policy
+// that brings it back places the next job after them, as Redis (a list per
+// window) does. Once they count no more, an admission forgets it.
+func TestDroppedWindowKeepsItsSends(t *testing.T) {
+	hourly := mustWindow(t, "2/1h")
+	with := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10, Windows: []leaky.Window{hourly}}
+	without := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10}
+	var rec Record
+	var q slots
+	for range 2 {
+		d := Admit(&rec, &q, Call{Now: t0, Arrival: t0, Policy: with})
+		q.scheduled = append(q.scheduled, d.Slot)
+	}
+	q.scheduled = nil // both sent
+	at := t0.Add(time.Second)
+	if d := Admit(&rec, &q, Call{Now: at, Arrival: at, Policy: without}); d.Verdict != Admitted || !d.Prompt {
+		t.Fatalf("without the window: %+v, want it sent at once", d)
+	}
+	at = at.Add(time.Second)
+	d := Admit(&rec, &q, Call{Now: at, Arrival: at, Policy: with})
+	if want := t0.Add(time.Hour); d.Verdict != Admitted || !d.Slot.Equal(want) {
+		t.Fatalf("the window back: slot %v (%v), want T0+1h: its two sends still count", d.Slot.Sub(t0), d.Verdict)
+	}
+	q.scheduled = nil
+	later := t0.Add(3 * time.Hour)
+	Admit(&rec, &q, Call{Now: later, Arrival: later, Policy: without})
+	if _, kept := rec.Windows[hourly.String()]; kept {
+		t.Fatalf("windows after the hour: %v, want the spent one forgotten", rec.Windows)
+	}
+}
+
+func mustWindow(t *testing.T, s string) leaky.Window {
+	t.Helper()
+	w, err := leaky.ParseWindow(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}

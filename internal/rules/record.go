@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"maps"
 	"slices"
 	"time"
 
@@ -97,20 +98,46 @@ func (r Record) Recent(p leaky.Policy) []leaky.Recent {
 	return out
 }
 
-// SetRecent stores the bookkeeping of p's windows (and drops windows no
-// longer configured).
+// SetRecent stores the bookkeeping of p's windows. A window p no longer
+// has keeps its sends: a reload that brings it back finds them there, as
+// the jobs sent or waiting under it still count in it (Redis keeps each
+// window's list apart, for as long as it counts). ForgetSpentWindows drops
+// such a window once it counts nothing.
 func (r *Record) SetRecent(p leaky.Policy, recent []leaky.Recent) {
-	if len(p.Windows) == 0 {
-		r.Windows = nil
+	if len(p.Windows) == 0 && len(r.Windows) == 0 {
 		return
 	}
-	r.Windows = make(map[string][]int64, len(p.Windows))
+	windows := make(map[string][]int64, max(len(p.Windows), len(r.Windows)))
+	for name, ns := range r.Windows {
+		windows[name] = ns
+	}
 	for i, w := range p.Windows {
 		ns := make([]int64, len(recent[i]))
 		for k, t := range recent[i] {
 			ns[k] = t.UnixNano()
 		}
-		r.Windows[w.String()] = ns
+		windows[w.String()] = ns
+	}
+	r.Windows = windows
+}
+
+// ForgetSpentWindows drops the bookkeeping of each window p does not have
+// whose sends all lie a window's length or more before tenant time tnow:
+// no slot from tnow on is in the same window as any of them.
+func (r *Record) ForgetSpentWindows(p leaky.Policy, tnow time.Time) {
+	for name, ns := range r.Windows {
+		if slices.ContainsFunc(p.Windows, func(w leaky.Window) bool { return w.String() == name }) {
+			continue
+		}
+		w, err := leaky.ParseWindow(name)
+		if err == nil && len(ns) > 0 && tnow.Before(time.Unix(0, slices.Max(ns)).Add(w.Length)) {
+			continue
+		}
+		r.Windows = maps.Clone(r.Windows) // a copy of r shares the map
+		delete(r.Windows, name)
+	}
+	if len(r.Windows) == 0 {
+		r.Windows = nil
 	}
 }
 

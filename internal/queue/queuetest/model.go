@@ -103,13 +103,6 @@ type ModelDriver struct {
 	// schedule as last written with the tenant's record (the embedded
 	// store gives back a cancelled job's place in memory only).
 	Durable bool
-	// KeepsDroppedWindows: a window a reload drops keeps its sends (Redis:
-	// each window's list is a key of its own, which lives as long as it
-	// counts a send), and counts them again if a reload brings it back;
-	// without it the model forgets a dropped window once the tenant's
-	// record is next written (the embedded store writes the windows with
-	// it).
-	KeepsDroppedWindows bool
 	// Known are the defects the store is known to have: the checks they
 	// break are relaxed as Defect says, so that the rest still runs.
 	Known Defect

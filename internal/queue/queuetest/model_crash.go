@@ -307,7 +307,6 @@ func (r *runner) takeRestartTAT(tn *mtenant, respaced bool, at time.Time) {
 	// start.
 	if respaced {
 		tn.persist()
-		tn.forgetDropped()
 	}
 }
 

@@ -218,9 +218,8 @@ type mtenant struct {
 	pz           mpause
 	lastRecorded time.Time // the last send whose outcome was recorded
 	wins         []*mwin   // of the current policy
-	// dormant: windows a reload dropped, whose sends the tenant's record
-	// keeps until it next writes its windows (a window put back before
-	// that has them still)
+	// dormant: windows a reload dropped, with their sends: a reload that
+	// puts one back finds them (the jobs sent or waiting under it count)
 	dormant map[WindowSpec]*mwin
 	jobs    []*mjob
 	keys    map[string]*mjob
@@ -232,7 +231,6 @@ type mtenant struct {
 	writeSteps        []time.Duration // each write's cost in intervals, at the interval in force then (the gate's step)
 	gateHeld          []time.Time     // writes later than their slot: held by the gate (mjob.latest)
 	slowed            bool            // a reload has slowed the rate (DefectSlowReloadPromise)
-	keepDropped       bool            // ModelDriver.KeepsDroppedWindows
 	lastWriteT        time.Duration
 	lastWriteCost     int
 	// booked: retries whose backoff ends past their place in the
@@ -300,10 +298,10 @@ type model struct {
 	known   Defect
 }
 
-func newModel(known Defect, keepDropped bool) *model {
+func newModel(known Defect) *model {
 	m := &model{tenants: map[string]*mtenant{}, byID: map[string]*mjob{}, known: known}
 	for _, name := range modelTenants {
-		tn := &mtenant{name: name, keys: map[string]*mjob{}, keepDropped: keepDropped}
+		tn := &mtenant{name: name, keys: map[string]*mjob{}}
 		m.tenants[name] = tn
 		m.order = append(m.order, name)
 		m.reload(tn, defaultModelPolicy, T0)
@@ -329,8 +327,8 @@ func (m *model) reload(tn *mtenant, p PolicySpec, now time.Time) {
 	tn.maxT = max(tn.maxT, p.Interval)
 	tn.caps = append(tn.caps, capChange{at: now, c: p.Capacity})
 	// Windows are kept by what they say: one that stays keeps its sends, a
-	// new one starts empty, a dropped one is forgotten once the record's
-	// windows are next written (unless the store keeps it: forgetDropped).
+	// new one starts empty, a dropped one keeps its sends for a reload that
+	// brings it back.
 	if tn.dormant == nil {
 		tn.dormant = map[WindowSpec]*mwin{}
 	}
@@ -496,7 +494,6 @@ func (m *model) take(tn *mtenant, j *mjob, now time.Time, slot time.Time) {
 		tn.recordWindows(slot, j.cost)
 	}
 	tn.tat = next
-	tn.forgetDropped() // an admission writes the record's windows
 	j.slot, j.tag, j.state, j.attempts = slot, tn.tagNow(), msWaiting, 0
 	j.admittedAt, j.promised, j.disturbed = now, tn.pz.told(slot, now).Sub(now), false
 	j.possiblySent = false

@@ -84,7 +84,7 @@ type writeEvent struct {
 // runModelOps runs ops on a fresh store and returns the first failure.
 func runModelOps(t testing.TB, d ModelDriver, ops []Op) (fail *ModelFailure) {
 	r := &runner{
-		t: t, d: d, clk: newStepClock(T0), m: newModel(d.Known, d.KeepsDroppedWindows), ctx: context.Background(),
+		t: t, d: d, clk: newStepClock(T0), m: newModel(d.Known), ctx: context.Background(),
 		pols: map[string]PolicySpec{}, maxT: map[string]time.Duration{}, pending: map[string]bool{}, answering: map[string]bool{},
 		answer: Answer{Kind: AnswerOK}, trace: os.Getenv("THROTTLER_MODEL_TRACE") != "",
 	}

@@ -80,20 +80,7 @@ func (tn *mtenant) earliestAsIfBefore(at time.Time, cost int) time.Time {
 }
 
 func (tn *mtenant) recordWindows(at time.Time, cost int) {
-	if len(tn.wins) > 0 {
-		tn.forgetDropped()
-	}
 	for _, w := range tn.wins {
 		w.entries = append(w.entries, mentry{at: at, weight: cost})
-	}
-}
-
-// forgetDropped forgets the windows a reload dropped, as a store that
-// writes a tenant's windows with its record does at that write; one that
-// keeps each window apart (ModelDriver.KeepsDroppedWindows) counts their
-// sends again if a reload brings them back.
-func (tn *mtenant) forgetDropped() {
-	if !tn.keepDropped {
-		clear(tn.dormant)
 	}
 }

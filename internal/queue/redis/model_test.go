@@ -376,9 +376,8 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 			return fromMicros(v), nil
 		},
 		// Every change of a schedule is a script's write in Redis.
-		Durable:             true,
-		KeepsDroppedWindows: true,
-		Known:               known,
+		Durable: true,
+		Known:   known,
 	}
 }
 
@@ -891,9 +890,9 @@ func TestModelRegression(t *testing.T) {
 			// fault of the model: a window that a reload drops and a later
 			// one brings back still counts its sends on Redis (each
 			// window's list is a key of its own), where the model had
-			// forgotten them as the embedded store does. Redis's refusal
-			// was right: the job sent at T0 was in it. The model now keeps
-			// such windows for a store that says so (KeepsDroppedWindows).
+			// forgotten them as the embedded store did. Redis's refusal
+			// was right: the job sent at T0 was in it. The model and both
+			// stores now keep such windows.
 			name: "DroppedWindowComesBack",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 3, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
