@@ -63,7 +63,8 @@ func TestSystemdUnitIsHardened(t *testing.T) {
 	}
 }
 
-// Every metric the Grafana dashboard asks for is one the service exports.
+// Every metric the Grafana dashboard and the alert rules ask for is one the
+// service exports, and README's table lists every one it exports.
 func TestDashboardUsesRealMetrics(t *testing.T) {
 	t.Parallel()
 	raw := repoFile(t, "deploy/grafana-dashboard.json")
@@ -93,13 +94,53 @@ func TestDashboardUsesRealMetrics(t *testing.T) {
 	})
 	exported := scrape(t, base)
 	name := regexp.MustCompile(`throttler_[a-z_]+`)
+	// Whole names, from the families' TYPE lines: a histogram's series
+	// are its name with _bucket, _sum and _count.
+	names := map[string]bool{}
+	for _, f := range regexp.MustCompile(`(?m)^# TYPE (\S+) (\S+)$`).FindAllStringSubmatch(exported, -1) {
+		names[f[1]] = true
+		if f[2] == "histogram" {
+			names[f[1]+"_bucket"], names[f[1]+"_sum"], names[f[1]+"_count"] = true, true, true
+		}
+	}
+	isExported := func(m string) bool { return names[m] }
+	// README's metrics table names every family the service exports.
+	readme := string(repoFile(t, "README.md"))
+	for _, f := range regexp.MustCompile(`(?m)^# TYPE (throttler_\S+) `).FindAllStringSubmatch(exported, -1) {
+		if !strings.Contains(readme, "| `"+f[1]+"` |") {
+			t.Errorf("README's metrics table lacks %s", f[1])
+		}
+	}
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
 			for _, m := range name.FindAllString(tg.Expr, -1) {
-				if !strings.Contains(exported, "\n"+m) && !strings.Contains(exported, "# TYPE "+m+" ") {
+				if !isExported(m) {
 					t.Errorf("panel %q uses %s, which is not exported", p.Title, m)
 				}
 			}
+		}
+	}
+	// The alert rules too (deploy/alerts.yml: their names in expressions
+	// are the only throttler_ words in it).
+	for _, m := range name.FindAllString(string(repoFile(t, "deploy/alerts.yml")), -1) {
+		if !isExported(m) {
+			t.Errorf("deploy/alerts.yml uses %s, which is not exported", m)
+		}
+	}
+}
+
+// The Prometheus config and its alert rules are valid to Prometheus, and
+// each alert fires when it should and not otherwise: deploy/alerts_test.yml,
+// run by promtool (.ci/run
+// installs Debian's prometheus package for it).
+func TestAlertRulesFireAsTested(t *testing.T) {
+	t.Parallel()
+	promtool := testutil.Program(t, "promtool")
+	for _, args := range [][]string{{"check", "config", "prometheus.yml"}, {"test", "rules", "alerts_test.yml"}} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = "../../deploy"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 }
