@@ -1,0 +1,113 @@
+package config
+
+import (
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// referenceRows reads README's configuration reference: each row's keys
+// (its first cell's backquoted names; a name without a dot after the first
+// takes the first's section, as in "`callbacks.min_backoff`, `max_backoff`")
+// and the whole row's text.
+func referenceRows(t *testing.T) map[string]string {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n## Configuration reference\n")
+	if !ok {
+		t.Fatal("README has no Configuration reference")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	name := regexp.MustCompile("`([^`]+)`")
+	rows := map[string]string{}
+	for line := range strings.Lines(section) {
+		cells := strings.Split(line, " | ")
+		if !strings.HasPrefix(line, "| `") || len(cells) < 2 {
+			continue
+		}
+		prefix := ""
+		for _, m := range name.FindAllStringSubmatch(cells[0], -1) {
+			key := m[1]
+			if i := strings.LastIndex(key, "."); i >= 0 {
+				prefix = key[:i+1]
+			} else {
+				key = prefix + key
+			}
+			rows[key] = line
+		}
+	}
+	return rows
+}
+
+// Every key the config file takes has its row in README's configuration
+// reference, and every row names a key the file takes: a key added
+// without its line, or a line left after its key went, fails here. A table
+// (a downstream's auth, a token, a tenant) is one row that names each of
+// its keys.
+func TestReferenceNamesEveryKey(t *testing.T) {
+	rows := referenceRows(t)
+	documented := map[string]bool{}
+	var walk func(path string, typ reflect.Type)
+	walk = func(path string, typ reflect.Type) {
+		for f := range typ.Fields() {
+			tag, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+			if tag == "" || tag == "-" || f.Type == reflect.TypeFor[InlineSecret]() {
+				continue // not a key, or one the loader refuses with its own error
+			}
+			key := path + tag
+			ft := f.Type
+			switch {
+			case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct && key == "tenants":
+				inRow(t, rows, "tenants.NAME.*", ft.Elem(), "allow_unknown_tenants")
+				documented["tenants.NAME.*"] = true
+			case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
+				walk(key+".NAME.", ft.Elem())
+			case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+				inRow(t, rows, "[["+key+"]]", ft.Elem())
+				documented["[["+key+"]]"] = true
+			case ft.Kind() == reflect.Struct && ft.PkgPath() == typ.PkgPath() && rows[key] != "":
+				inRow(t, rows, key, ft)
+				documented[key] = true
+			case ft.Kind() == reflect.Struct && ft.PkgPath() == typ.PkgPath():
+				walk(key+".", ft)
+			default:
+				documented[key] = true
+				if rows[key] == "" {
+					t.Errorf("README's configuration reference has no row for %s", key)
+				}
+			}
+		}
+	}
+	walk("", reflect.TypeFor[Config]())
+	for key := range rows {
+		if !documented[key] {
+			t.Errorf("README's configuration reference has a row for %s, which the config file does not take", key)
+		}
+	}
+}
+
+// inRow checks that the row of key names each key of the table typ (but
+// those in except) in backquotes.
+func inRow(t *testing.T, rows map[string]string, key string, typ reflect.Type, except ...string) {
+	t.Helper()
+	row := rows[key]
+	if row == "" {
+		t.Errorf("README's configuration reference has no row for %s", key)
+		return
+	}
+	for f := range typ.Fields() {
+		tag, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if tag == "" || tag == "-" || f.Type == reflect.TypeFor[InlineSecret]() || slices.Contains(except, tag) {
+			continue
+		}
+		if !strings.Contains(row, "`"+tag+"`") && !regexp.MustCompile(`[{,|]\s*`+tag+`\b`).MatchString(row) {
+			t.Errorf("README's row for %s does not name its key %s", key, tag)
+		}
+	}
+}
