@@ -1,12 +1,18 @@
 package config
 
 import (
+	"encoding"
+	"fmt"
 	"os"
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
 )
 
 // referenceRows reads README's configuration reference: each row's keys
@@ -110,4 +116,84 @@ func inRow(t *testing.T, rows map[string]string, key string, typ reflect.Type, e
 			t.Errorf("README's row for %s does not name its key %s", key, tag)
 		}
 	}
+}
+
+// README's default for each key of the sections without names is what a
+// service with no file runs with: the default cell's value, read as the
+// file would read it, equals Default()'s (after the defaults the loader
+// fills in, for the keys Default leaves empty).
+func TestReferenceDefaultsAreTheDefaults(t *testing.T) {
+	rows := referenceRows(t)
+	def, err := Load("", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := regexp.MustCompile("^`([^`]*)`$")
+	checked := 0
+	for _, section := range []string{"server", "store", "dispatch", "log", "tenant_defaults", "callbacks", "auth"} {
+		sv := reflect.ValueOf(def).Elem().FieldByNameFunc(func(n string) bool {
+			f, _ := reflect.TypeFor[Config]().FieldByName(n)
+			return f.Tag.Get("toml") == section
+		})
+		for i := range sv.NumField() {
+			f := sv.Type().Field(i)
+			tag, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+			row := rows[section+"."+tag]
+			if row == "" {
+				continue // TestReferenceNamesEveryKey says so
+			}
+			m := value.FindStringSubmatch(strings.TrimSpace(strings.Split(row, " | ")[1]))
+			if m == nil {
+				continue // "none", or words: not a value to compare
+			}
+			got := reflect.New(f.Type)
+			if err := decodeAs(got.Interface(), m[1]); err != nil {
+				t.Errorf("%s.%s: README's default %q does not read as the file would: %v", section, tag, m[1], err)
+				continue
+			}
+			checked++
+			if want := sv.Field(i); !reflect.DeepEqual(got.Elem().Interface(), want.Interface()) {
+				t.Errorf("%s.%s: README says the default is %s, the service runs with %v", section, tag, m[1], fmtValue(want))
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("only %d defaults compared: the table's layout changed?", checked)
+	}
+}
+
+// decodeAs reads text into into as the config file reads a value: quoted,
+// unless into is a number or a bool.
+func decodeAs(into any, text string) error {
+	t := reflect.TypeOf(into).Elem()
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	lit := strconv.Quote(text)
+	switch t.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Bool:
+		if _, isText := reflect.New(t).Interface().(encoding.TextUnmarshaler); !isText {
+			lit = text
+		}
+	}
+	var doc map[string]toml.Primitive
+	md, err := toml.Decode("v = "+lit, &doc)
+	if err != nil {
+		return err
+	}
+	return md.PrimitiveDecode(doc["v"], into)
+}
+
+// fmtValue is v as a reader of the table would write it.
+func fmtValue(v reflect.Value) string {
+	for v.Kind() == reflect.Pointer && !v.IsNil() {
+		v = v.Elem()
+	}
+	if d, ok := v.Interface().(Duration); ok {
+		return time.Duration(d).String()
+	}
+	if s, ok := v.Interface().(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprint(v.Interface())
 }
