@@ -2,11 +2,9 @@ package main
 
 import (
 	"encoding/json"
-	"reflect"
+	"regexp"
 	"strings"
 	"testing"
-
-	"github.com/throttler-dev/throttler/internal/config"
 )
 
 // readmeSection is the part of README.md under the heading title, up to
@@ -24,47 +22,6 @@ func readmeSection(t *testing.T, title string) string {
 		rest = rest[:end]
 	}
 	return rest
-}
-
-// README's configuration reference has every key a config file takes:
-// each as `section.key`, or in the row of its section, as `key`.
-func TestREADMEConfigurationReferenceHasEveryKey(t *testing.T) {
-	t.Parallel()
-	ref := readmeSection(t, "## Configuration reference")
-	rows := strings.Split(ref, "\n")
-	listed := func(prefix, key string) bool {
-		if strings.Contains(ref, "`"+prefix+key+"`") {
-			return true
-		}
-		for _, row := range rows {
-			if strings.HasPrefix(row, "| `"+prefix) && strings.Contains(strings.SplitN(row, " | ", 2)[0], "`"+key+"`") {
-				return true
-			}
-		}
-		return false
-	}
-	sections := map[string]reflect.Type{
-		"server.": reflect.TypeFor[config.Server](), "store.": reflect.TypeFor[config.Store](),
-		"dispatch.": reflect.TypeFor[config.Dispatch](), "log.": reflect.TypeFor[config.Log](),
-		"callbacks.": reflect.TypeFor[config.Callbacks](), "downstreams.NAME.": reflect.TypeFor[config.Downstream](),
-		"tenant_defaults.": reflect.TypeFor[config.TenantSettings](),
-	}
-	n := 0
-	for prefix, typ := range sections {
-		for f := range typ.Fields() {
-			key, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
-			if key == "" || key == "-" || f.Type == reflect.TypeFor[config.InlineSecret]() {
-				continue // an inline secret is a key the config refuses, saying what to write
-			}
-			n++
-			if !listed(prefix, key) {
-				t.Errorf("README's configuration reference lacks %s%s", prefix, key)
-			}
-		}
-	}
-	if n < 40 {
-		t.Fatalf("only %d keys found in the config's types", n)
-	}
 }
 
 // README's API table, the enqueue row, names every field of a job the
@@ -94,6 +51,69 @@ func TestREADMEEnqueueRowNamesEveryField(t *testing.T) {
 	for name := range fields {
 		if !strings.Contains(row, `"`+name+`"`) {
 			t.Errorf("README's enqueue row does not name %q", name)
+		}
+	}
+}
+
+// README's API table has a row for each operation of the OpenAPI document
+// and none for an operation it lacks (the metrics and the status page are
+// in their own sections), and README's API section names every error code
+// the document has.
+func TestREADMEAPITableMatchesTheDocument(t *testing.T) {
+	t.Parallel()
+	raw := repoFile(t, "internal/api/openapi.json")
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	section := readmeSection(t, "## HTTP API")
+	inTable := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `([A-Z]+ /[^`?]*)[^`]*` \\|").FindAllStringSubmatch(section, -1) {
+		inTable[m[1]] = true
+	}
+	elsewhere := map[string]string{"GET /metrics": "## Metrics", "GET /": "## Access: tokens, roles, safe defaults", "GET /static/app.js": "## Access: tokens, roles, safe defaults"}
+	ops := map[string]bool{}
+	for path, methods := range doc.Paths {
+		for method := range methods {
+			if method == "parameters" {
+				continue
+			}
+			op := strings.ToUpper(method) + " " + path
+			ops[op] = true
+			if where, ok := elsewhere[op]; ok {
+				_, p, _ := strings.Cut(op, " ")
+				if !strings.Contains(readmeSection(t, where), "`"+p+"`") && !strings.Contains(readmeSection(t, where), "`"+op+"`") {
+					t.Errorf("README's %q does not name %s", where, op)
+				}
+				continue
+			}
+			if !inTable[op] {
+				t.Errorf("README's API table has no row for %s", op)
+			}
+		}
+	}
+	for op := range inTable {
+		if !ops[op] {
+			t.Errorf("README's API table has a row for %s, which the document does not have", op)
+		}
+	}
+	if len(ops) < 15 {
+		t.Fatalf("only %d operations in the document", len(ops))
+	}
+	codes := map[string]bool{}
+	for _, m := range regexp.MustCompile(`"error":\s*\{[^}]*?"enum":\s*\[([^\]]*)\]`).FindAllSubmatch(raw, -1) {
+		for _, c := range regexp.MustCompile(`"([a-z_0-9]+)"`).FindAllSubmatch(m[1], -1) {
+			codes[string(c[1])] = true
+		}
+	}
+	if len(codes) < 30 {
+		t.Fatalf("only %d error codes found in the document", len(codes))
+	}
+	for c := range codes {
+		if !strings.Contains(section, "`"+c+"`") && !strings.Contains(section, " "+c+"`") {
+			t.Errorf("README's API section does not name the error code %s", c)
 		}
 	}
 }

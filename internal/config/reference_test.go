@@ -57,6 +57,7 @@ func referenceRows(t *testing.T) map[string]string {
 // (a downstream's auth, a token, a tenant) is one row that names each of
 // its keys.
 func TestReferenceNamesEveryKey(t *testing.T) {
+	t.Parallel()
 	rows := referenceRows(t)
 	documented := map[string]bool{}
 	var walk func(path string, typ reflect.Type)
@@ -123,6 +124,7 @@ func inRow(t *testing.T, rows map[string]string, key string, typ reflect.Type, e
 // file would read it, equals Default()'s (after the defaults the loader
 // fills in, for the keys Default leaves empty).
 func TestReferenceDefaultsAreTheDefaults(t *testing.T) {
+	t.Parallel()
 	rows := referenceRows(t)
 	def, err := Load("", nil, nil)
 	if err != nil {
