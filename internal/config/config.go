@@ -6,7 +6,10 @@
 //
 // Files by topic: config.go (the sections and their defaults), load.go
 // (file, environment, flags), validate.go (the checks, in order),
-// downstream.go, tenant.go, horizon.go, auth.go and redis.go.
+// downstream.go, outbound.go (a downstream's request, auth and signing),
+// handler.go (downstreams that are Go handlers), tenant.go, horizon.go,
+// callbacks.go, auth.go and redis.go. README's configuration reference is
+// checked against these types (reference_test.go).
 package config
 
 import (

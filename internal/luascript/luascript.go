@@ -1,9 +1,10 @@
 // Package luascript owns running a Lua script in Redis and decoding its
-// reply, checked, into a named struct: the one small helper STYLE.md asks
-// for. A script's reply is an array whose items its header lists; a
-// Decoder reads them in that order with Reply's readers, each of which
-// checks the item's type, so a reply of another shape is an error that
-// names the script and the item, never a zero read in silence or a panic.
+// reply, checked, into a named struct: one small helper, so that no script
+// reads its reply by hand. A script's reply is an array whose items its
+// header lists; a Decoder reads them in that order with Reply's readers,
+// each of which checks the item's type, so a reply of another shape is an
+// error that names the script and the item, never a zero read in silence
+// or a panic.
 //
 // A script that cannot run (Redis is away, or refuses it) is
 // queue.ErrUnavailable; one Redis refuses for its maxmemory is a
