@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,9 +51,10 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 	ds := downstreamtest.New(t)
 	file := redisConfig(t, url, mode, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
 	const T = 100 * time.Millisecond
-	var apis []string
+	var apis, all []string
 	for _, role := range roles {
 		p := startProcess(t, file, "--role", role)
+		all = append(all, p.base)
 		if role == "worker" {
 			if st, _, body := call(t, "POST", p.base+"/v1/tenants/acme/jobs", `{"payload":{}}`); st != http.StatusNotFound || body["error"] != "worker_only" {
 				t.Fatalf("a worker's API answered %d %v", st, body)
@@ -105,6 +107,47 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 		t.Fatalf("downstream saw %d requests, want %d", len(got), n)
 	}
 	downstreamtest.CheckWindows(t, got, T, 1)
+	everyPartitionHeldOnce(t, all)
+}
+
+// redisOnlyMetrics are the families only a process on Redis exports
+// (queue.Ownership): the tests on the embedded store take them as checked
+// here.
+var redisOnlyMetrics = []string{"throttler_redis_partitions_held", "throttler_redis_partitions"}
+
+// everyPartitionHeldOnce checks what /metrics says of the partitions: each
+// process exports P (README's metrics table names both gauges), and the
+// partitions the processes hold add up to P, as an alert on their sum
+// (deploy/alerts.yml) expects of a healthy deployment.
+func everyPartitionHeldOnce(t *testing.T, processes []string) {
+	t.Helper()
+	readme := string(repoFile(t, "README.md"))
+	for _, name := range redisOnlyMetrics {
+		if !strings.Contains(readme, "| `"+name+"` |") {
+			t.Errorf("README's metrics table lacks %s", name)
+		}
+		if m := scrape(t, processes[0]); !strings.Contains(m, "# TYPE "+name+" ") {
+			t.Errorf("a Redis process does not export %s", name)
+		}
+	}
+	const P = 32 // store.redis_partitions' default
+	var held []float64
+	testutil.WaitFor(t, 10*time.Second, "the processes' held partitions to add up to P", func() bool {
+		var got []float64
+		sum := 0.0
+		for _, base := range processes {
+			m := scrape(t, base)
+			if p := value(m, "throttler_redis_partitions"); p != P {
+				t.Fatalf("%s exports throttler_redis_partitions %v, want %d", base, p, P)
+			}
+			h := value(m, "throttler_redis_partitions_held")
+			got = append(got, h)
+			sum += h
+		}
+		held = got
+		return sum == P
+	})
+	t.Logf("partitions held by each process: %v", held)
 }
 
 // kill -9 of a worker mid-attempt, and of another while jobs wait: every

@@ -148,6 +148,14 @@ type Space interface {
 	Room() SpaceStatus
 }
 
+// Ownership is what a store whose tenants are sent by whichever process
+// holds their partition (Redis) says of it: an optional capability, read
+// by /metrics. A partition no live process holds sends nothing.
+type Ownership interface {
+	// Held is how many partitions this process holds, of how many.
+	Held() (held, partitions int)
+}
+
 // SpaceStatus is a store's room: free bytes (the filesystem's, and what
 // the store's file has free for reuse), the reserve, and whether
 // admissions are refused for it (then Err says why).

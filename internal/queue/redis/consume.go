@@ -348,3 +348,19 @@ func (s *Store) behind(ctx context.Context) string {
 	}
 	return ""
 }
+
+// Held is how many partitions this process's consumers hold, of the
+// store's P (queue.Ownership).
+func (s *Store) Held() (held, partitions int) {
+	return s.heldCount(), s.partitions
+}
+
+func (s *Store) heldCount() int {
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	n := 0
+	for c := range s.consumers {
+		n += len(c.owned())
+	}
+	return n
+}

@@ -331,7 +331,7 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 				st.pauseWorkers(false)
 				// Awake, it finds its tenures gone (its renewals refused).
 				deadline := time.Now().Add(10 * time.Second)
-				for st.ownedCount() > 0 && time.Now().Before(deadline) {
+				for st.heldCount() > 0 && time.Now().Before(deadline) {
 					time.Sleep(time.Millisecond)
 				}
 			}
@@ -379,17 +379,6 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 		Durable: true,
 		Known:   known,
 	}
-}
-
-// ownedCount is how many partitions this process's consumers hold.
-func (s *Store) ownedCount() int {
-	s.consumersMu.Lock()
-	defer s.consumersMu.Unlock()
-	n := 0
-	for c := range s.consumers {
-		n += len(c.owned())
-	}
-	return n
 }
 
 // busyWith says why the store is not Quiet (for a model run's failure to

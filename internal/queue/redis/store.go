@@ -42,6 +42,7 @@ var (
 	_ queue.Store          = (*Store)(nil)
 	_ queue.SharedGate     = (*Store)(nil)
 	_ queue.PolicyListener = (*Store)(nil)
+	_ queue.Ownership      = (*Store)(nil)
 )
 
 // Store is the Redis backend of queue.Store. All methods are safe for
