@@ -31,7 +31,7 @@ import (
 // through a receiver that is down for 10 s, and across a kill -9 between
 // a job's end and its callback. The receivers verify each signature with
 // implementations of the Standard Webhooks scheme that are not the code
-// that signs: the README's example program, and verifyWebhook below.
+// that signs: the example program of docs/callbacks.md, and verifyWebhook below.
 
 // newHookSecret is a Standard Webhooks secret, "whsec_" and 32 random
 // bytes in base64, written to a file of the test's (as a deployment
@@ -94,7 +94,7 @@ type hookEvent struct {
 	Repeat    bool   `json:"repeat"`
 }
 
-// exampleReceiver is the README's example receiver, running.
+// exampleReceiver is the example receiver of docs/callbacks.md, running.
 type exampleReceiver struct {
 	mu     sync.Mutex
 	events []hookEvent

@@ -64,7 +64,8 @@ func TestSystemdUnitIsHardened(t *testing.T) {
 }
 
 // Every metric the Grafana dashboard and the alert rules ask for is one the
-// service exports, and README's table lists every one it exports.
+// service exports, and the operations page's table lists every one it
+// exports.
 func TestDashboardUsesRealMetrics(t *testing.T) {
 	t.Parallel()
 	raw := repoFile(t, "deploy/grafana-dashboard.json")
@@ -107,11 +108,12 @@ func TestDashboardUsesRealMetrics(t *testing.T) {
 		names[m] = true // checked on Redis processes: everyPartitionHeldOnce
 	}
 	isExported := func(m string) bool { return names[m] }
-	// README's metrics table names every family the service exports.
-	readme := string(repoFile(t, "README.md"))
+	// The operations page's metrics table names every family the service
+	// exports.
+	ops := string(repoFile(t, "docs/operations.md"))
 	for _, f := range regexp.MustCompile(`(?m)^# TYPE (throttler_\S+) `).FindAllStringSubmatch(exported, -1) {
-		if !strings.Contains(readme, "| `"+f[1]+"` |") {
-			t.Errorf("README's metrics table lacks %s", f[1])
+		if !strings.Contains(ops, "| `"+f[1]+"` |") {
+			t.Errorf("docs/operations.md's metrics table lacks %s", f[1])
 		}
 	}
 	for _, p := range dash.Panels {

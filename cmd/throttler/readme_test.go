@@ -2,31 +2,38 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
 
-// readmeSection is the part of README.md under the heading title, up to
-// the next heading of the same level.
-func readmeSection(t *testing.T, title string) string {
+// docFile is one page of the guide (README.md, or a file under docs/).
+func docFile(t *testing.T, name string) string {
 	t.Helper()
-	readme := string(repoFile(t, "README.md"))
-	start := strings.Index(readme, "\n"+title+"\n")
-	if start < 0 {
-		t.Fatalf("README.md has no %q", title)
-	}
-	level := title[:strings.Index(title, " ")+1]
-	rest := readme[start+len(title)+2:]
-	if end := strings.Index(rest, "\n"+level); end >= 0 {
-		rest = rest[:end]
-	}
-	return rest
+	return string(repoFile(t, name))
 }
 
-// README's API table, the enqueue row, names every field of a job the
-// OpenAPI document has.
-func TestREADMEEnqueueRowNamesEveryField(t *testing.T) {
+// guidePages are README.md and the guide's pages under docs/, by name.
+func guidePages(t *testing.T) map[string]string {
+	t.Helper()
+	names, err := filepath.Glob("../../docs/*.md")
+	if err != nil || len(names) < 10 {
+		t.Fatalf("the guide's pages: %v %v", names, err)
+	}
+	pages := map[string]string{"README.md": docFile(t, "README.md")}
+	for _, n := range names {
+		rel := strings.TrimPrefix(n, "../../")
+		pages[rel] = docFile(t, rel)
+	}
+	return pages
+}
+
+// The API page's enqueue row names every field of a job the OpenAPI
+// document has.
+func TestAPIPageEnqueueRowNamesEveryField(t *testing.T) {
 	t.Parallel()
 	var doc struct {
 		Components struct {
@@ -39,27 +46,27 @@ func TestREADMEEnqueueRowNamesEveryField(t *testing.T) {
 		t.Fatal(err)
 	}
 	row := ""
-	for _, line := range strings.Split(readmeSection(t, "## HTTP API"), "\n") {
+	for _, line := range strings.Split(docFile(t, "docs/api.md"), "\n") {
 		if strings.HasPrefix(line, "| `POST /v1/tenants/{tenant}/jobs` |") {
 			row = line
 		}
 	}
 	fields := doc.Components.Schemas["JobRequest"].Properties
 	if row == "" || len(fields) < 8 {
-		t.Fatalf("no enqueue row in README (%d fields in the document)", len(fields))
+		t.Fatalf("no enqueue row in docs/api.md (%d fields in the document)", len(fields))
 	}
 	for name := range fields {
 		if !strings.Contains(row, `"`+name+`"`) {
-			t.Errorf("README's enqueue row does not name %q", name)
+			t.Errorf("docs/api.md's enqueue row does not name %q", name)
 		}
 	}
 }
 
-// README's API table has a row for each operation of the OpenAPI document
-// and none for an operation it lacks (the metrics and the status page are
-// in their own sections), and README's API section names every error code
-// the document has.
-func TestREADMEAPITableMatchesTheDocument(t *testing.T) {
+// The API page's table has a row for each operation of the OpenAPI
+// document and none for an operation it lacks (the metrics and the status
+// page are on their own pages), and the page names every error code the
+// document has.
+func TestAPIPageMatchesTheDocument(t *testing.T) {
 	t.Parallel()
 	raw := repoFile(t, "internal/api/openapi.json")
 	var doc struct {
@@ -68,12 +75,12 @@ func TestREADMEAPITableMatchesTheDocument(t *testing.T) {
 	if err := json.Unmarshal(raw, &doc); err != nil {
 		t.Fatal(err)
 	}
-	section := readmeSection(t, "## HTTP API")
+	section := docFile(t, "docs/api.md")
 	inTable := map[string]bool{}
 	for _, m := range regexp.MustCompile("(?m)^\\| `([A-Z]+ /[^`?]*)[^`]*` \\|").FindAllStringSubmatch(section, -1) {
 		inTable[m[1]] = true
 	}
-	elsewhere := map[string]string{"GET /metrics": "## Metrics", "GET /": "## Access: tokens, roles, safe defaults", "GET /static/app.js": "## Access: tokens, roles, safe defaults"}
+	elsewhere := map[string]string{"GET /metrics": "docs/operations.md", "GET /": "docs/access.md", "GET /static/app.js": "docs/access.md"}
 	ops := map[string]bool{}
 	for path, methods := range doc.Paths {
 		for method := range methods {
@@ -84,19 +91,19 @@ func TestREADMEAPITableMatchesTheDocument(t *testing.T) {
 			ops[op] = true
 			if where, ok := elsewhere[op]; ok {
 				_, p, _ := strings.Cut(op, " ")
-				if !strings.Contains(readmeSection(t, where), "`"+p+"`") && !strings.Contains(readmeSection(t, where), "`"+op+"`") {
-					t.Errorf("README's %q does not name %s", where, op)
+				if page := docFile(t, where); !strings.Contains(page, "`"+p+"`") && !strings.Contains(page, "`"+op+"`") {
+					t.Errorf("%s does not name %s", where, op)
 				}
 				continue
 			}
 			if !inTable[op] {
-				t.Errorf("README's API table has no row for %s", op)
+				t.Errorf("docs/api.md's table has no row for %s", op)
 			}
 		}
 	}
 	for op := range inTable {
 		if !ops[op] {
-			t.Errorf("README's API table has a row for %s, which the document does not have", op)
+			t.Errorf("docs/api.md's table has a row for %s, which the document does not have", op)
 		}
 	}
 	if len(ops) < 15 {
@@ -113,29 +120,108 @@ func TestREADMEAPITableMatchesTheDocument(t *testing.T) {
 	}
 	for c := range codes {
 		if !strings.Contains(section, "`"+c+"`") && !strings.Contains(section, " "+c+"`") {
-			t.Errorf("README's API section does not name the error code %s", c)
+			t.Errorf("docs/api.md does not name the error code %s", c)
 		}
 	}
 }
 
-// What README tells an operator to do can be done: a running process's
+// What the guide tells an operator to do can be done: a running process's
 // environment does not change, so a secret from a variable is rotated by
 // a restart, one from a file by SIGHUP; and a wait past 60 s is refused,
 // not cut short.
-func TestREADMEInstructionsCanBeFollowed(t *testing.T) {
+func TestGuideInstructionsCanBeFollowed(t *testing.T) {
 	t.Parallel()
-	readme := string(repoFile(t, "README.md"))
-	for _, para := range strings.Split(readme, "\n\n") {
-		if !strings.HasPrefix(para, "To rotate") {
+	rotations, waitRows := 0, 0
+	for name, page := range guidePages(t) {
+		for _, para := range strings.Split(page, "\n\n") {
+			if !strings.HasPrefix(para, "To rotate") {
+				continue
+			}
+			rotations++
+			if strings.Contains(para, "set the variable (or file)") || !strings.Contains(para, "restart") || !strings.Contains(para, "SIGHUP") {
+				t.Errorf("%s's rotation: %q, want SIGHUP for a file and a restart for a variable", name, para)
+			}
+		}
+		for _, line := range strings.Split(page, "\n") {
+			if strings.HasPrefix(line, "| `GET /v1/jobs/{id}?wait=30s` |") {
+				waitRows++
+				if !strings.Contains(line, "a longer one is refused") {
+					t.Errorf("%s's ?wait row does not say a wait past 60 s is refused: %q", name, line)
+				}
+			}
+		}
+	}
+	if rotations == 0 || waitRows == 0 {
+		t.Fatalf("found %d rotation paragraphs and %d ?wait rows in the guide, want both", rotations, waitRows)
+	}
+}
+
+// Every relative link in the guide reaches a file of the repository, and
+// every #anchor a heading of its page (as GitHub makes them: lower case,
+// punctuation dropped, spaces as hyphens).
+func TestGuideLinksResolve(t *testing.T) {
+	t.Parallel()
+	pages := guidePages(t)
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	n := 0
+	for name, page := range pages {
+		for _, m := range link.FindAllStringSubmatch(withoutCode(page), -1) {
+			target := m[1]
+			if regexp.MustCompile(`^[a-z]+:`).MatchString(target) {
+				continue
+			}
+			n++
+			path, anchor, _ := strings.Cut(target, "#")
+			file := name
+			if path != "" {
+				file = filepath.ToSlash(filepath.Join(filepath.Dir(name), path))
+				if _, err := os.Stat("../../" + file); err != nil {
+					t.Errorf("%s links to %s, which does not exist", name, target)
+					continue
+				}
+			}
+			if anchor == "" {
+				continue
+			}
+			text, ok := pages[file]
+			if !ok {
+				text = docFile(t, file)
+			}
+			if !slices.Contains(anchors(text), anchor) {
+				t.Errorf("%s links to %s: %s has no heading #%s", name, target, file, anchor)
+			}
+		}
+	}
+	if n < 50 {
+		t.Fatalf("only %d relative links found in the guide", n)
+	}
+}
+
+// withoutCode is a page without its fenced code blocks (a link in code is
+// not one).
+func withoutCode(page string) string {
+	var b strings.Builder
+	fenced := false
+	for line := range strings.Lines(page) {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
 			continue
 		}
-		if strings.Contains(para, "set the variable (or file)") || !strings.Contains(para, "restart") || !strings.Contains(para, "SIGHUP") {
-			t.Errorf("README's rotation: %q, want SIGHUP for a file and a restart for a variable", para)
+		if !fenced {
+			b.WriteString(line)
 		}
 	}
-	for _, line := range strings.Split(readme, "\n") {
-		if strings.HasPrefix(line, "| `GET /v1/jobs/{id}?wait=30s` |") && !strings.Contains(line, "a longer one is refused") {
-			t.Errorf("README's ?wait row does not say a wait past 60 s is refused: %q", line)
+	return b.String()
+}
+
+// anchors are the #fragments a page's headings make on GitHub.
+func anchors(page string) []string {
+	var out []string
+	drop := regexp.MustCompile(`[^\p{L}\p{N}_\- ]`)
+	for line := range strings.Lines(withoutCode(page)) {
+		if m := regexp.MustCompile(`^#{1,6} (.*)`).FindStringSubmatch(strings.TrimRight(line, "\n")); m != nil {
+			out = append(out, strings.ReplaceAll(drop.ReplaceAllString(strings.ToLower(m[1]), ""), " ", "-"))
 		}
 	}
+	return out
 }

@@ -116,15 +116,15 @@ func sharedBurst(t *testing.T, url, mode string, roles ...string) {
 var redisOnlyMetrics = []string{"throttler_redis_partitions_held", "throttler_redis_partitions"}
 
 // everyPartitionHeldOnce checks what /metrics says of the partitions: each
-// process exports P (README's metrics table names both gauges), and the
+// process exports P (the operations page's metrics table names both), and the
 // partitions the processes hold add up to P, as an alert on their sum
 // (deploy/alerts.yml) expects of a healthy deployment.
 func everyPartitionHeldOnce(t *testing.T, processes []string) {
 	t.Helper()
-	readme := string(repoFile(t, "README.md"))
+	ops := string(repoFile(t, "docs/operations.md"))
 	for _, name := range redisOnlyMetrics {
-		if !strings.Contains(readme, "| `"+name+"` |") {
-			t.Errorf("README's metrics table lacks %s", name)
+		if !strings.Contains(ops, "| `"+name+"` |") {
+			t.Errorf("docs/operations.md's metrics table lacks %s", name)
 		}
 		if m := scrape(t, processes[0]); !strings.Contains(m, "# TYPE "+name+" ") {
 			t.Errorf("a Redis process does not export %s", name)

@@ -321,7 +321,7 @@ func (e *endless) Read(p []byte) (int, error) {
 func TestTwoThousandConnections(t *testing.T) {
 	testutil.SkipShort(t, "process and load test: 2,000 connections to the throttler binary")
 	t.Parallel()
-	const bound = 200 << 20 // bytes of resident memory: the figure README states
+	const bound = 200 << 20 // bytes of resident memory: the figure docs/access.md states
 	ds := downstreamtest.New(t)
 	p := startProcess(t, servicetest.WriteConfigServer(t, `read_header_timeout = "20s"`, `[tenant_defaults]
 rate = "1000/s"

@@ -120,7 +120,7 @@ func New(opts Options) http.Handler {
 	}
 	rt.otherMethods()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.URL.Path+"; the API lives under /v1/ (see README)", nil)
+		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.URL.Path+"; the API lives under /v1/ (see docs/api.md)", nil)
 	})
 	return s.authenticate(s.limit(tenantPaths(mux)))
 }

@@ -17,7 +17,7 @@ import (
 // The RateLimit fields of enqueue answers (draft-ietf-httpapi-ratelimit-
 // headers): RateLimit-Policy says what a tenant's limits are, RateLimit how
 // much of each is left after the answer, so that a client paces itself
-// instead of being refused. README ("RateLimit fields") says what quota,
+// instead of being refused. docs/api.md ("RateLimit fields") says what quota,
 // window and remaining mean for each kind of bucket; in short:
 //
 //   - the bucket (named after its mode, "leaky" or "token"): q places (leaky:
@@ -91,7 +91,7 @@ func appendPolicyItems(items []quota, p leaky.Policy, mode string) []quota {
 // have windows, and dropped once it no longer matters (the schedule has
 // ended and every send has left the longest window), as the stores drop
 // idle state. Another process's admissions are not in it: with several API
-// processes on one Redis, each reports what it has admitted (README).
+// processes on one Redis, each reports what it has admitted (docs/api.md).
 type memo struct {
 	tat   time.Time  // real time at which every place is free again
 	sends []sendMark // the sends still in a window (or to come), by time

@@ -8,7 +8,7 @@
 // (file, environment, flags), validate.go (the checks, in order),
 // downstream.go, outbound.go (a downstream's request, auth and signing),
 // handler.go (downstreams that are Go handlers), tenant.go, horizon.go,
-// callbacks.go, auth.go and redis.go. README's configuration reference is
+// callbacks.go, auth.go and redis.go. The configuration reference (docs) is
 // checked against these types (reference_test.go).
 package config
 

@@ -15,21 +15,17 @@ import (
 	"github.com/BurntSushi/toml"
 )
 
-// referenceRows reads README's configuration reference: each row's keys
-// (its first cell's backquoted names; a name without a dot after the first
-// takes the first's section, as in "`callbacks.min_backoff`, `max_backoff`")
-// and the whole row's text.
+// referenceRows reads the configuration reference (docs/configuration.md):
+// each row's keys (its first cell's backquoted names; a name without a dot
+// after the first takes the first's section, as in "`callbacks.min_backoff`,
+// `max_backoff`") and the whole row's text.
 func referenceRows(t *testing.T) map[string]string {
 	t.Helper()
-	readme, err := os.ReadFile("../../README.md")
+	page, err := os.ReadFile("../../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(readme), "\n## Configuration reference\n")
-	if !ok {
-		t.Fatal("README has no Configuration reference")
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
+	section := string(page)
 	name := regexp.MustCompile("`([^`]+)`")
 	rows := map[string]string{}
 	for line := range strings.Lines(section) {
@@ -51,7 +47,7 @@ func referenceRows(t *testing.T) map[string]string {
 	return rows
 }
 
-// Every key the config file takes has its row in README's configuration
+// Every key the config file takes has its row in the configuration
 // reference, and every row names a key the file takes: a key added
 // without its line, or a line left after its key went, fails here. A table
 // (a downstream's auth, a token, a tenant) is one row that names each of
@@ -86,7 +82,7 @@ func TestReferenceNamesEveryKey(t *testing.T) {
 			default:
 				documented[key] = true
 				if rows[key] == "" {
-					t.Errorf("README's configuration reference has no row for %s", key)
+					t.Errorf("the configuration reference has no row for %s", key)
 				}
 			}
 		}
@@ -94,7 +90,7 @@ func TestReferenceNamesEveryKey(t *testing.T) {
 	walk("", reflect.TypeFor[Config]())
 	for key := range rows {
 		if !documented[key] {
-			t.Errorf("README's configuration reference has a row for %s, which the config file does not take", key)
+			t.Errorf("the configuration reference has a row for %s, which the config file does not take", key)
 		}
 	}
 }
@@ -105,7 +101,7 @@ func inRow(t *testing.T, rows map[string]string, key string, typ reflect.Type, e
 	t.Helper()
 	row := rows[key]
 	if row == "" {
-		t.Errorf("README's configuration reference has no row for %s", key)
+		t.Errorf("the configuration reference has no row for %s", key)
 		return
 	}
 	for f := range typ.Fields() {
@@ -114,12 +110,12 @@ func inRow(t *testing.T, rows map[string]string, key string, typ reflect.Type, e
 			continue
 		}
 		if !strings.Contains(row, "`"+tag+"`") && !regexp.MustCompile(`[{,|]\s*`+tag+`\b`).MatchString(row) {
-			t.Errorf("README's row for %s does not name its key %s", key, tag)
+			t.Errorf("the configuration reference's row for %s does not name its key %s", key, tag)
 		}
 	}
 }
 
-// README's default for each key of the sections without names is what a
+// the reference's default for each key of the sections without names is what a
 // service with no file runs with: the default cell's value, read as the
 // file would read it, equals Default()'s (after the defaults the loader
 // fills in, for the keys Default leaves empty).
@@ -150,12 +146,12 @@ func TestReferenceDefaultsAreTheDefaults(t *testing.T) {
 			}
 			got := reflect.New(f.Type)
 			if err := decodeAs(got.Interface(), m[1]); err != nil {
-				t.Errorf("%s.%s: README's default %q does not read as the file would: %v", section, tag, m[1], err)
+				t.Errorf("%s.%s: the reference's default %q does not read as the file would: %v", section, tag, m[1], err)
 				continue
 			}
 			checked++
 			if want := sv.Field(i); !reflect.DeepEqual(got.Elem().Interface(), want.Interface()) {
-				t.Errorf("%s.%s: README says the default is %s, the service runs with %v", section, tag, m[1], fmtValue(want))
+				t.Errorf("%s.%s: the configuration reference says the default is %s, the service runs with %v", section, tag, m[1], fmtValue(want))
 			}
 		}
 	}

@@ -37,7 +37,7 @@ type Server struct {
 // Start runs redis-server on a free loopback port with its data in a
 // temporary directory; with aof, every write is appended to the file
 // before it is acknowledged and fsynced each second (appendonly yes,
-// appendfsync everysec, as README advises), so a kill -9 of the server
+// appendfsync everysec, as docs/redis.md advises), so a kill -9 of the server
 // keeps what was acknowledged. It stops when the test ends.
 //
 // A free port is only free until someone binds it: between the probe and

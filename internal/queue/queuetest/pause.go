@@ -79,7 +79,7 @@ func testOperatorHoldAndResume(t *testing.T, d Driver) {
 	// holds 3), and kept across a restart.
 	ids = append(ids, EnqueueOne(t, s, "acme", Payload(2)).Job.ID)
 	// Nothing frees until it is resumed: the refusal asks for no retry
-	// within a minute (README), though its jobs are due already.
+	// within a minute (docs/api.md), though its jobs are due already.
 	if a := EnqueueOne(t, s, "acme", Payload(3)); a.Rejected == nil || a.Rejected.RetryAfter < time.Minute {
 		t.Fatalf("a held tenant past its capacity: %+v, want refused for at least a minute", a.Rejected)
 	}

@@ -53,7 +53,7 @@ func commands(b *testing.B, rdb *goredis.Client) int64 {
 // (enqueued from 64 goroutines over 1000 tenants, each handled once)
 // through the Redis store, and through plain asynq with a no-op handler
 // and no limiter, back to back on one redis-server (AOF, appendfsync
-// everysec, as README advises), and reports both throughputs, their
+// everysec, as docs/redis.md advises), and reports both throughputs, their
 // ratio, round trips per admission and Redis commands per job (INFO
 // commandstats, scripts' own calls included; -v logs them by command).
 // Tenants are fast (1000/s) so that the limiter's pacing is not what is
