@@ -195,3 +195,71 @@ func fmtValue(v reflect.Value) string {
 	}
 	return fmt.Sprint(v.Interface())
 }
+
+// The reference says of each key what a reload does with it, as
+// NeedsRestart decides: "restart" for a key of a section a running service
+// keeps, "applied" for the others.
+func TestReferenceSaysWhatAReloadApplies(t *testing.T) {
+	t.Parallel()
+	restart := map[string]bool{}
+	cfg := reflect.TypeFor[Config]()
+	for f := range cfg.Fields() {
+		section, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if section == "" || section == "-" {
+			continue
+		}
+		cur, next := Default(), Default()
+		if !changeSomething(reflect.ValueOf(next).Elem().FieldByIndex(f.Index)) {
+			t.Fatalf("cannot change section %s to ask NeedsRestart", section)
+		}
+		restart[section] = len(cur.NeedsRestart(next)) > 0
+	}
+	n := 0
+	for key, row := range referenceRows(t) {
+		section, _, _ := strings.Cut(strings.Trim(key, "[]"), ".")
+		cells := strings.Split(row, " | ")
+		if len(cells) < 4 {
+			t.Errorf("the row for %s has no \"on SIGHUP\" column", key)
+			continue
+		}
+		want := "applied"
+		if restart[section] {
+			want = "restart"
+		}
+		if got := strings.TrimSpace(cells[2]); got != want {
+			t.Errorf("%s: the reference says %q on SIGHUP, the service does %q", key, got, want)
+		}
+		n++
+	}
+	if n < 50 || !restart["server"] || restart["tenants"] {
+		t.Fatalf("%d rows checked; restart by section: %v", n, restart)
+	}
+}
+
+// changeSomething makes v (a config section) differ from what it was, and
+// reports whether it could.
+func changeSomething(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.Map:
+		m := reflect.MakeMap(v.Type())
+		m.SetMapIndex(reflect.ValueOf("x"), reflect.New(v.Type().Elem()).Elem())
+		v.Set(m)
+		return true
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if f := v.Field(i); f.CanSet() && f.Kind() == reflect.String {
+				f.SetString(f.String() + "x")
+				return true
+			}
+			if f := v.Field(i); f.CanSet() && f.Kind() == reflect.Bool {
+				f.SetBool(!f.Bool())
+				return true
+			}
+			if f := v.Field(i); f.CanSet() && f.Kind() == reflect.Int {
+				f.SetInt(f.Int() + 1)
+				return true
+			}
+		}
+	}
+	return false
+}
