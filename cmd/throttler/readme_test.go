@@ -225,3 +225,38 @@ func anchors(page string) []string {
 	}
 	return out
 }
+
+// Comments and docs point only at what the repository holds: no issue
+// tracker numbers (a reader of the repository cannot open them) and no
+// notes kept outside it.
+func TestNothingPointsOutsideTheRepository(t *testing.T) {
+	t.Parallel()
+	outside := regexp.MustCompile(`(?i)\bissues?\s+#?[0-9]+|STYLE` + `\.md|ASYNQ` + `_NOTES|\.\./shared` + `/`)
+	text := regexp.MustCompile(`(\.(go|lua|js|html|css|md|toml|ya?ml|json|sh|service)|/Dockerfile|/\.ci/run)$`)
+	files := 0
+	err := filepath.WalkDir("../..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules" || d.Name() == "artifacts") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !text.MatchString(path) {
+			return nil
+		}
+		files++
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if m := outside.FindString(line); m != "" {
+				t.Errorf("%s:%d names %q, which the repository does not hold", strings.TrimPrefix(path, "../../"), i+1, m)
+			}
+		}
+		return nil
+	})
+	if err != nil || files < 100 {
+		t.Fatalf("walked %d files: %v", files, err)
+	}
+}

@@ -371,9 +371,8 @@ func (r *runner) nextParked() (time.Time, bool) {
 // asked for by the handler.
 func (r *runner) settle(expect []mdue) (crash bool) {
 	// The timeout is the store's time to finish what it does at one
-	// moment: seconds are a busy machine's, never a promise's. (Soaks of
-	// six seeds at once have timed out now and then, at 3 s and once at
-	// 10 s, on seeds that pass alone: docs/RELIABILITY.md.)
+	// moment: seconds are a busy machine's, never a promise's (six seeds
+	// run at once).
 	polls, poll, timeout := 3, 300*time.Microsecond, 10*time.Second
 	if testutil.Race {
 		polls, poll, timeout = 4, time.Millisecond, 10*time.Second
