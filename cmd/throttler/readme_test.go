@@ -260,3 +260,36 @@ func TestNothingPointsOutsideTheRepository(t *testing.T) {
 		t.Fatalf("walked %d files: %v", files, err)
 	}
 }
+
+// Every test the guide names as a promise's proof is a test the repository
+// has: a test renamed or removed without its line fails here.
+func TestGuideNamesOnlyRealTests(t *testing.T) {
+	t.Parallel()
+	have := map[string]bool{}
+	funcs := regexp.MustCompile(`(?m)^func (Test[A-Z]\w*)\(`)
+	err := filepath.WalkDir("../..", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		for _, m := range funcs.FindAllSubmatch(b, -1) {
+			have[string(m[1])] = true
+		}
+		return err
+	})
+	if err != nil || len(have) < 200 {
+		t.Fatalf("found %d tests: %v", len(have), err)
+	}
+	named := regexp.MustCompile("`(Test[A-Z][A-Za-z0-9_]*)")
+	n := 0
+	for name, page := range guidePages(t) {
+		for _, m := range named.FindAllStringSubmatch(page, -1) {
+			if n++; !have[m[1]] && m[1] != "TestHooks" { // TestHooks: the Redis store's test-only type
+				t.Errorf("%s names %s, which is not a test of the repository", name, m[1])
+			}
+		}
+	}
+	if n < 100 {
+		t.Fatalf("only %d test names found in the guide", n)
+	}
+}
