@@ -163,11 +163,12 @@ func TestGuideLinksResolve(t *testing.T) {
 	t.Parallel()
 	pages := guidePages(t)
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	scheme := regexp.MustCompile(`^[a-z]+:`)
 	n := 0
 	for name, page := range pages {
 		for _, m := range link.FindAllStringSubmatch(withoutCode(page), -1) {
 			target := m[1]
-			if regexp.MustCompile(`^[a-z]+:`).MatchString(target) {
+			if scheme.MatchString(target) {
 				continue
 			}
 			n++
@@ -218,8 +219,9 @@ func withoutCode(page string) string {
 func anchors(page string) []string {
 	var out []string
 	drop := regexp.MustCompile(`[^\p{L}\p{N}_\- ]`)
+	heading := regexp.MustCompile(`^#{1,6} (.*)`)
 	for line := range strings.Lines(withoutCode(page)) {
-		if m := regexp.MustCompile(`^#{1,6} (.*)`).FindStringSubmatch(strings.TrimRight(line, "\n")); m != nil {
+		if m := heading.FindStringSubmatch(strings.TrimRight(line, "\n")); m != nil {
 			out = append(out, strings.ReplaceAll(drop.ReplaceAllString(strings.ToLower(m[1]), ""), " ", "-"))
 		}
 	}

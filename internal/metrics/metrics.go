@@ -91,7 +91,14 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 		reg.MustRegister(spaceCollector{sp})
 	}
 	if o, ok := store.(queue.Ownership); ok {
-		reg.MustRegister(ownershipCollector{o})
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "throttler", Name: "redis_partitions_held",
+				Help: "Partitions this process holds (sends the tenants of). Summed over the live processes, it is throttler_redis_partitions when every tenant has a sender."},
+				func() float64 { held, _ := o.Held(); return float64(held) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "throttler", Name: "redis_partitions",
+				Help: "P, the partitions tenants hash onto (store.redis_partitions)."},
+				func() float64 { _, partitions := o.Held(); return float64(partitions) }),
+		)
 	}
 	m.perDownstream = prometheus.NewRegistry()
 	m.perDownstream.MustRegister(m.attempts, m.pushbacks)
@@ -290,24 +297,4 @@ func (c spaceCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(storeFullDesc, prometheus.GaugeValue, full)
 	ch <- prometheus.MustNewConstMetric(storeFreeDesc, prometheus.GaugeValue, float64(max(st.Free, 0)))
-}
-
-var (
-	heldDesc       = prometheus.NewDesc("throttler_redis_partitions_held", "Partitions this process holds (sends the tenants of). Summed over the live processes, it is throttler_redis_partitions when every tenant has a sender.", nil, nil)
-	partitionsDesc = prometheus.NewDesc("throttler_redis_partitions", "P, the partitions tenants hash onto (store.redis_partitions).", nil, nil)
-)
-
-// ownershipCollector reads the partitions a Redis process holds at scrape
-// time (queue.Ownership).
-type ownershipCollector struct{ store queue.Ownership }
-
-func (c ownershipCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- heldDesc
-	ch <- partitionsDesc
-}
-
-func (c ownershipCollector) Collect(ch chan<- prometheus.Metric) {
-	held, partitions := c.store.Held()
-	ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(held))
-	ch <- prometheus.MustNewConstMetric(partitionsDesc, prometheus.GaugeValue, float64(partitions))
 }

@@ -125,6 +125,7 @@ func (r *Record) SetRecent(p leaky.Policy, recent []leaky.Recent) {
 // whose sends all lie a window's length or more before tenant time tnow:
 // no slot from tnow on is in the same window as any of them.
 func (r *Record) ForgetSpentWindows(p leaky.Policy, tnow time.Time) {
+	shared := true // a copy of r shares the map: clone it before a delete
 	for name, ns := range r.Windows {
 		if slices.ContainsFunc(p.Windows, func(w leaky.Window) bool { return w.String() == name }) {
 			continue
@@ -133,7 +134,9 @@ func (r *Record) ForgetSpentWindows(p leaky.Policy, tnow time.Time) {
 		if err == nil && len(ns) > 0 && tnow.Before(time.Unix(0, slices.Max(ns)).Add(w.Length)) {
 			continue
 		}
-		r.Windows = maps.Clone(r.Windows) // a copy of r shares the map
+		if shared {
+			r.Windows, shared = maps.Clone(r.Windows), false
+		}
 		delete(r.Windows, name)
 	}
 	if len(r.Windows) == 0 {
