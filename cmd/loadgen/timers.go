@@ -13,9 +13,10 @@ import (
 
 // timersCommand measures the machine, not the throttler: how late a Go
 // timer wakes here. The dispatcher waits for each send's slot on a timer,
-// and a send that wakes late stays late for the rest of its tenant's queue
-// (the gate allows 1.5 ms of slack, no catching up), so this is the floor
-// under `loadgen deliver`'s dispatch error.
+// and a send that wakes late makes the rest of its tenant's queue as late
+// (the gate never sends early, so nothing catches up), so this is the floor
+// under `loadgen deliver`'s dispatch error. (The gate sleeps the last 2 ms
+// of a wait more precisely than a timer: see clock.SleepPrecise.)
 func timersCommand() *cobra.Command {
 	var goroutines int
 	var interval, duration time.Duration
@@ -24,8 +25,8 @@ func timersCommand() *cobra.Command {
 		Short: "How late timers wake on this machine: the floor under deliver's dispatch error",
 		Long: `Starts --goroutines goroutines, each waking on a timer every --interval (spread
 evenly over it, as that many tenants' sends are), for --duration, and prints
-how late the wake-ups were: p50, p99, max, and how many were later than the
-gate's 1.5 ms of slack and than 5 ms. The defaults wake 500 times a second,
+how late the wake-ups were: p50, p99, max, and how many were later than
+1.5 ms and than 5 ms. The defaults wake 500 times a second,
 as 100 tenants at 5/s send. Run it beside nothing else to see the machine
 alone, or during a deliver run to see it loaded.`,
 		Args: cobra.NoArgs,

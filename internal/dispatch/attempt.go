@@ -126,7 +126,7 @@ func (d *Dispatcher) newAttempt(stop context.Context, job queue.Job, r Route, o 
 		a.client = d.clients.forTLS(o)
 	}
 	if d.shared != nil {
-		req := queue.GateRequest{Downstream: r.Downstream, Tenant: job.Tenant, Policy: r.Policy, Ceiling: r.Ceiling, Cost: job.Cost, Slack: remoteSlack}
+		req := queue.GateRequest{Downstream: r.Downstream, Tenant: job.Tenant, Policy: r.Policy, Ceiling: r.Ceiling, Cost: job.Cost}
 		a.remote = func(ctx context.Context) (queue.GateAnswer, error) { return d.shared(ctx, req) }
 	}
 	a.ctx, a.cancel = context.WithCancel(context.WithoutCancel(stop))

@@ -90,17 +90,13 @@ func pacedDialer(d *net.Dialer) func(ctx context.Context, network, addr string) 
 // queue.RedisStore.PassGate) whether one send may go now.
 type RemoteGate func(ctx context.Context) (queue.GateAnswer, error)
 
-// The shared gate's timing. It may let a send go remoteSlack before its
-// theoretical time (so late timers do not push a backlog back), and its
-// answer is used only if the request is written within remoteBudget of
-// asking: the gate's clock read happens after the question leaves, so a
+// remoteBudget is how soon after asking a grant of the shared gate must be
+// used: the gate's clock read happens after the question leaves, so a
 // write within the budget is never more than that after the time the gate
-// recorded. Together they spend 1.5 ms of DESIGN.md's 2 ms of jitter, as
-// the in-process gate does, whatever the processes' clocks say.
-const (
-	remoteSlack  = 500 * time.Microsecond
-	remoteBudget = time.Millisecond
-)
+// recorded, and the grant's Confirm moves the lanes on from the real write
+// before the next grant (its time plus how long after asking the write
+// came). A later write asks again.
+const remoteBudget = time.Millisecond
 
 // passRemote waits until the shared gate lets a send go, ready to write at
 // once. A held lane, or a gate that cannot be asked, is a *HeldError: the

@@ -52,11 +52,7 @@ func (r Route) lanes(tenant string, cost int) []Lane {
 	if r.Ceiling != nil {
 		ds.Policy = *r.Ceiling
 	}
-	t := Lane{Key: tenantKey(tenant), Policy: r.Policy, Cost: cost}
-	if r.Call != nil {
-		t.Slack, ds.Slack = handlerSlack, handlerSlack
-	}
-	return []Lane{t, ds}
+	return []Lane{{Key: tenantKey(tenant), Policy: r.Policy, Cost: cost}, ds}
 }
 
 // The gate's keys: a tenant's lane and a downstream's.

@@ -12,8 +12,9 @@ import (
 
 // Gate enforces spacing on the moments requests are really written,
 // whatever the schedule said: a tenant's rate, and a downstream's ceiling
-// shared by its tenants. Each is a lane: GCRA on send times with a small
-// slack, so in any window W at most (W + slack)/T + Burst requests go out.
+// shared by its tenants. Each is a lane: GCRA on send times, so in any
+// window W at most W/T + Burst requests go out. No send goes before its
+// time: DESIGN.md's 2 ms of jitter belong to the machine, not to the gate.
 //
 // A send is known only when its first bytes are written, which can be well
 // after the gate let it go: net/http writes from another goroutine, and a
@@ -42,18 +43,6 @@ type Lane struct {
 	Key    string
 	Policy leaky.Policy
 	Cost   int // 0 or 1: one slot
-	// Slack, if set, replaces the lane's slack (see slack): less for the
-	// sends of a Go handler, whose start comes after a call chain that a
-	// busy machine can stretch, where HTTP's comes after a write.
-	Slack time.Duration
-}
-
-// slack is l's slack: Slack, or slack(l.Policy).
-func (l Lane) slack() time.Duration {
-	if l.Slack > 0 {
-		return min(l.Slack, slack(l.Policy))
-	}
-	return slack(l.Policy)
 }
 
 // step is how far one send of the lane moves its schedule.
@@ -135,16 +124,6 @@ func NewGate(clk clock.Clock) *Gate {
 	return &Gate{clock: clk, keys: map[string]*gateKey{}}
 }
 
-// slack is how much earlier than its theoretical time a send may go, so that
-// a send late by less than that costs the sends after it nothing: without
-// it, every timer that fires late (here: 0.3 ms at the median, 1 ms at the
-// 90th percentile) would push the rest of a backlog back for good. DESIGN.md
-// allows 2 ms of scheduling jitter in the window rule; the gate takes 1.5 ms
-// of it, measured on the send itself, and leaves 0.5 ms to the network.
-func slack(p leaky.Policy) time.Duration {
-	return min(1500*time.Microsecond, p.Interval/8)
-}
-
 // windowGrace is the longest a send waits in the gate for room in a
 // window; a longer wait goes back to the store as a pause.
 const windowGrace = 100 * time.Millisecond
@@ -204,11 +183,21 @@ func (tr turn) ready(now time.Time) bool {
 
 // wait blocks until something the send waits for changes (or its time
 // comes), or ctx is done. The timer is set from the clock read here, not
-// from the look's: time that passed since does not make it late.
+// from the look's: time that passed since does not make it late. A send
+// waits for nothing else only for its time: on a precise clock its last
+// moments are slept precisely (a late wake-up would delay every send of
+// its lanes after it), and the caller looks again after, holds included.
 func (tr turn) wait(ctx context.Context, clk clock.Clock) error {
 	var timer <-chan time.Time
 	if tr.busy == nil && tr.ahead == nil {
-		timer = clk.After(tr.at.Sub(clk.Now()))
+		d := tr.at.Sub(clk.Now())
+		if clock.SleepPrecise(clk, d) {
+			return ctx.Err()
+		}
+		if d > clock.PreciseWindow && clock.Precise(clk) {
+			d -= clock.PreciseWindow // then precisely
+		}
+		timer = clk.After(d)
 	}
 	select {
 	case <-ctx.Done():
@@ -266,7 +255,7 @@ func (g *Gate) look(me *waiter, lanes []Lane, now time.Time) (turn, error) {
 		if k.outstanding != nil && tr.busy == nil {
 			tr.busy = k.outstanding
 		}
-		tr.at = clock.Later(tr.at, k.tat.Add(-l.Policy.Tolerance()-l.slack()))
+		tr.at = clock.Later(tr.at, k.tat.Add(-l.Policy.Tolerance()))
 	}
 	return g.roomInWindows(tr, lanes, goesAt)
 }

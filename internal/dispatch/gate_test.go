@@ -49,8 +49,6 @@ func expectAt(t *testing.T, ch <-chan *Ticket, want time.Duration) *Ticket {
 	return nil
 }
 
-const half = 1500 * time.Microsecond // the gate's slack at these rates
-
 // fakeGate is a gate on a fake clock at t0.
 func fakeGate() (*clock.Fake, *Gate) {
 	clk := clock.NewFake(t0)
@@ -65,15 +63,17 @@ func TestGateHoldsBackALateSendsSuccessor(t *testing.T) {
 	// The first job's slot is t0 but its connection took 30 ms.
 	clk.Advance(30 * time.Millisecond)
 	expectAt(t, wait(g, "a", p, t0), 30*time.Millisecond).Wrote(clk.Now())
-	// The second job's slot is t0+T: it must wait for first send + T - slack.
+	// The second job's slot is t0+T: it must wait for first send + T.
 	second := wait(g, "a", p, t0.Add(T))
 	waitWaiters(t, clk, 1)
 	clk.Set(t0.Add(T))
 	expectStillWaitingAfter20ms(t, second)
-	clk.Set(t0.Add(30*time.Millisecond + T - half))
-	expectAt(t, second, 30*time.Millisecond+T-half).Done()
+	clk.Set(t0.Add(30*time.Millisecond + T - time.Microsecond))
+	expectStillWaitingAfter20ms(t, second) // not a microsecond early
+	clk.Set(t0.Add(30*time.Millisecond + T))
+	expectAt(t, second, 30*time.Millisecond+T).Done()
 	// Another tenant is not held back at all.
-	expectAt(t, wait(g, "b", p, t0), 30*time.Millisecond+T-half).Done()
+	expectAt(t, wait(g, "b", p, t0), 30*time.Millisecond+T).Done()
 }
 
 func TestGateLetsABurstThrough(t *testing.T) {
@@ -87,8 +87,10 @@ func TestGateLetsABurstThrough(t *testing.T) {
 	fourth := wait(g, "a", p, t0)
 	waitWaiters(t, clk, 1)
 	expectStillWaitingAfter20ms(t, fourth)
-	clk.Set(t0.Add(T - half))
-	expectAt(t, fourth, T-half).Done()
+	clk.Set(t0.Add(T - time.Microsecond))
+	expectStillWaitingAfter20ms(t, fourth)
+	clk.Set(t0.Add(T))
+	expectAt(t, fourth, T).Done()
 }
 
 // A send is spaced from when the one before it was really written, and does
@@ -108,8 +110,8 @@ func TestGateSpacesFromTheRealWrite(t *testing.T) {
 	first.Wrote(clk.Now())
 	waitWaiters(t, clk, 1)
 	expectStillWaitingAfter20ms(t, next)
-	clk.Set(t0.Add(250*time.Millisecond - half))
-	expectAt(t, next, 250*time.Millisecond-half).Done()
+	clk.Set(t0.Add(250 * time.Millisecond))
+	expectAt(t, next, 250*time.Millisecond).Done()
 }
 
 // An attempt that wrote nothing frees the gate without moving it.
@@ -126,8 +128,8 @@ func TestGateDoneWithoutWrite(t *testing.T) {
 }
 
 // Sends that the gate releases obey the window rule of DESIGN.md invariant 1
-// with room to spare: at most (W + 0.5ms)/T + burst in any window W,
-// whatever the lateness.
+// without the 2 ms it leaves to the machine: at most W/T + burst in any
+// window W, whatever the lateness, and no two sends closer than T.
 func TestGateWindowRuleUnderJitter(t *testing.T) {
 	t.Parallel()
 	clk, g := fakeGate()
@@ -161,7 +163,7 @@ func TestGateWindowRuleUnderJitter(t *testing.T) {
 	for i := range sends {
 		for j := i + 1; j < len(sends); j++ {
 			w := sends[j].Sub(sends[i])
-			if n := j - i + 1; float64(n) > float64(w+half)/float64(T)+1 {
+			if n := j - i + 1; float64(n) > float64(w)/float64(T)+1 {
 				t.Fatalf("%d sends within %v", n, w)
 			}
 		}

@@ -147,9 +147,9 @@ func (a *attempt) passAndCall(ctx *callCtx, call Call, done chan<- called) {
 	a.wrote(at)
 	ctx.setDeadline(at.Add(a.route.Timeout))
 	// Waking it, a busy machine can take the CPU from this thread for
-	// milliseconds: a call that starts that late spaces the next send from
-	// its real start, before anything else can delay it.
-	if now := a.d.clock.Now(); now.Sub(at) > lateStart {
+	// milliseconds: the next send is spaced from the call's real start,
+	// read here, right before it (the gate lets nothing go before it).
+	if now := a.d.clock.Now(); now.After(at) {
 		ticket.Later(now)
 		a.mu.Lock()
 		a.sentAt = now
@@ -161,20 +161,6 @@ func (a *attempt) passAndCall(ctx *callCtx, call Call, done chan<- called) {
 	}
 	done <- called{reply: safeCall(invoke), returned: true}
 }
-
-// handlerSlack is the gate's slack for a Go handler's sends (Lane.Slack):
-// of DESIGN.md's 2 ms of jitter it leaves 1.5 ms to the way from the
-// gate's instant to the handler's first line (the handler package's call,
-// middleware, asynq's ServeMux routing), which a busy machine stretches
-// past a millisecond; a timer that fires later than this costs the
-// sends after it that much.
-const handlerSlack = 500 * time.Microsecond
-
-// lateStart is how much later than the instant the gate recorded a call
-// may start before the lanes are spaced from its real start (Later): well
-// inside the 1.5 ms of DESIGN.md's 2 ms of jitter the gate leaves it
-// (handlerSlack).
-const lateStart = 100 * time.Microsecond
 
 // safeCall runs f; a panic is a failure, retried, as asynq's processor
 // treats one.

@@ -43,6 +43,31 @@ type Server struct {
 	mu       sync.Mutex
 	arrivals []Arrival
 	answer   http.HandlerFunc
+	// slowHandshakes: the next this many TLS handshakes start
+	// handshakeDelay after their connection is accepted.
+	slowHandshakes int
+	handshakeDelay time.Duration
+}
+
+// SlowHandshakes makes the next n TLS handshakes start d late (an HTTPS
+// downstream only): the client's connection is ready, and its request
+// written, that much later, as with a vendor slow to accept. (A plain
+// connection cannot be made slow this way: the kernel completes it.)
+func (s *Server) SlowHandshakes(n int, d time.Duration) {
+	s.mu.Lock()
+	s.slowHandshakes, s.handshakeDelay = n, d
+	s.mu.Unlock()
+}
+
+// handshakeWait is how long the next TLS handshake waits before it starts.
+func (s *Server) handshakeWait() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slowHandshakes <= 0 {
+		return 0
+	}
+	s.slowHandshakes--
+	return s.handshakeDelay
 }
 
 // New starts a recording downstream that answers 200 on a free loopback
@@ -96,7 +121,7 @@ func start(addr string, cfg *tls.Config) (*Server, error) {
 	s.Server.Listener.Close()
 	s.Server.Listener = stampListener{l}
 	if cfg != nil {
-		s.Server.Listener = tlsListener{stampListener{l}, cfg}
+		s.Server.Listener = tlsListener{stampListener{l}, cfg, s}
 	}
 	s.Server.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		return context.WithValue(ctx, connKey{}, c)
@@ -117,6 +142,7 @@ type stamper interface {
 type tlsListener struct {
 	stampListener
 	cfg *tls.Config
+	s   *Server
 }
 
 func (l tlsListener) Accept() (net.Conn, error) {
@@ -125,13 +151,14 @@ func (l tlsListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	sc, _ := c.(*stampConn)
-	return &tlsStampConn{Conn: tls.Server(c, l.cfg), raw: sc}, nil
+	return &tlsStampConn{Conn: tls.Server(c, l.cfg), raw: sc, wait: l.s.handshakeWait()}, nil
 }
 
 // tlsStampConn is a TLS connection whose stamps start after the handshake.
 type tlsStampConn struct {
 	*tls.Conn
-	raw  *stampConn // nil: no stamps (handler time is used)
+	raw  *stampConn    // nil: no stamps (handler time is used)
+	wait time.Duration // before the handshake (SlowHandshakes)
 	once sync.Once
 	// lastHandshakeRead is the receive time of the handshake's last read.
 	// The client writes its first request right after its Finished; when
@@ -144,6 +171,7 @@ type tlsStampConn struct {
 
 func (c *tlsStampConn) Read(p []byte) (int, error) {
 	c.once.Do(func() {
+		time.Sleep(c.wait)
 		if c.Conn.Handshake() == nil && c.raw != nil {
 			// The handshake's bytes are not a request's. Its last read's
 			// stamp, not its first's (the ClientHello, before the slot:

@@ -142,3 +142,34 @@ func Record(recent []Recent, p Policy, at time.Time, cost int) []Recent {
 	}
 	return out
 }
+
+// Written returns the bookkeeping of p's windows with a send of cost,
+// counted at slot, counted at wrote instead when that is later: windows
+// count real sends, and a send written after its slot (a slow connection,
+// a timer that fired late) must not leave room in a window early. A
+// window that no longer holds the slot (trimmed, or new to p) is left as
+// it is. recent is left as it was.
+func Written(recent []Recent, p Policy, slot, wrote time.Time, cost int) []Recent {
+	if !wrote.After(slot) {
+		return recent
+	}
+	out := make([]Recent, len(recent))
+	for i, r := range recent {
+		out[i] = r
+		if i >= len(p.Windows) {
+			continue
+		}
+		moved := 0
+		r = slices.Clone(r)
+		for k := len(r) - 1; k >= 0 && moved < max(cost, 1); k-- {
+			if r[k].Equal(slot) {
+				r = slices.Delete(r, k, k+1)
+				moved++
+			}
+		}
+		if moved > 0 {
+			out[i] = r.Add(p.Windows[i], wrote, moved)
+		}
+	}
+	return out
+}

@@ -21,8 +21,6 @@ type GateRequest struct {
 	Policy             leaky.Policy
 	Ceiling            *leaky.Policy // nil: none (the downstream lane holds only)
 	Cost               int
-	// Slack: how much earlier than its theoretical time a send may go.
-	Slack time.Duration
 }
 
 // GateAnswer is the shared gate's answer: go (both zero), wait, or held.

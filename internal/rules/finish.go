@@ -30,7 +30,9 @@ func (r *Record) CountEnd(st queue.JobState) bool {
 // in its tenant's counters if it ended (CountEnd), and the tenant's next
 // moved on past the write (h). For an outcome that ends the job with no
 // pause (Succeeded, or Failed for good) that is all of it: the tenant's
-// schedule, pause, bookings and windows stay as they were.
+// schedule, pause and bookings stay as they were, and so do its windows
+// unless the send was written after its slot (LateInWindows): they count
+// it at its write.
 func Finish(rec *Record, h *Handover, j queue.Job, o queue.Outcome, now time.Time, p leaky.Policy, margin time.Duration) (cur queue.Job, paused bool) {
 	cur, paused = ApplyOutcome(rec, j, o, now, p)
 	rec.CountEnd(cur.State)
@@ -48,4 +50,11 @@ func KeepRecord(rec Record, jobs int, now time.Time, idle time.Duration) (ttl ti
 		return 0, true
 	}
 	return max(DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0) + idle, false
+}
+
+// LateInWindows reports whether an attempt of j under p, written at sentAt,
+// moves a send in p's windows (CountWrite): p has windows and the write
+// came after the job's dispatch time.
+func LateInWindows(p leaky.Policy, j queue.Job, sentAt time.Time) bool {
+	return len(p.Windows) > 0 && sentAt.After(j.DispatchAt)
 }

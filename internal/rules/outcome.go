@@ -24,6 +24,11 @@ func ApplyOutcome(rec *Record, j queue.Job, o queue.Outcome, now time.Time, p le
 	if o.SentAt.After(rec.LastAttemptAt) {
 		rec.LastAttemptAt, rec.LastAttemptCost = o.SentAt, j.EffectiveCost()
 	}
+	if !o.SentAt.IsZero() {
+		// The windows counted the attempt at its slot: from now on they
+		// count it at its write, which a crash or a takeover then keeps.
+		rec.CountWrite(p, j.EffectiveSlot(), rec.Pause.TenantTime(o.SentAt), j.EffectiveCost())
+	}
 	switch o.Result {
 	case queue.Succeeded:
 		cur.State = queue.StateSucceeded

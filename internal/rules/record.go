@@ -268,3 +268,13 @@ func (r Record) Quiet(now time.Time) bool {
 	paused, _ := r.Pause.Paused(now)
 	return !paused && leaky.Idle(leaky.State{TAT: r.TAT}, r.Pause.TenantTime(now))
 }
+
+// CountWrite moves a send of cost counted at slot in p's windows (tenant
+// time) to when it was written, wrote (tenant time), if that is later:
+// the windows then count real sends, across a restart or a takeover too.
+func (r *Record) CountWrite(p leaky.Policy, slot, wrote time.Time, cost int) {
+	if len(p.Windows) == 0 || !wrote.After(slot) {
+		return
+	}
+	r.SetRecent(p, leaky.Written(r.Recent(p), p, slot, wrote, cost))
+}

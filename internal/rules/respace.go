@@ -37,6 +37,14 @@ type Pickup struct {
 	// no send can have gone unrecorded. A new Redis owner cannot tell a
 	// clean handover from an owner frozen mid-send, so it gives none.
 	Credit bool
+	// Unrecorded are sends that may have been written without their
+	// outcome being recorded, each at its slot and cost: the windows
+	// count each at SentBy (zero: Now), the latest moment it could have
+	// been written. A Redis owner's takeover, past the old owner's lease,
+	// knows them (its jobs being sent); the embedded store's restart takes
+	// every job due by the end of the last process's lease on sending.
+	Unrecorded []Placed
+	SentBy     time.Time
 }
 
 // NextSend is the soonest real time the tenant's next send may go after the
@@ -47,27 +55,32 @@ func (h Pickup) NextSend(rec Record, p leaky.Policy) time.Time {
 
 // RestartPickup is the embedded store's restart at now: its claims are
 // not written, so after an unclean stop any job whose time passed may have
-// been written at that time (or later: a slow connection, a held gate).
-// For a held tenant, whose clock stands still, a job is due if its slot is
-// not past the frozen tenant time.
-func RestartPickup(rec Record, jobs []Placed, now time.Time, clean bool) Pickup {
+// been written at that time (or later: a slow connection, a held gate),
+// up to sentBy, the end of the last process's lease on sending (no later
+// than now). For a held tenant, whose clock stands still, a job is due if
+// its slot is not past the frozen tenant time.
+func RestartPickup(rec Record, jobs []Placed, now, sentBy time.Time, clean bool) Pickup {
 	h := Pickup{Now: now, Credit: true}
 	if clean || len(jobs) == 0 {
 		return h
 	}
 	pz := rec.Pause
-	due := func(w Placed) bool {
+	due := func(w Placed, by time.Time) bool {
 		if !pz.Held.IsZero() {
-			return !w.Slot.After(pz.TenantTime(now))
+			return !w.Slot.After(pz.TenantTime(by))
 		}
 		at, _ := pz.Real(w.Slot)
-		return !at.After(now)
+		return !at.After(by)
 	}
+	h.SentBy = sentBy
 	for _, w := range jobs {
-		if !due(w) {
+		if !due(w, now) {
 			break
 		}
 		h.Lost = max(h.Lost, w.cost())
+		if due(w, sentBy) {
+			h.Unrecorded = append(h.Unrecorded, w)
+		}
 	}
 	h.Credit = h.Lost == 0
 	return h
@@ -88,6 +101,13 @@ func Respace(rec *Record, jobs []Placed, p leaky.Policy, h Pickup) int {
 	next := h.NextSend(*rec, p)
 	moved := 0
 	if len(jobs) > 0 {
+		by := h.Now
+		if !h.SentBy.IsZero() {
+			by = h.SentBy
+		}
+		for _, u := range h.Unrecorded {
+			rec.CountWrite(p, u.Slot, rec.Pause.TenantTime(by), u.cost())
+		}
 		if rec.Pause.Held.IsZero() {
 			moved = respaceRunning(rec, jobs, p, h, next)
 		} else {

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,7 +10,7 @@ import (
 
 // restart is the embedded store's handover at t0.
 func restart(clean bool) func(Record, []Placed) Pickup {
-	return func(rec Record, jobs []Placed) Pickup { return RestartPickup(rec, jobs, t0, clean) }
+	return func(rec Record, jobs []Placed) Pickup { return RestartPickup(rec, jobs, t0, t0, clean) }
 }
 
 // takeover is a new Redis owner's handover at t0 that took back a job of
@@ -145,7 +146,7 @@ func TestRespaceKeepsTheWindows(t *testing.T) {
 	var rec Record
 	rec.SetRecent(p, []leaky.Recent{{t0.Add(-900 * ms), t0.Add(-800 * ms)}})
 	jobs := []Placed{{Slot: t0.Add(-100 * ms), ID: "a"}}
-	Respace(&rec, jobs, p, RestartPickup(rec, jobs, t0, true))
+	Respace(&rec, jobs, p, RestartPickup(rec, jobs, t0, t0, true))
 	if want := t0.Add(100 * ms); !jobs[0].Slot.Equal(want) {
 		t.Fatalf("moved to t0%+v, want t0+100ms (the window of the sends at -900ms and -800ms)", jobs[0].Slot.Sub(t0))
 	}
@@ -170,6 +171,48 @@ func TestMissedDeadline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := MissedDeadline(tc.pz, t0.Add(500*ms), tc.deadline); !got.Equal(tc.want) {
 				t.Fatalf("%v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A send that may have been written with no outcome recorded counts in
+// its windows at the latest moment it could have been: the restart, or
+// the end of the last process's lease on sending if that came first (a
+// crash, then a long outage). A job that came due after the lease ended
+// was not sent, and counts at its slot. Here a window of 3 per 10 s holds
+// jobs a (5 s ago), b (3 s ago) and c (in 1 s); a moves first.
+func TestUnrecordedSendsCountWhenTheyMayHaveGone(t *testing.T) {
+	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10, Windows: []leaky.Window{{N: 3, Length: 10 * time.Second}}}
+	for _, tc := range []struct {
+		name       string
+		sentBy     time.Time
+		unrecorded []string
+		aAt        time.Duration // a's new slot, from t0
+	}{
+		// Counted at their slots, a would go 10 s after its old slot, 5 s
+		// from now: 10 s after b's possible write just before the crash,
+		// a's resend and c would make 4 sends in 10 s.
+		{"restarted within the lease", t0, []string{"a", "b"}, 10 * time.Second},
+		{"the lease ended 4 s before the restart", t0.Add(-4 * time.Second), []string{"a"}, 6 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			jobs := []Placed{{Slot: t0.Add(-5 * time.Second), ID: "a"}, {Slot: t0.Add(-3 * time.Second), ID: "b"}, {Slot: t0.Add(time.Second), ID: "c"}}
+			var rec Record
+			for _, j := range jobs {
+				rec.CountSend(p, j.Slot, 1)
+			}
+			h := RestartPickup(rec, jobs, t0, tc.sentBy, false)
+			var ids []string
+			for _, u := range h.Unrecorded {
+				ids = append(ids, u.ID)
+			}
+			if fmt.Sprint(ids) != fmt.Sprint(tc.unrecorded) {
+				t.Errorf("unrecorded %v, want %v", ids, tc.unrecorded)
+			}
+			Respace(&rec, jobs, p, h)
+			if got := jobs[0].Slot.Sub(t0); got != tc.aAt {
+				t.Errorf("a moved to t0%+v, want t0%+v", got, tc.aAt)
 			}
 		})
 	}

@@ -35,6 +35,9 @@ func (s *Store) Consume(ctx context.Context, h queue.Handler, opts queue.Consume
 			}
 			s.expire(expired)
 			next = n
+			if len(jobs) > 0 {
+				s.keepSendLease() // before any of them may be written
+			}
 			for _, j := range jobs {
 				sem <- struct{}{}
 				wg.Add(1)
@@ -48,6 +51,9 @@ func (s *Store) Consume(ctx context.Context, h queue.Handler, opts queue.Consume
 					}
 				}()
 			}
+		}
+		if len(sem) > 0 {
+			s.keepSendLease() // while sends are in flight
 		}
 		// Sleep until the next job is well within the lead (so one pass
 		// takes many jobs), something is enqueued that is due sooner, a
@@ -75,7 +81,7 @@ func (s *Store) Consume(ctx context.Context, h queue.Handler, opts queue.Consume
 }
 
 func (s *Store) runHandler(ctx context.Context, h queue.Handler, j queue.Job) {
-	o := h(ctx, j)
+	o := h(queue.WithSendCheck(ctx, s.mayWrite), j)
 	// The outcome must be recorded before the job is let go: until then it
 	// stays held (not sent again, not cancellable). Keep trying through a
 	// passing failure; once the service is stopping, give up after a few

@@ -37,7 +37,7 @@ func (s *Store) recover() error {
 		if err := meta.Delete(keyClean); err != nil {
 			return err
 		}
-		return s.respace(tx, now, clean)
+		return s.respace(tx, now, sentBy(tx, now), clean)
 	})
 }
 
@@ -46,7 +46,7 @@ func (s *Store) recover() error {
 // the last moment a send may have happened, plus one interval, one interval
 // apart, in their original order. After an unclean stop, any job whose time
 // passed may have been sent at that time.
-func (s *Store) respace(tx *bbolt.Tx, now time.Time, clean bool) error {
+func (s *Store) respace(tx *bbolt.Tx, now, sentBy time.Time, clean bool) error {
 	byTenant, tenants, err := readWaiting(tx)
 	if err != nil {
 		return err
@@ -58,7 +58,7 @@ func (s *Store) respace(tx *bbolt.Tx, now time.Time, clean bool) error {
 			return err
 		}
 		tm.depth += len(byTenant[name])
-		moved += respaceTenant(tm, byTenant[name], s.policy(name), now, clean)
+		moved += respaceTenant(tm, byTenant[name], s.policy(name), now, sentBy, clean)
 	}
 	for _, name := range tenants {
 		if err := s.scheduleWaiting(tx, name, byTenant[name], now); err != nil {
@@ -130,13 +130,14 @@ func readWaiting(tx *bbolt.Tx) (map[string][]*waitingJob, []string, error) {
 }
 
 // respaceTenant moves a tenant's overdue jobs by rules.Respace, as a
-// restart at now finds them, and returns how many it moved.
-func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now time.Time, clean bool) int {
+// restart at now finds them (the last process may have sent up to
+// sentBy), and returns how many it moved.
+func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now, sentBy time.Time, clean bool) int {
 	placed := make([]rules.Placed, len(jobs))
 	for i, w := range jobs {
 		placed[i] = rules.Placed{Slot: w.slot, Cost: w.job.Cost, ID: w.job.ID}
 	}
-	moved := rules.Respace(&tm.rec, placed, p, rules.RestartPickup(tm.rec, placed, now, clean))
+	moved := rules.Respace(&tm.rec, placed, p, rules.RestartPickup(tm.rec, placed, now, sentBy, clean))
 	for i, w := range jobs {
 		w.slot, w.moved = placed[i].Slot, placed[i].Moved
 	}

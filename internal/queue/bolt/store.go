@@ -89,15 +89,20 @@ type testHooks struct {
 // write-ahead log. Decisions are made in memory under one lock and made
 // durable by group commit (commit.go) before Enqueue returns.
 type Store struct {
-	db        *bbolt.DB
-	clock     clock.Clock
-	opened    time.Time // attempts from then on were this process's: its gate spaces from them
-	policy    queue.PolicyFunc
-	ceiling   queue.CeilingFunc
-	onExpired func(queue.Job)
-	retention time.Duration
-	log       *slog.Logger
-	finishes  queue.Finishes // who waits for a job's final state (?wait)
+	db     *bbolt.DB
+	clock  clock.Clock
+	opened time.Time // attempts from then on were this process's: its gate spaces from them
+	// sendsUntil is the end of the lease on sending made durable (unix
+	// ns; sendlease.go).
+	sendsUntil    atomic.Int64
+	leaseWarned   atomic.Int64 // when a failed renewal was last logged (unix ns)
+	leaseRenewing atomic.Bool  // a renewal runs beside the sends
+	policy        queue.PolicyFunc
+	ceiling       queue.CeilingFunc
+	onExpired     func(queue.Job)
+	retention     time.Duration
+	log           *slog.Logger
+	finishes      queue.Finishes // who waits for a job's final state (?wait)
 
 	mu       sync.Mutex
 	tenants  map[string]*tenantMem

@@ -66,7 +66,7 @@ func (s *Store) PassGate(ctx context.Context, r queue.GateRequest) (queue.GateAn
 	dsT, dsTau, dsWindows := usCeil(r.Ceiling.Interval), usCeil(r.Ceiling.Tolerance()), r.Ceiling.Windows
 	keys := []string{lane, dsLane}
 	args := []any{s.now(), usCeil(r.Policy.Interval), usCeil(r.Policy.Tolerance()),
-		dsT, dsTau, max(r.Cost, 1), r.Slack.Microseconds(), s.idle.Milliseconds(), len(r.Policy.Windows), len(dsWindows)}
+		dsT, dsTau, max(r.Cost, 1), s.idle.Milliseconds(), len(r.Policy.Windows), len(dsWindows)}
 	for _, w := range r.Policy.Windows {
 		keys = append(keys, gateWindow(lane, w))
 		args = append(args, w.N, usCeil(w.Length))

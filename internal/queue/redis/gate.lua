@@ -18,12 +18,10 @@
 -- ARGV[4]    the downstream's interval (0: no ceiling, holds only)
 -- ARGV[5]    the downstream's tolerance
 -- ARGV[6]    cost
--- ARGV[7]    slack: how early a send may go (late timers must not push the
---            rest back)
--- ARGV[8]    idle ttl (ms)
--- ARGV[9]    the number of the tenant's windows
--- ARGV[10]   the number of the downstream's windows
--- ARGV[11..] n and length per window
+-- ARGV[7]    idle ttl (ms)
+-- ARGV[8]    the number of the tenant's windows
+-- ARGV[9]    the number of the downstream's windows
+-- ARGV[10..] n and length per window
 -- then       to give back a grant that was not used and ask again:
 --            'again', then the grant's tat_t_before, tat_t_after,
 --            tat_d_before, tat_d_after, granted_at (the reply's items 4-8)
@@ -47,13 +45,13 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local Tt, taut, Td, taud = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local cost, slack, idle_ms = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local nw = tonumber(ARGV[9]) + tonumber(ARGV[10])
+local cost, idle_ms = tonumber(ARGV[6]), tonumber(ARGV[7])
+local nw = tonumber(ARGV[8]) + tonumber(ARGV[9])
 local windows = {}
 for i = 1, nw do
-  windows[i] = {key = KEYS[2 + i], n = tonumber(ARGV[9 + 2 * i]), len = tonumber(ARGV[10 + 2 * i])}
+  windows[i] = {key = KEYS[2 + i], n = tonumber(ARGV[8 + 2 * i]), len = tonumber(ARGV[9 + 2 * i])}
 end
-local a = 11 + 2 * nw -- where 'again' would be
+local a = 10 + 2 * nw -- where 'again' would be
 
 if ARGV[a] == 'again' then
   local undone = true
@@ -80,8 +78,10 @@ local tat_d, hold_d, pend = tonumber(d[1]) or 0, tonumber(d[2]) or 0, tonumber(d
 
 local hold = at_least(hold_t, hold_d)
 if hold > now then return {2, 0, hold, 0, 0, 0, 0, 0} end
-local wait = tat_t - taut - slack - now
-if Td > 0 then wait = at_least(wait, tat_d - taud - slack - now) end
+-- No send goes before its time: DESIGN.md's 2 ms of jitter belong to the
+-- machine.
+local wait = tat_t - taut - now
+if Td > 0 then wait = at_least(wait, tat_d - taud - now) end
 if Td > 0 and pend > 0 and now < pend + pend_max then
   wait = at_least(wait, at_most(pend_poll, pend + pend_max - now))
 end

@@ -164,6 +164,17 @@ local function windows_record(windows, slot, cost)
   end
 end
 
+-- Moves a send of cost counted at slot in every window of windows to at,
+-- if later: the windows count it where it may really have been written
+-- (leaky.Written).
+local function windows_written(windows, slot, at, cost)
+  if at <= slot then return end
+  for _, w in ipairs(windows) do
+    local removed = redis.call('LREM', w.key, -cost, slot)
+    if removed > 0 then windows_record({w}, at, removed) end
+  end
+end
+
 -- A tenant's bookings (queue.TenantRecord.Booked): its hash's 'booked'
 -- field, "slot cost id" per booking, soonest first, joined by ';'
 -- (tenants.go's parseBooked). A list of {slot, cost, id}.

@@ -60,6 +60,9 @@ const (
 func (c *redisClock) Now() time.Time                         { return c.own.Now().Add(time.Duration(c.offset.Load())) }
 func (c *redisClock) After(d time.Duration) <-chan time.Time { return c.own.After(d) }
 
+// Precise is whether the process's clock sleeps precisely (clock.SleepPrecise).
+func (c *redisClock) Precise() bool { return clock.Precise(c.own) }
+
 // Offset is the offset in use: Redis's clock minus this process's.
 func (c *redisClock) Offset() time.Duration { return time.Duration(c.offset.Load()) }
 

@@ -455,9 +455,10 @@ func (o *owned) startSend(j queue.Job) {
 
 // record records an attempt's outcome: in the writer's next batch if it
 // ended the job, by the shared rule at once otherwise (the job waits
-// again: it goes back in the schedule).
+// again: it goes back in the schedule), or if its write moves a send in
+// its tenant's windows (finish.lua leaves the windows as they are).
 func (o *owned) record(j queue.Job, out queue.Outcome) {
-	if ending(out) {
+	if ending(out) && !rules.LateInWindows(o.s.policy(j.Tenant), j, out.SentAt) {
 		o.outcomes <- ended{job: j, out: out}
 		return
 	}

@@ -64,6 +64,10 @@ if ARGV[4] == '1' then
       -- in this run or a later one of the same takeover).
       local cost = at_least(tonumber(j[5]) or 1, 1)
       if cost > (tonumber(redis.call('HGET', tk, 'lost')) or 0) then redis.call('HSET', tk, 'lost', cost) end
+      -- Its windows count it at the latest moment it may have been
+      -- written, not at its slot (respace, below).
+      local unrecorded = redis.call('HGET', tk, 'unrecorded')
+      redis.call('HSET', tk, 'unrecorded', (unrecorded and unrecorded .. ',' or '') .. j[2] .. ':' .. cost)
       -- The claim counted an attempt whose outcome nobody recorded: it
       -- is not counted (the resend is that attempt again, as on the
       -- embedded store, whose claims are not written), and a job with no
@@ -89,6 +93,15 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
   local lost = tonumber(redis.call('HGET', tk, 'lost')) or 0
   if lost > 0 then redis.call('HDEL', tk, 'lost') end -- spent here, whatever the pause
   local tnow = tenant_time(tk, now)
+  -- The sends taken back may have been written up to now: the windows
+  -- count them then (rules.Pickup.Unrecorded).
+  local unrecorded = redis.call('HGET', tk, 'unrecorded')
+  if unrecorded then
+    redis.call('HDEL', tk, 'unrecorded')
+    for slot, cost in string.gmatch(unrecorded, '(%d+):(%d+)') do
+      windows_written(windows, tonumber(slot), tnow, tonumber(cost))
+    end
+  end
   local t -- tenant time: the jobs before it move (nil: none does)
   if held > 0 then
     -- Its clock stands still, and the resume may come at once: past the

@@ -46,6 +46,7 @@ func TestLuaTakeoverAgreesWithRules(t *testing.T) {
 		"tenants": seen.Tenants, "moved": seen.Moved, "moved held": seen.MovedHeld, "moved paused": seen.MovedPaused,
 		"held, left": seen.HeldLeft, "paused, left": seen.PausedLeft, "taken back": seen.TakenBack,
 		"in windows": seen.MovedInWindows, "booked": seen.MovedBooked, "deadlines told": seen.Missed,
+		"taken back, in windows": seen.UnrecordedInWindows,
 	} {
 		if n == 0 {
 			t.Errorf("no sequence reached %q", name)
@@ -57,6 +58,9 @@ func TestLuaTakeoverAgreesWithRules(t *testing.T) {
 type tkSeen struct {
 	Tenants, Jobs, Moved, MovedHeld, MovedPaused, HeldLeft, PausedLeft int
 	TakenBack, MovedInWindows, MovedBooked, Missed                     int
+	// UnrecordedInWindows: a send taken back, counted in its windows at
+	// its slot, that the windows count at the takeover instead.
+	UnrecordedInWindows int
 }
 
 // count counts what the rule did to a tenant at a takeover at now.
@@ -65,6 +69,15 @@ func (s *tkSeen) count(tn *tkTenant, w tkWant, now time.Time) {
 	s.Jobs += len(w.jobs)
 	s.TakenBack += len(tn.sending)
 	pz := tn.rec.Pause
+	if len(w.jobs) > 0 {
+		for _, u := range w.h.Unrecorded {
+			for _, r := range tn.rec.Recent(tn.p) {
+				if slices.ContainsFunc(r, u.Slot.Equal) && pz.TenantTime(now).After(u.Slot) {
+					s.UnrecordedInWindows++
+				}
+			}
+		}
+	}
 	moved := 0
 	for i, j := range w.jobs {
 		if w.moved[i] {
@@ -193,13 +206,16 @@ func runTakeover(ctx context.Context, rdb *goredis.Client, f owner.Fence, k part
 // a lost send an earlier run left in its hash (it had no job then), its
 // waiting jobs (in slot order, then id) and its jobs being sent.
 type tkTenant struct {
-	name    string
-	p       leaky.Policy
-	rec     rules.Record
-	next    time.Time
-	lost    int
-	waiting []tkJob
-	sending []tkJob
+	name string
+	p    leaky.Policy
+	rec  rules.Record
+	next time.Time
+	lost int
+	// unrecorded is what an earlier run left in the hash: the sends it
+	// took back, for this tenant's respace (which had no job then).
+	unrecorded []rules.Placed
+	waiting    []tkJob
+	sending    []tkJob
 }
 
 type tkJob struct {
@@ -218,7 +234,9 @@ type tkWant struct {
 	jobs  []tkJob // in the order the script lists them, at their new slots
 	moved []bool
 	lost  int // left in the hash
-	back  map[string]bool
+	// unrecorded left in the hash
+	unrecorded []rules.Placed
+	back       map[string]bool
 }
 
 // expect is what rules.Respace makes of tn at a takeover at now: its jobs
@@ -237,7 +255,11 @@ func (tn *tkTenant) expect(now time.Time) tkWant {
 	for _, j := range tn.sending {
 		lost = max(lost, j.cost)
 	}
-	w := tkWant{h: rules.Pickup{Now: now, Next: tn.next, Lost: lost}, rec: tn.rec, back: map[string]bool{}}
+	unrecorded := slices.Clone(tn.unrecorded)
+	for _, j := range tn.sending {
+		unrecorded = append(unrecorded, rules.Placed{Slot: j.slot, Cost: j.cost})
+	}
+	w := tkWant{h: rules.Pickup{Now: now, Next: tn.next, Lost: lost, Unrecorded: unrecorded}, rec: tn.rec, back: map[string]bool{}}
 	for _, j := range back {
 		w.back[j.id] = true
 	}
@@ -254,14 +276,14 @@ func (tn *tkTenant) expect(now time.Time) tkWant {
 		w.moved = append(w.moved, placed[i].Moved)
 	}
 	if len(jobs) == 0 {
-		w.lost = lost
+		w.lost, w.unrecorded = lost, unrecorded
 	}
 	return w
 }
 
 // take makes w tn's state: the script's, once they agree.
 func (tn *tkTenant) take(w tkWant) {
-	tn.rec, tn.lost, tn.waiting, tn.sending = w.rec, w.lost, w.jobs, nil
+	tn.rec, tn.lost, tn.unrecorded, tn.waiting, tn.sending = w.rec, w.lost, w.unrecorded, w.jobs, nil
 }
 
 // describe is tn before a takeover at now, times from now.
