@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -140,5 +141,50 @@ func TestKeepRecord(t *testing.T) {
 				t.Fatalf("kept %v (forever %v), want %v (%v)", ttl, forever, tc.ttl, tc.forever)
 			}
 		})
+	}
+}
+
+// An outcome moves its send in the windows from its slot to its write, if
+// later, and only its own: the window of 2 per second then leaves room
+// for the next send a second after the write, not after the slot. A write
+// on time, or none, leaves the windows as they were; so does a window that
+// no longer holds the slot.
+func TestOutcomeCountsTheWriteInTheWindows(t *testing.T) {
+	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 5, Windows: []leaky.Window{{N: 2, Length: time.Second}}}
+	j := queue.Job{ID: "a", Tenant: "acme", State: queue.StateDispatching, Attempts: 1, Slot: t0, DispatchAt: t0}
+	for _, tc := range []struct {
+		name   string
+		sentAt time.Time
+		want   []time.Duration // the window's entries, from t0
+	}{
+		{"written late", t0.Add(40 * ms), []time.Duration{40 * ms, 100 * ms}},
+		{"written after the next slot", t0.Add(150 * ms), []time.Duration{100 * ms, 150 * ms}},
+		{"written on time", t0, []time.Duration{0, 100 * ms}},
+		{"not written", time.Time{}, []time.Duration{0, 100 * ms}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rec Record
+			rec.CountSend(p, t0, 1)
+			rec.CountSend(p, t0.Add(100*ms), 1) // the next job's
+			ApplyOutcome(&rec, j, queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: tc.sentAt}, t0.Add(time.Second), p)
+			var got []time.Duration
+			for _, at := range rec.Recent(p)[0] {
+				got = append(got, at.Sub(t0))
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("window %v, want %v", got, tc.want)
+			}
+			if late := LateInWindows(p, j, tc.sentAt); late != tc.sentAt.After(t0) {
+				t.Errorf("LateInWindows = %v", late)
+			}
+		})
+	}
+	// A slot the window no longer holds moves nothing.
+	var rec Record
+	rec.CountSend(p, t0.Add(100*ms), 1)
+	rec.CountSend(p, t0.Add(200*ms), 1)
+	rec.CountWrite(p, t0, t0.Add(300*ms), 1)
+	if got := rec.Recent(p)[0]; !got[0].Equal(t0.Add(100*ms)) || !got[1].Equal(t0.Add(200*ms)) {
+		t.Fatalf("window %v after a write of a slot it does not hold", got)
 	}
 }
