@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	bbolt "go.etcd.io/bbolt"
+
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 	"github.com/throttler-dev/throttler/internal/testutil"
@@ -48,6 +50,10 @@ func modelDriver(known queuetest.Defect) queuetest.ModelDriver {
 				return nil, err
 			}
 			return func(t testing.TB, c queuetest.Config) (queue.Store, error) { return openModelStore(path, c) }, nil
+		},
+		SentBy: func(s queue.Store, now time.Time) (by time.Time) {
+			s.(*Store).db.View(func(tx *bbolt.Tx) error { by = sentBy(tx, now); return nil })
+			return by
 		},
 		TakeStartLag: func(s queue.Store) time.Duration {
 			return s.(*Store).lag.take()
@@ -102,6 +108,29 @@ func TestModelRegression(t *testing.T) {
 		skip   string           // "": it passes
 		ops    []queuetest.Op
 	}{
+		{
+			// A job written with no outcome before a crash counts in its
+			// windows at the restart (the lease on sending had not ended):
+			// after it, a token-mode job is refused until the window
+			// holds room, and the model, counting the same, agrees.
+			name: "UnrecordedWindowAfterCrash",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: 1 * time.Second}}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k2"}}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 50 * time.Millisecond, Timeout: 100 * time.Millisecond}},
+				{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: 420 * time.Millisecond}}},
+				{Kind: queuetest.OpCrash, D: 200 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 100 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 250 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 250 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: 470 * time.Millisecond}}},
+			},
+		},
 		{
 			// Windows add no place to the queue (capacity 5: one
 			// at once and five waiting, then a seventh is refused until the

@@ -78,6 +78,14 @@ type ModelDriver struct {
 	// at once, so anything but zero is the estimate measuring something
 	// else; it is reset so that the model can go on.
 	TakeStartLag func(s queue.Store) time.Duration
+	// SentBy, if set, reads from a store just restarted after a crash at
+	// now the latest moment the process before it may have written a
+	// request (the embedded store's lease on sending, no later than now).
+	// Such a store counts each waiting job due by then, which may have
+	// been written with no outcome recorded, in its tenant's windows at
+	// that moment (rules.RestartPickup), and the model does too. Without
+	// it the windows keep such a job at its slot.
+	SentBy func(s queue.Store, now time.Time) time.Time
 	// Quiet, if set, reports whether the store's own background work is
 	// idle: every wake-up it was given has been taken and it waits for the
 	// clock again. The test moves the fake clock only when it is, so that

@@ -1,7 +1,9 @@
 package queuetest
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -167,6 +169,9 @@ func (r *runner) recoverTenant(tn *mtenant, at time.Time) {
 		// send one interval after the last one, whatever its cost.
 		last := tn.writes[len(tn.writes)-1]
 		tn.rateTAT = earliest(tn.rateTAT, laterOf(last.Add(tn.lastWriteT), tn.rateTAT1))
+	}
+	if r.d.SentBy != nil {
+		tn.countUnrecorded(at, r.d.SentBy(r.store, at))
 	}
 	held := !tn.pz.held.IsZero()
 	respaced := len(tn.waiting()) > 0 && !held // a held tenant is left as it is, unless its jobs move
@@ -375,4 +380,64 @@ func shortID(id string) string {
 		return id[len(id)-8:]
 	}
 	return id
+}
+
+// countUnrecorded counts in tn's windows, at by, each waiting job that a
+// restart at at finds due by then, as the store does (rules.RestartPickup):
+// in slot order, up to the first not due at at. A window counts it only
+// if it still holds its slot among its newest N (the store keeps no more).
+func (tn *mtenant) countUnrecorded(at, by time.Time) {
+	jobs := tn.waiting()
+	slices.SortFunc(jobs, func(a, b *mjob) int { return cmp.Or(a.slot.Compare(b.slot), cmp.Compare(a.id, b.id)) })
+	due := func(j *mjob, t time.Time) bool {
+		if !tn.pz.held.IsZero() {
+			return !j.slot.After(tn.pz.tenantTime(t))
+		}
+		real, _ := tn.pz.real(j.slot)
+		return !real.After(t)
+	}
+	to := tn.pz.tenantTime(by)
+	for _, j := range jobs {
+		if !due(j, at) {
+			break
+		}
+		if due(j, by) && to.After(j.slot) {
+			for _, w := range tn.wins {
+				w.move(j.slot, to, j.cost)
+			}
+		}
+	}
+}
+
+// move counts up to cost sends of w at slot at to instead, if w's newest N
+// sends hold them.
+func (w *mwin) move(slot, to time.Time, cost int) {
+	var newest []time.Time
+	for _, e := range w.entries {
+		for range e.weight {
+			newest = append(newest, e.at)
+		}
+	}
+	slices.SortFunc(newest, func(a, b time.Time) int { return a.Compare(b) })
+	if len(newest) > w.spec.N {
+		newest = newest[len(newest)-w.spec.N:]
+	}
+	n := 0
+	for _, t := range newest {
+		if t.Equal(slot) {
+			n++
+		}
+	}
+	n = min(n, cost)
+	for i := 0; i < len(w.entries) && n > 0; i++ {
+		e := &w.entries[i]
+		if !e.at.Equal(slot) {
+			continue
+		}
+		k := min(e.weight, n)
+		e.weight -= k
+		n -= k
+		w.entries = append(w.entries, mentry{at: to, weight: k})
+	}
+	w.entries = slices.DeleteFunc(w.entries, func(e mentry) bool { return e.weight == 0 })
 }
