@@ -68,8 +68,8 @@ type Decision struct {
 	// is the real time it goes, for a held tenant as if resumed now.
 	Slot, DispatchAt time.Time
 	// Delay is what the job is promised: until DispatchAt, or longer when
-	// the jobs ahead of it wait for the downstream's ceiling (Admitted,
-	// WouldExpire).
+	// the jobs ahead of it wait for the downstream's ceiling or run late
+	// (Record.RunLate) (Admitted, WouldExpire).
 	Delay time.Duration
 	// RetryAfter is how long until the same job is admitted (Refused), in
 	// real time: it counts what is left of a pause, and is at least
@@ -129,14 +129,21 @@ func Admit(rec *Record, q Queue, c Call) Decision {
 		slot = at.Add(-r.Pause.Shift)
 		counted = leaky.Record(recent, p, slot, cost)
 	}
+	// Behind a queue running late it goes when the sends ahead let it
+	// (RunLate), not at its slot: its promise says so, and the next job
+	// admitted comes its cost after it.
+	late := r.Behind.After(at)
 	out := Decision{
 		Verdict: Admitted, Slot: slot, DispatchAt: at, Depth: depth,
-		Delay:  max(at.Sub(c.Now), CeilingDelay(c.Ceiling, depth)),
+		Delay:  max(r.behindAt(at).Sub(c.Now), CeilingDelay(c.Ceiling, depth)),
 		Prompt: !slot.After(c.Arrival) && !paused,
 	}
 	if !c.Deadline.IsZero() && c.Now.Add(out.Delay).After(c.Deadline) {
 		out.Verdict, out.Prompt = WouldExpire, false
 		return out
+	}
+	if late {
+		rec.Behind = rec.Behind.Add(time.Duration(cost) * p.Interval)
 	}
 	rec.TAT, rec.Booked = st.TAT, r.Booked
 	rec.SetRecent(p, counted)
@@ -289,8 +296,8 @@ func countRetryAfter(c Call, paused bool, until, tnow time.Time) time.Duration {
 // ExpectedDelay is how long a job of cost 1 admitted at now would wait (the
 // wait it would have had when the queue is full): placed around the
 // retries booked ahead, within the windows, behind a pause, behind the
-// depth jobs ahead at the downstream's ceiling, and after ownerAt as Admit
-// places it (zero: the tenant has a sender).
+// depth jobs ahead at the downstream's ceiling, behind sends running late,
+// and after ownerAt as Admit places it (zero: the tenant has a sender).
 func ExpectedDelay(rec Record, now time.Time, p leaky.Policy, ceiling *leaky.Policy, depth int, ownerAt time.Time) time.Duration {
 	tnow := rec.Pause.TenantTime(now)
 	rec.Absorb(p, tnow, 1)
@@ -300,7 +307,7 @@ func ExpectedDelay(rec Record, now time.Time, p leaky.Policy, ceiling *leaky.Pol
 	if paused, _ := rec.Pause.Paused(now); !ownerAt.IsZero() && !paused {
 		at = clock.Later(at, ownerAt.Add(time.Duration(depth)*p.Interval))
 	}
-	return max(at.Sub(now), CeilingDelay(ceiling, depth))
+	return max(rec.behindAt(at).Sub(now), CeilingDelay(ceiling, depth))
 }
 
 // MaxCost is the largest cost a tenant of policy p can ever be admitted

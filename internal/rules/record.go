@@ -7,6 +7,7 @@ import (
 
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // Record is the durable state of a tenant, the same on every backend:
@@ -32,6 +33,10 @@ type Record struct {
 	// (their backoff ends after it), soonest first, until the schedule
 	// reaches them (Absorb).
 	Booked []Booking `json:"booked,omitempty"`
+	// Behind is, while the tenant's sends run late, the soonest the next
+	// job admitted can go (real time; see RunLate); zero or past, its
+	// schedule tells.
+	Behind time.Time `json:"behind,omitzero"`
 }
 
 // Booking is a retry due at the end of its backoff, past the schedule's
@@ -278,3 +283,28 @@ func (r *Record) CountWrite(p leaky.Policy, slot, wrote time.Time, cost int) {
 	}
 	r.SetRecent(p, leaky.Written(r.Recent(p), p, slot, wrote, cost))
 }
+
+// LateEnough is how much later than its dispatch time a write may come and
+// leave the promises of the jobs behind it as they are: lateness under it
+// is the machine's jitter (invariant 1's), not a queue running late.
+const LateEnough = 5 * time.Millisecond
+
+// RunLate keeps in Behind how soon the jobs behind j can go when its
+// attempt, written at sentAt, came more than LateEnough after its dispatch
+// time (a slow connection, a stalled machine): the gate spaces each send
+// from the write before it, so the lateness passes down the queue, and a
+// job admitted behind it is promised that, not its slot. behind counts the
+// tenant's jobs after j that wait or are being sent; each is taken at cost
+// 1, so a queue of costlier jobs is promised no later than it goes. Behind
+// only moves later: a queue catches up only when it runs dry, and then
+// Behind is past.
+func (r *Record) RunLate(p leaky.Policy, j queue.Job, sentAt time.Time, behind int) {
+	if j.DispatchAt.IsZero() || !sentAt.After(j.DispatchAt.Add(LateEnough)) {
+		return
+	}
+	r.Behind = clock.Later(r.Behind, sentAt.Add(time.Duration(j.EffectiveCost()+max(behind, 0))*p.Interval))
+}
+
+// behindAt is when a job due at at (real time) goes, with Behind: later
+// than at while the tenant's sends run late.
+func (r Record) behindAt(at time.Time) time.Time { return clock.Later(at, r.Behind) }

@@ -99,6 +99,9 @@ func RestartPickup(rec Record, jobs []Placed, now, sentBy time.Time, clean bool)
 // moved.
 func Respace(rec *Record, jobs []Placed, p leaky.Policy, h Pickup) int {
 	next := h.NextSend(*rec, p)
+	// The jobs are placed anew from the next send: the lateness of the
+	// sends before (RunLate) is spent.
+	rec.Behind = time.Time{}
 	moved := 0
 	if len(jobs) > 0 {
 		by := h.Now

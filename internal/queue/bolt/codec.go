@@ -289,16 +289,17 @@ func (d *decoder) time() time.Time {
 // A tenant's record in the tenants bucket is binary too (it is written with
 // every admission): a version byte, then TenantRecord's fields in order.
 // Version 2 adds LastAttemptCost at the end, version 3 the bookings after
-// it. Records written by earlier versions (1, 2, or JSON objects) are
-// still read.
+// it, version 4 Behind after them. Records written by earlier versions (1
+// to 3, or JSON objects) are still read.
 const (
 	tenantRecordV1 = 1
 	tenantRecordV2 = 2
 	tenantRecordV3 = 3
+	tenantRecordV4 = 4
 )
 
 func encodeTenant(b []byte, r rules.Record) []byte {
-	b = append(b, tenantRecordV3)
+	b = append(b, tenantRecordV4)
 	b = appendTime(b, r.TAT)
 	b = binary.AppendVarint(b, int64(r.Pause.Shift))
 	b = appendTime(b, r.Pause.Until)
@@ -322,7 +323,7 @@ func encodeTenant(b []byte, r rules.Record) []byte {
 		b = binary.AppendUvarint(b, uint64(max(bk.Cost, 0)))
 		b = appendString(b, bk.Job)
 	}
-	return b
+	return appendTime(b, r.Behind)
 }
 
 func decodeTenant(raw []byte) (rules.Record, error) {
@@ -333,7 +334,7 @@ func decodeTenant(raw []byte) (rules.Record, error) {
 	}
 	d := decoder{b: raw}
 	version := d.byte()
-	if version < tenantRecordV1 || version > tenantRecordV3 {
+	if version < tenantRecordV1 || version > tenantRecordV4 {
 		return r, errBadRecord
 	}
 	r.TAT = d.time()
@@ -375,6 +376,9 @@ func decodeTenant(raw []byte) (rules.Record, error) {
 			bk.Job = d.string()
 			r.Booked = append(r.Booked, bk)
 		}
+	}
+	if version >= tenantRecordV4 {
+		r.Behind = d.time()
 	}
 	if d.bad || len(d.b) != 0 {
 		return rules.Record{}, errBadRecord

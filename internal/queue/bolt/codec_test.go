@@ -154,8 +154,8 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 	t.Parallel()
 	// The codec writes every field of TenantRecord: a new one must be
 	// added to it (and here).
-	if n := reflect.TypeFor[rules.Record]().NumField(); n != 12 {
-		t.Fatalf("rules.Record has %d fields; encodeTenant and decodeTenant know 12: add the new one to both", n)
+	if n := reflect.TypeFor[rules.Record]().NumField(); n != 13 {
+		t.Fatalf("rules.Record has %d fields; encodeTenant and decodeTenant know 13: add the new one to both", n)
 	}
 	if n := reflect.TypeFor[leaky.Pause]().NumField(); n != 3 {
 		t.Fatalf("leaky.Pause has %d fields; encodeTenant and decodeTenant know 3: add the new one to both", n)
@@ -166,6 +166,7 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 		{TAT: t0, LastAttemptAt: t0.Add(-time.Second), LastAttemptCost: 4, Accepted: 1 << 40, Rejected: 2, Delivered: 3, Failed: 4, Cancelled: 5, Expired: 6},
 		{TAT: t0, Pause: leaky.Pause{Shift: -3 * time.Second, Until: t0.Add(time.Minute), Held: t0}, Windows: map[string][]int64{"1000/d": {1, -2, t0.UnixNano()}, "5/s": {}}},
 		{TAT: t0, LastAttemptCost: 2, Booked: []rules.Booking{{Slot: t0.UnixNano(), Job: "a"}, {Slot: t0.Add(time.Second).UnixNano(), Cost: 3, Job: "b"}}},
+		{TAT: t0, Behind: t0.Add(340 * time.Millisecond)},
 	}
 	for i, r := range recs {
 		got, err := decodeTenant(encodeTenant(nil, r))
@@ -185,16 +186,24 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 			t.Fatalf("%d: JSON record\n got %s\nwant %s", i, again, want)
 		}
 		full := encodeTenant(nil, r)
-		if len(r.Booked) == 0 {
-			// Version 2, before the bookings: the same bytes without the
-			// last one (their count).
-			v2 := append([]byte{tenantRecordV2}, full[1:len(full)-1]...)
+		if r.Behind.IsZero() {
+			// Version 3, before Behind: the same bytes without the last
+			// one (its zero).
+			v3 := append([]byte{tenantRecordV3}, full[1:len(full)-1]...)
+			if old, err := decodeTenant(v3); err != nil || !reflect.DeepEqual(old, got) {
+				t.Fatalf("%d: version 3 record: %+v, %v; want %+v", i, old, err, got)
+			}
+		}
+		if len(r.Booked) == 0 && r.Behind.IsZero() {
+			// Version 2, before the bookings: one byte fewer again (their
+			// count).
+			v2 := append([]byte{tenantRecordV2}, full[1:len(full)-2]...)
 			if old, err := decodeTenant(v2); err != nil || !reflect.DeepEqual(old, got) {
 				t.Fatalf("%d: version 2 record: %+v, %v; want %+v", i, old, err, got)
 			}
 			if r.LastAttemptCost == 0 {
 				// Version 1, before LastAttemptCost: one byte fewer again.
-				v1 := append([]byte{tenantRecordV1}, full[1:len(full)-2]...)
+				v1 := append([]byte{tenantRecordV1}, full[1:len(full)-3]...)
 				if old, err := decodeTenant(v1); err != nil || !reflect.DeepEqual(old, got) {
 					t.Fatalf("%d: version 1 record: %+v, %v; want %+v", i, old, err, got)
 				}
@@ -373,10 +382,12 @@ func FuzzTenantRecord(f *testing.F) {
 		{},
 		{TAT: t0, LastAttemptAt: t0, LastAttemptCost: 3, Accepted: 7, Windows: map[string][]int64{"5/s": {1, 2}}},
 		{TAT: t0, Booked: []rules.Booking{{Slot: t0.UnixNano(), Job: "a"}, {Slot: t0.Add(time.Second).UnixNano(), Cost: 2, Job: "b"}}},
+		{TAT: t0, Behind: t0.Add(time.Second)},
 	} {
 		f.Add(encodeTenant(nil, r))
 	}
 	f.Add([]byte{tenantRecordV3})
+	f.Add([]byte{tenantRecordV4})
 	f.Add([]byte(`{"tat":"2026-03-01T12:00:00Z"}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		r, err := decodeTenant(raw)

@@ -154,7 +154,11 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 	if o.PauseDownstream && o.PauseUntil.After(now) {
 		s.pauseCeiling(j.Tenant, o.PauseUntil)
 	}
-	cur, pausedNow := rules.ApplyOutcome(&tm.rec, j, o, now, s.policy(j.Tenant))
+	p := s.policy(j.Tenant)
+	cur, pausedNow := rules.ApplyOutcome(&tm.rec, j, o, now, p)
+	if o.SentAt.After(j.DispatchAt.Add(rules.LateEnough)) {
+		tm.rec.RunLate(p, j, o.SentAt, tm.depth+s.claimedBeside(j))
+	}
 	if pausedNow {
 		paused[j.Tenant] = true
 	}
@@ -236,4 +240,19 @@ func putOutcome(tx *bbolt.Tx, j queue.Job) error {
 	}
 	j.Payload = nil
 	return tx.Bucket(bucketJobs).Put([]byte(j.ID), encodeJob(make([]byte, 0, 128), j, nil))
+}
+
+// claimedBeside counts the other jobs of j's tenant handed to the
+// dispatcher (s.mu held). Those not yet written go after j whatever their
+// slots (a request that waits for a connection is written when it gets
+// one, behind others); those written before j are counted too, as the
+// store cannot tell them apart, and their answers usually come before j's.
+func (s *Store) claimedBeside(j queue.Job) int {
+	n := 0
+	for id, c := range s.claims {
+		if c.Tenant == j.Tenant && id != j.ID {
+			n++
+		}
+	}
+	return n
 }
