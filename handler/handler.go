@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 )
 
 // Job is one attempt's job as a handler gets it.
@@ -28,6 +29,11 @@ type Job struct {
 	// nothing), as far as the downstream's job_paths, job_methods and
 	// job_headers allow.
 	Request *Request
+	// Started is the instant throttler recorded as this attempt's start,
+	// right before the call: the tenant's next attempt is spaced from it
+	// (invariant 1). A busy machine may run the handler's first line
+	// some milliseconds later: pacing is checked against Started.
+	Started time.Time
 }
 
 // Request is what a job asked of its downstream's request: the handler

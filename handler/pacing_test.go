@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,9 +15,10 @@ import (
 )
 
 // A Go handler is paced as an HTTP downstream is (DESIGN.md invariant 1,
-// section 6d): the handler records the instant it starts, and one tenant's
-// starts are at least T - 2 ms apart across 200 jobs, with retries (errors)
-// and a pushback in the middle. Every job ends succeeded, a retried one
+// section 6d): the handler records the start throttler recorded for its
+// call (Job.Started), and one tenant's starts are at least T - 2 ms apart
+// across 200 jobs, with retries (errors) and a pushback in the middle; no
+// call runs before its Started. Every job ends succeeded, a retried one
 // after its error, and a job cancelled while it waits is never handed to
 // the handler.
 func TestHandlerStartsArePaced(t *testing.T) {
@@ -26,13 +26,19 @@ func TestHandlerStartsArePaced(t *testing.T) {
 	t.Parallel()
 	const T = 40 * time.Millisecond
 	var mu sync.Mutex
-	var starts []time.Time
+	var starts, entered []time.Time // Job.Started, and the handler's own clock
+	var early []string
 	calls := map[string]int{}         // job id -> calls
 	startOf := map[time.Time]string{} // start -> job id and attempt
 	mux := handler.NewMux()
 	mux.HandleFunc("rec", func(ctx context.Context, job *handler.Job) ([]byte, error) {
 		now := time.Now()
 		mu.Lock()
+		if job.Started.IsZero() || now.Before(job.Started) {
+			early = append(early, fmt.Sprintf("%s ran at %v, Started %v", job.ID, now, job.Started))
+		}
+		entered = append(entered, now)
+		now = job.Started
 		starts = append(starts, now)
 		calls[job.ID]++
 		first := calls[job.ID] == 1 // (job.Attempt counts a send released unsent at a pause too)
@@ -98,39 +104,26 @@ capacity = 400
 		}
 		t.Fatalf("%d calls, want %d; jobs called more than once: %v", len(starts), want, more)
 	}
+	if len(early) > 0 {
+		t.Fatalf("calls before the start throttler recorded: %v", early)
+	}
 	slices.SortFunc(starts, time.Time.Compare)
 	closest := time.Hour
-	preempted := 0
 	for i := 1; i < len(starts); i++ {
 		gap := starts[i].Sub(starts[i-1])
 		closest = min(closest, gap)
-		if gap >= T-2*time.Millisecond {
-			continue
+		if gap < T-2*time.Millisecond {
+			t.Fatalf("calls %d and %d (jobs %s and %s) started %v apart, want at least T - 2 ms = %v",
+				i-1, i, startOf[starts[i-1]], startOf[starts[i]], gap, T-2*time.Millisecond)
 		}
-		// The gate stamps a call's start (sent_at) right before it makes
-		// the call, in the same goroutine; the machine can still take the
-		// CPU from it in between (a busy CI run: 3 ms, so two starts 36.7
-		// ms apart whose stamps were 39.7 ms apart). Starts closer than
-		// T - 2 ms pass only if the stamps of those same attempts were
-		// not, and the earlier call started late after its stamp by the
-		// shortfall or more; anything else is the gate's fault.
-		var stamp [2]time.Time
-		var last [2]bool
-		for k, at := range starts[i-1 : i+1] {
-			id, rest, _ := strings.Cut(startOf[at], " ")
-			_, j := state(t, base, id)
-			stamp[k], _ = time.Parse(time.RFC3339Nano, fmt.Sprint(j["sent_at"]))
-			last[k] = strings.HasSuffix(rest, fmt.Sprintf("attempt %v)", j["attempts"]))
-			t.Logf("job %s: started %s, sent_at %v", id, at.UTC().Format(time.RFC3339Nano), j["sent_at"])
-		}
-		lateStart := starts[i-1].Sub(stamp[0])
-		if last[0] && last[1] && stamp[1].Sub(stamp[0]) >= T-2*time.Millisecond && gap+lateStart >= T-2*time.Millisecond {
-			preempted++
-			continue
-		}
-		t.Fatalf("calls %d and %d (jobs %s and %s) started %v apart, want at least T - 2 ms = %v",
-			i-1, i, startOf[starts[i-1]], startOf[starts[i]], gap, T-2*time.Millisecond)
 	}
-	t.Logf("%d starts over %v, closest pair %v apart (T = %v); %d pairs closer only because the earlier call started late after its stamp",
-		len(starts), starts[len(starts)-1].Sub(starts[0]), closest, T, preempted)
+	// The handler's own clock: a busy machine may take the CPU between
+	// the recorded start and the handler's first line (logged, not judged).
+	slices.SortFunc(entered, time.Time.Compare)
+	closestEntered := time.Hour
+	for i := 1; i < len(entered); i++ {
+		closestEntered = min(closestEntered, entered[i].Sub(entered[i-1]))
+	}
+	t.Logf("%d starts over %v, closest pair %v apart (T = %v); by the handler's own clock %v",
+		len(starts), starts[len(starts)-1].Sub(starts[0]), closest, T, closestEntered)
 }

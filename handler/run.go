@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/dispatch"
@@ -111,11 +112,11 @@ func calls(m *Mux) map[string]dispatch.Call {
 	out := map[string]dispatch.Call{}
 	for _, name := range m.Names() {
 		h, typed := m.handler(name), m.typed(name)
-		out[name] = func(ctx context.Context, downstream string, j queue.Job) func() dispatch.Reply {
+		out[name] = func(ctx context.Context, downstream string, j queue.Job) func(time.Time) dispatch.Reply {
 			if typed != nil && !typed.Handles(downstream, j.Type) {
 				// Admitted where the handler is not known (a stock API
 				// process): no attempt can change its type.
-				return func() dispatch.Reply {
+				return func(time.Time) dispatch.Reply {
 					return dispatch.Reply{Result: queue.Failed, Error: unknownType(name, downstream, j.Type)}
 				}
 			}
@@ -126,7 +127,8 @@ func calls(m *Mux) map[string]dispatch.Call {
 			if p, ok := h.(Preparer); ok {
 				run = p.Prepare(ctx, job)
 			}
-			return func() dispatch.Reply {
+			return func(started time.Time) dispatch.Reply {
+				job.Started = started
 				body, err := run()
 				return reply(body, err)
 			}

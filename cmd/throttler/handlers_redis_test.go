@@ -77,6 +77,13 @@ capacity = 200
 	all := append(victim.starts(), other.starts()...)
 	slices.SortFunc(all, func(a, b start) int { return a.at.Compare(b.at) })
 	seen := map[string]int{}
+	closest, closestAt := time.Duration(1<<62), 0
+	for i := 1; i < len(all); i++ {
+		if gap := all[i].at.Sub(all[i-1].at); gap < closest {
+			closest, closestAt = gap, i
+		}
+	}
+	t.Logf("closest starts: %v apart (starts %d and %d of %d)", closest, closestAt-1, closestAt, len(all))
 	for i, s := range all {
 		if !accepted[s.job] {
 			t.Fatalf("a handler ran job %q, which was never accepted", s.job)

@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/redistest"
 	"github.com/throttler-dev/throttler/internal/testutil"
 	"github.com/throttler-dev/throttler/internal/tlstest"
 )
 
-// A promise behind a queue running late, on the embedded store, judged on
-// the kernel's receive times at the vendor: a tenant at 20/s; ten jobs at
+// A promise behind a queue running late, on each store, judged on the
+// kernel's receive times at the vendor: a tenant at 20/s; ten jobs at
 // once; the vendor (HTTPS) starts its next three TLS handshakes 400 ms
 // late. The requests of the first three slots wait for those connections
 // while the gate writes the others in their turn, one interval apart, and
@@ -26,19 +27,34 @@ import (
 // its promise.
 func TestAPromiseCountsAQueueRunningLate(t *testing.T) {
 	testutil.SkipShort(t, "process test: a vendor's slow handshake makes a queue late")
+	t.Run("embedded", func(t *testing.T) { promiseBehindLateQueue(t, "") })
+	t.Run("redis", func(t *testing.T) { promiseBehindLateQueue(t, redistest.Start(t, false).URL()) })
+}
+
+// promiseBehindLateQueue runs the scenario on the embedded store (redisURL
+// "") or on Redis (one process, API and worker, one partition).
+func promiseBehindLateQueue(t *testing.T, redisURL string) {
 	const slow, ahead = 400 * time.Millisecond, 10
 	pki := tlstest.New(t)
 	ds := downstreamtest.NewTLS(t, pki.ServerConfig(false))
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.toml")
-	cfg := fmt.Sprintf("[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = %q\n", filepath.Join(dir, "throttler.db")) +
+	store := fmt.Sprintf("[store]\npath = %q\n", filepath.Join(dir, "throttler.db"))
+	if redisURL != "" {
+		store = fmt.Sprintf("[store]\nbackend = \"redis\"\nredis_url = %q\nredis_lease = \"1s\"\nredis_partitions = 1\n", redisURL)
+	}
+	cfg := "[server]\nlisten = \"127.0.0.1:0\"\n" + store +
 		fmt.Sprintf("[downstreams.vendor]\nurl = %q\ntls_ca_file = %q\n[tenant_defaults]\ndownstream = \"vendor\"\nrate = \"20/s\"\ncapacity = 100\n",
 			ds.URL+"/send", pki.CAFile)
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	p := startProcess(t, file)
+	testutil.WaitFor(t, 10*time.Second, "the process ready", func() bool {
+		st, _, _ := call(t, "GET", p.base+"/readyz", "")
+		return st == http.StatusOK
+	})
 	ds.SlowHandshakes(3, slow) // the first requests' connections
 	var batch []string
 	for i := range ahead {

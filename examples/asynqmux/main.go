@@ -63,18 +63,18 @@ func main() {
 	}
 }
 
-// logging is asynq middleware: a line when a task starts (the instant, for
-// anyone checking the pacing) and one when it ends. The job's id, tenant
-// and attempt come from throttler (asynq.GetTaskID has none outside
-// asynq's server).
+// logging is asynq middleware: a line when a task starts (the instant
+// throttler recorded, which the pacing is spaced from: for anyone checking
+// it) and one when it ends. The job's id, tenant and attempt come from
+// throttler (asynq.GetTaskID has none outside asynq's server).
 func logging(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		start := time.Now()
 		job, ok := handler.JobFromContext(ctx)
 		if !ok {
-			job = &handler.Job{} // called outside throttler
+			job = &handler.Job{Started: start} // called outside throttler
 		}
-		fmt.Printf("start %d type=%s job=%s tenant=%s attempt=%d\n", start.UnixNano(), t.Type(), job.ID, job.Tenant, job.Attempt)
+		fmt.Printf("start %d type=%s job=%s tenant=%s attempt=%d\n", job.Started.UnixNano(), t.Type(), job.ID, job.Tenant, job.Attempt)
 		err := next.ProcessTask(ctx, t)
 		fmt.Printf("done type=%s job=%s took=%v err=%v\n", t.Type(), job.ID, time.Since(start).Round(time.Microsecond), err)
 		return err

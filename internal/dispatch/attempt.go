@@ -261,11 +261,14 @@ func (a *attempt) refuse(err error) {
 // wrote records when the request was written.
 func (a *attempt) wrote(at time.Time) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if !a.over {
 		a.sentAt = at
 	}
 	a.grant.resolve(a.ctx, at)
+	a.mu.Unlock()
+	if a.d.onWrite != nil {
+		a.d.onWrite(a.job)
+	}
 }
 
 // send signs the request, sends it and reads the answer, all within the

@@ -76,6 +76,9 @@ type Options struct {
 	// Shared, if set, is the gate of a store many processes share (Redis):
 	// every send passes it too, right before it is written.
 	Shared func(ctx context.Context, r queue.GateRequest) (queue.GateAnswer, error)
+	// OnWrite, if set, is told when an attempt's request is written (a
+	// Go handler's: called), before its answer. It must be quick.
+	OnWrite func(job queue.Job)
 }
 
 // Dispatcher is a queue.Handler. Safe for concurrent use.
@@ -86,9 +89,11 @@ type Dispatcher struct {
 	gate    *Gate
 	// plain are the Outbound of routes that have none, by URL.
 	plain sync.Map
-	// onAttempt is Options.OnAttempt; shared, Options.Shared.
+	// onAttempt is Options.OnAttempt; shared, Options.Shared; onWrite,
+	// Options.OnWrite.
 	onAttempt func(queue.Job, queue.Outcome, string, time.Duration)
 	shared    func(context.Context, queue.GateRequest) (queue.GateAnswer, error)
+	onWrite   func(queue.Job)
 
 	breakersMu sync.Mutex
 	breakers   map[string]*breaker // by downstream
@@ -107,6 +112,7 @@ func New(opts Options) *Dispatcher {
 		gate:      NewGate(clk),
 		onAttempt: opts.OnAttempt,
 		shared:    opts.Shared,
+		onWrite:   opts.OnWrite,
 
 		breakers: map[string]*breaker{},
 		rand:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),

@@ -25,13 +25,14 @@ import (
 // Call is a Go handler as the dispatcher calls it, for a job of the
 // downstream named downstream, in two steps: Call itself prepares, before
 // the gate (whatever takes time: building the handler's job and context),
-// and returns invoke, which the dispatcher runs right after the gate and
-// which only calls the handler, so the instant the gate records and the
-// handler's start are as close as they can be. The public handler package
+// and returns invoke, which the dispatcher runs right after the gate with
+// the instant the gate recorded as the send (started: the next send is
+// spaced from it) and which only calls the handler, so that instant and
+// the handler's start are as close as they can be. The public handler package
 // maps the handler's error onto a Reply (handler.Decide). ctx ends at the downstream's
 // timeout; it is not ended by the service stopping (a call once begun is
 // not cut short, as a request being written is not).
-type Call func(ctx context.Context, downstream string, job queue.Job) (invoke func() Reply)
+type Call func(ctx context.Context, downstream string, job queue.Job) (invoke func(started time.Time) Reply)
 
 // Reply is what a handler's call came to, in the words of the attempt's
 // outcome (queue.Result).
@@ -136,7 +137,7 @@ type called struct {
 // send's write once the gate's lock is held (WroteNow): a wait for the
 // lock comes before the instant recorded, not between it and the call.
 func (a *attempt) passAndCall(ctx *callCtx, call Call, done chan<- called) {
-	var invoke func() Reply
+	var invoke func(time.Time) Reply
 	prepared := safeCall(func() Reply { invoke = call(ctx, a.route.Downstream, a.job); return Reply{} })
 	ticket, err := a.passGate()
 	if err != nil {
@@ -154,12 +155,13 @@ func (a *attempt) passAndCall(ctx *callCtx, call Call, done chan<- called) {
 		a.mu.Lock()
 		a.sentAt = now
 		a.mu.Unlock()
+		at = now
 	}
 	if invoke == nil { // the preparation panicked: an attempt that failed
 		done <- called{reply: prepared, returned: true}
 		return
 	}
-	done <- called{reply: safeCall(invoke), returned: true}
+	done <- called{reply: safeCall(func() Reply { return invoke(at) }), returned: true}
 }
 
 // safeCall runs f; a panic is a failure, retried, as asynq's processor

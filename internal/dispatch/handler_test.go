@@ -15,8 +15,8 @@ import (
 // handlerDispatcher is a dispatcher whose one route is the Go handler call.
 func handlerDispatcher(t *testing.T, f func(ctx context.Context, _ string, j queue.Job) Reply, timeout time.Duration) *Dispatcher {
 	t.Helper()
-	call := func(ctx context.Context, ds string, j queue.Job) func() Reply {
-		return func() Reply { return f(ctx, ds, j) }
+	call := func(ctx context.Context, ds string, j queue.Job) func(time.Time) Reply {
+		return func(time.Time) Reply { return f(ctx, ds, j) }
 	}
 	r := Route{Downstream: "h", Call: call, Timeout: timeout, MaxAttempts: 3,
 		Policy: leaky.Policy{Interval: 20 * time.Millisecond, Burst: 1, Capacity: 10}}
@@ -130,8 +130,8 @@ func TestHandlerCallsArePaced(t *testing.T) {
 // waits longer than the timeout for its turn is called, and succeeds.
 func TestHandlerTimeoutStandsStillAtTheGate(t *testing.T) {
 	t.Parallel()
-	call := func(ctx context.Context, _ string, j queue.Job) func() Reply {
-		return func() Reply { return Reply{Result: queue.Succeeded} }
+	call := func(ctx context.Context, _ string, j queue.Job) func(time.Time) Reply {
+		return func(time.Time) Reply { return Reply{Result: queue.Succeeded} }
 	}
 	r := Route{Downstream: "h", Call: call, Timeout: 50 * time.Millisecond, MaxAttempts: 3,
 		Policy: leaky.Policy{Interval: 200 * time.Millisecond, Burst: 1, Capacity: 10}}

@@ -7,6 +7,14 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
+// WriteNoter is a capability of a store that wants to hear when a claimed
+// job's attempt writes its request, ahead of its outcome: the jobs behind
+// a send that ran late are those not yet written (rules.Record.RunLate),
+// and a busy machine records outcomes late.
+type WriteNoter interface {
+	Wrote(job Job)
+}
+
 // SharedGate is a capability of a store that several processes share: a
 // check, in the store, that each send keeps the rate across all of them.
 // The dispatcher asks it right before each write (a store without it paces

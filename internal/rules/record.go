@@ -299,10 +299,19 @@ const LateEnough = 5 * time.Millisecond
 // only moves later: a queue catches up only when it runs dry, and then
 // Behind is past.
 func (r *Record) RunLate(p leaky.Policy, j queue.Job, sentAt time.Time, behind int) {
-	if j.DispatchAt.IsZero() || !sentAt.After(j.DispatchAt.Add(LateEnough)) {
-		return
+	if next := LateNext(p, j, sentAt); !next.IsZero() {
+		r.Behind = clock.Later(r.Behind, next.Add(time.Duration(max(behind, 0))*p.Interval))
 	}
-	r.Behind = clock.Later(r.Behind, sentAt.Add(time.Duration(j.EffectiveCost()+max(behind, 0))*p.Interval))
+}
+
+// LateNext is, if j's attempt written at sentAt came more than LateEnough
+// after its dispatch time, the soonest the job after it can go: the write
+// plus j's cost in intervals (RunLate's start). Zero if it came in time.
+func LateNext(p leaky.Policy, j queue.Job, sentAt time.Time) time.Time {
+	if j.DispatchAt.IsZero() || !sentAt.After(j.DispatchAt.Add(LateEnough)) {
+		return time.Time{}
+	}
+	return sentAt.Add(time.Duration(j.EffectiveCost()) * p.Interval)
 }
 
 // behindAt is when a job due at at (real time) goes, with Behind: later

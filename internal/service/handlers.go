@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/dispatch"
@@ -56,8 +57,8 @@ func (r *running) call(ds config.Downstream) dispatch.Call {
 	}
 	// checkHandlers ran at start and at each reload: never here. Failing
 	// beats sending a handler's jobs over HTTP to no url.
-	return func(context.Context, string, queue.Job) func() dispatch.Reply {
-		return func() dispatch.Reply {
+	return func(context.Context, string, queue.Job) func(time.Time) dispatch.Reply {
+		return func(time.Time) dispatch.Reply {
 			return dispatch.Reply{Result: queue.Retry, Error: fmt.Sprintf("this process has no Go handler %q: register it in the program", ds.Handler)}
 		}
 	}

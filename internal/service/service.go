@@ -187,11 +187,16 @@ func (r *running) startDispatcher() {
 	if g, ok := store.(queue.SharedGate); ok {
 		shared = g.PassGate
 	}
+	var onWrite func(queue.Job)
+	if w, ok := store.(queue.WriteNoter); ok {
+		onWrite = w.Wrote
+	}
 	r.dispatcher = dispatch.New(dispatch.Options{
 		Clock:     store.Clock(),
 		Shared:    shared,
 		Client:    dispatch.NewClient(r.cfg.Dispatch.Concurrency),
 		OnAttempt: m.Attempt,
+		OnWrite:   onWrite,
 		Routes:    r.route,
 	})
 	m.WatchBreakers(r.dispatcher.Breakers)

@@ -65,7 +65,7 @@ func (s *Store) claimDue(horizon time.Time, limit int) ([]queue.Job, []dueEntry,
 	if err != nil {
 		// Back in the schedule: nothing was handed over.
 		for _, e := range p.chosen {
-			delete(s.claims, e.id)
+			s.unclaim(e.id)
 			s.readd(e)
 		}
 		return nil, expired, time.Time{}, queue.Unavailable(err)
@@ -205,7 +205,7 @@ func (s *Store) readChosen(chosen []dueEntry) (claimed, gone []queue.Job, err er
 // handOver marks jobs handed to the dispatcher (s.mu held).
 func (s *Store) handOver(claimed, gone []queue.Job) {
 	for _, j := range gone {
-		delete(s.claims, j.ID)
+		s.unclaim(j.ID)
 		s.giveBackCeiling(j)
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.depth--

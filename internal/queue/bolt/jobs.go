@@ -182,7 +182,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	err = s.commit(func(tx *bbolt.Tx) error { return s.putRetried(tx, failed, j) })
 	s.mu.Lock()
 	tm.pending--
-	delete(s.claims, id)
+	s.unclaim(id)
 	e := entryOf(j, rules.RealAt(tm.rec.Pause, j.Slot))
 	if err != nil {
 		tm.depth--

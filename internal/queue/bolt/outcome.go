@@ -28,7 +28,7 @@ func (s *Store) finish(j queue.Job, o queue.Outcome) error {
 	if o.Result == queue.Released && o.PauseUntil.IsZero() {
 		// Nothing was sent and nothing was written: the job waits as it was.
 		s.mu.Lock()
-		delete(s.claims, j.ID)
+		s.unclaim(j.ID)
 		delete(s.handedAt, j.ID)
 		s.giveBackCeiling(j)
 		at := j.DispatchAt
@@ -197,7 +197,7 @@ func (s *Store) applyOne(tx *bbolt.Tx, j queue.Job, o queue.Outcome, now time.Ti
 // otherwise.
 func (s *Store) afterOutcome(result queue.Job) (time.Time, bool) {
 	s.lag.observe(result, s.handedAt[result.ID])
-	delete(s.claims, result.ID)
+	s.unclaim(result.ID)
 	delete(s.handedAt, result.ID)
 	tm, ok := s.tenants[result.Tenant]
 	var at time.Time
@@ -243,16 +243,32 @@ func putOutcome(tx *bbolt.Tx, j queue.Job) error {
 }
 
 // claimedBeside counts the other jobs of j's tenant handed to the
-// dispatcher (s.mu held). Those not yet written go after j whatever their
-// slots (a request that waits for a connection is written when it gets
-// one, behind others); those written before j are counted too, as the
-// store cannot tell them apart, and their answers usually come before j's.
+// dispatcher and not yet written (s.mu held): they go after j whatever
+// their slots (a request that waits for a connection is written when it
+// gets one, behind others). Those written already are not, though their
+// outcomes may still be on their way: a busy machine records them late.
 func (s *Store) claimedBeside(j queue.Job) int {
 	n := 0
 	for id, c := range s.claims {
-		if c.Tenant == j.Tenant && id != j.ID {
+		if c.Tenant == j.Tenant && id != j.ID && !s.written[id] {
 			n++
 		}
 	}
 	return n
+}
+
+// Wrote implements queue.WriteNoter: the attempt of claimed job j has
+// written its request.
+func (s *Store) Wrote(j queue.Job) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.claims[j.ID]; ok {
+		s.written[j.ID] = true
+	}
+}
+
+// unclaim forgets claimed job id (s.mu held).
+func (s *Store) unclaim(id string) {
+	delete(s.claims, id)
+	delete(s.written, id)
 }

@@ -109,6 +109,7 @@ type Store struct {
 	idemWait map[string]chan struct{} // keys being admitted right now
 	sched    schedule
 	claims   map[string]queue.Job  // jobs handed to the dispatcher, as handed over
+	written  map[string]bool       // claims whose attempt's request is written (Wrote)
 	handedAt map[string]time.Time  // when each claimed job was handed over
 	fair     map[string]*fairQueue // by downstream: due jobs sharing its ceiling
 	// cleanStart: the last stop was clean. After a crash a ceiling starts
@@ -214,6 +215,7 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 		unappliedKeys: map[string]string{},
 		tenantSeen:    map[string]bool{},
 		handedAt:      map[string]time.Time{},
+		written:       map[string]bool{},
 		lag:           startLag{durable: map[string]time.Time{}},
 		sched:         schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}},
 		wake:          make(chan struct{}, 1),

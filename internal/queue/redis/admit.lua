@@ -8,7 +8,8 @@
 -- TAT are in tenant time (real time minus the pauses so far, see
 -- internal/leaky/pause.go).
 --
--- KEYS[1]    the tenant's hash: tat, shift, until, held, depth, booked
+-- KEYS[1]    the tenant's hash: tat, shift, until, held, depth, booked,
+--            behind (rules.Record.Behind, real time; 0 or absent: none)
 -- KEYS[2]    the tenant's waiting jobs (a zset: id -> slot), not yet claimed
 -- KEYS[3]    the tenant's claimed jobs (a zset: id -> slot), being sent
 -- KEYS[4..]  one list per window: the slots of its last N sends, oldest first
@@ -61,7 +62,7 @@ local waiting, commit = tonumber(ARGV[7]), ARGV[8] == '1'
 local deadline = tonumber(ARGV[9]) -- nil: none
 local ceiling_T, ceiling_burst = tonumber(ARGV[10]), tonumber(ARGV[11])
 
-local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth', 'booked')
+local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth', 'booked', 'behind')
 local tat = tonumber(h[1]) or 0
 local shift, untl, held = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
 local depth = tonumber(h[5]) or 0
@@ -225,13 +226,19 @@ if OWNER_AT > 0 and not paused and OWNER_AT + depth * T > dispatch then
   dispatch = OWNER_AT + depth * T
   slot = dispatch - shift
 end
-local delay = dispatch - now
+-- Behind a queue running late it goes when the sends ahead let it
+-- (rules.Record.RunLate), not at its slot: its promise says so, and the
+-- next job admitted comes its cost after it.
+local behind = tonumber(h[7]) or 0
+local late = behind > dispatch
+local delay = at_least(behind, dispatch) - now
 if ceiling_T > 0 and depth > 0 then delay = at_least(delay, at_least(0, depth + 1 - ceiling_burst) * ceiling_T) end
 if deadline and now + delay > deadline then
   return {3, slot, dispatch, 0, depth, now, 0, delay}
 end
 if commit then
   redis.call('HSET', KEYS[1], 'tat', newtat, 'depth', depth + 1)
+  if late then redis.call('HSET', KEYS[1], 'behind', behind + cost * T) end
   if absorbed > 0 then booked_write(KEYS[1], booked, absorbed + 1) end
   windows_record(windows, slot, cost)
 end

@@ -80,6 +80,12 @@ func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (d
 			rec.Booked = append(rec.Booked, rules.Booking{Slot: at.UnixNano(), Job: fmt.Sprintf("b%d", step)})
 			slices.SortStableFunc(rec.Booked, func(a, b rules.Booking) int { return cmp.Compare(a.Slot, b.Slot) })
 		}
+		switch rng.IntN(8) { // a queue runs late, or caught up
+		case 0:
+			rec.Behind = now.Add(us(rng.Int64N(int64(6 * p.Interval / time.Microsecond))))
+		case 1:
+			rec.Behind = time.Time{}
+		}
 		if err := writeAdmitState(ctx, rdb, keys, rec, q); err != nil {
 			t.Fatal(err)
 		}
@@ -168,12 +174,16 @@ func admitDiff(got admitDecision, want rules.Decision) string {
 
 // admitRecordDiff says how the record admit.lua left differs from rec.
 func admitRecordDiff(ctx context.Context, rdb *goredis.Client, keys []string, rec rules.Record, p leaky.Policy) string {
-	h, err := rdb.HMGet(ctx, keys[0], "tat", "booked").Result()
+	h, err := rdb.HMGet(ctx, keys[0], "tat", "booked", "behind").Result()
 	if err != nil {
 		return err.Error()
 	}
 	tat, _ := h[0].(string)
 	booked, _ := h[1].(string)
+	behind, _ := h[2].(string)
+	if behind != fmt.Sprint(microsOf(rec.Behind)) {
+		return fmt.Sprintf("behind Lua %s, rule %d", behind, microsOf(rec.Behind))
+	}
 	if tat != fmt.Sprint(micros(rec.TAT)) {
 		return fmt.Sprintf("TAT Lua %s, rule %d", tat, micros(rec.TAT))
 	}
@@ -198,7 +208,7 @@ func admitRecordDiff(ctx context.Context, rdb *goredis.Client, keys []string, re
 func writeAdmitState(ctx context.Context, rdb *goredis.Client, keys []string, rec rules.Record, q *admitView) error {
 	pz := rec.Pause
 	_, err := rdb.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
-		pipe.HSet(ctx, keys[0], "shift", pz.Shift.Microseconds(), "until", microsOf(pz.Until), "held", microsOf(pz.Held), "tat", microsOf(rec.TAT), "depth", q.Depth(), "booked", formatBooked(rec.Booked))
+		pipe.HSet(ctx, keys[0], "shift", pz.Shift.Microseconds(), "until", microsOf(pz.Until), "held", microsOf(pz.Held), "tat", microsOf(rec.TAT), "depth", q.Depth(), "booked", formatBooked(rec.Booked), "behind", microsOf(rec.Behind))
 		if len(rec.Booked) == 0 {
 			pipe.HDel(ctx, keys[0], "booked")
 		}

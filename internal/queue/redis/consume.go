@@ -364,3 +364,20 @@ func (s *Store) heldCount() int {
 	}
 	return n
 }
+
+// Wrote implements queue.WriteNoter: the request of claimed job j is
+// written (the owner of its partition counts the jobs behind a late write
+// by it).
+func (s *Store) Wrote(j queue.Job) {
+	part := s.partOf(j.Tenant)
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	for c := range s.consumers {
+		c.mu.Lock()
+		o := c.parts[part]
+		c.mu.Unlock()
+		if o != nil {
+			o.wrote(j.ID)
+		}
+	}
+}

@@ -22,8 +22,16 @@
 --          (0: not sent), status, error, idempotency key ('' none),
 --          the earliest the tenant's next send may go after it (its real
 --          write plus its cost in intervals, rules.AfterWrite; 0: not
---          sent), and the answer kept of the attempt (JSON, field 'resp';
---          '' none: the one before stays)
+--          sent), the answer kept of the attempt (JSON, field 'resp';
+--          '' none: the one before stays), and, if it was written more
+--          than rules.LateEnough after its dispatch time, the write plus
+--          an interval for its cost and for each of its tenant's jobs
+--          handed over and not yet written (0: on time), and the tenant's
+--          interval
+--
+-- A late write moves the tenant's behind (rules.Record.RunLate) on to
+-- when the jobs behind it can go: an interval more for each job still
+-- waiting. admit.lua promises from there.
 --
 -- The tenant's next (claim.lua's: the last claim's dispatch time plus its
 -- cost in intervals) moves on to the last of those: a write comes when it
@@ -37,15 +45,17 @@ local retention, idle_ms, prefix = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 
 local tenant_of, tenants = tenant_batch(prefix,
   {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'},
-   {'tat', 'tat'}, {'delivered', 'delivered_before'}, {'failed', 'failed_before'}, {'next', 'next'}},
-  function(t) t.after, t.delivered, t.failed, t.last_slot = 0, 0, 0, 0 end)
+   {'tat', 'tat'}, {'delivered', 'delivered_before'}, {'failed', 'failed_before'}, {'next', 'next'},
+   {'behind', 'behind'}},
+  function(t) t.after, t.delivered, t.failed, t.last_slot, t.new_behind = 0, 0, 0, 0, 0 end)
 
 local out, ended, callbacks = {}, {}, {}
-for i = 6, #ARGV, 9 do
+for i = 6, #ARGV, 11 do
   local id, tname, state = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local sent, status, err, key = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
   local after = tonumber(ARGV[i + 7]) or 0
   local resp = ARGV[i + 8]
+  local late, interval = tonumber(ARGV[i + 9]) or 0, tonumber(ARGV[i + 10]) or 0
   local jk = prefix .. 'job:' .. id
   local j = redis.call('HMGET', jk, 'state', 'slot', 'sent', 'status', 'cbu', 'cbon')
   if j[1] ~= 'dispatching' then
@@ -61,6 +71,7 @@ for i = 6, #ARGV, 9 do
     local t = tenant_of(tname)
     t.last_slot = at_least(t.last_slot, tonumber(j[2]) or 0)
     t.after = at_least(t.after, after)
+    if late > 0 then t.new_behind = at_least(t.new_behind, late + t.depth * interval) end
     if state == 'succeeded' then
       t.delivered = t.delivered + 1
     else
@@ -87,6 +98,7 @@ for _, t in ipairs(tenants) do
   if t.delivered > 0 then fields[#fields + 1] = 'delivered'; fields[#fields + 1] = t.delivered_before + t.delivered end
   if t.failed > 0 then fields[#fields + 1] = 'failed'; fields[#fields + 1] = t.failed_before + t.failed end
   if t.after > t.next then fields[#fields + 1] = 'next'; fields[#fields + 1] = t.after end
+  if t.new_behind > t.behind then fields[#fields + 1] = 'behind'; fields[#fields + 1] = t.new_behind end
   redis.call('HSET', t.key, unpack(fields))
   -- Tenant time (leaky.Pause.TenantTime).
   local tnow = now

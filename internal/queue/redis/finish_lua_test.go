@@ -75,8 +75,10 @@ func finishSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (
 		}
 		args := []any{w.token, micros(w.now), retention.Milliseconds(), idle.Milliseconds(), w.prefix}
 		var jobs []*queue.Job
-		for _, b := range batch {
-			args = append(args, finishArgs(*b.j, b.o, w.tenant(b.j.Tenant).p, margin)...)
+		beside := make([]int, len(batch)) // handed over and not written, as the owner counts them
+		for i, b := range batch {
+			beside[i] = rng.IntN(3)
+			args = append(args, finishArgs(*b.j, b.o, w.tenant(b.j.Tenant).p, margin, beside[i])...)
 			jobs = append(jobs, b.j)
 		}
 		var got finishReplies
@@ -101,6 +103,10 @@ func finishSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (
 			if !got[i] {
 				t.Fatalf("%s: Lua did not record it", where)
 			}
+			// The jobs behind a late write: those waiting, and those
+			// handed over beside it and not written.
+			depth, _ := w.counts(tn.name)
+			tn.rec.RunLate(tn.p, *b.j, b.o.SentAt, depth+beside[i])
 			cur, _ := rules.Finish(&tn.rec, &tn.h, *b.j, b.o, w.now, tn.p, margin)
 			*b.j = cur
 			touched[tn.name], endedNow[cur.ID], w.dirty[cur.ID] = true, true, true

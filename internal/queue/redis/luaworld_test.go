@@ -93,7 +93,7 @@ func (w *luaWorld) counts(tenant string) (depth, inflight int) {
 }
 
 // evolve moves the world on by a step: time passes, pauses and holds come
-// and go, jobs are admitted (some with deadlines, costs, idempotency keys,
+// and go, queues run late, jobs are admitted (some with deadlines, costs, idempotency keys,
 // bookings; some retries), and finished jobs leave now and then.
 func (w *luaWorld) evolve(rng *rand.Rand) {
 	w.now = w.now.Add(w.span(0, 2))
@@ -106,6 +106,8 @@ func (w *luaWorld) evolve(rng *rand.Rand) {
 			tn.rec.Pause = pz.Hold(w.now)
 		case 2, 3:
 			tn.rec.Pause = pz.Resume(w.now)
+		case 4: // its sends run late (rules.Record.RunLate)
+			tn.rec.Behind = w.now.Add(w.span(0, 6))
 		}
 		for range rng.IntN(3) {
 			w.admit(rng, tn)
@@ -195,7 +197,7 @@ func (w *luaWorld) writeTenant(ctx context.Context, pipe goredis.Pipeliner, tn *
 	depth, inflight := w.counts(tn.name)
 	pipe.HSet(ctx, tk, "shift", pz.Shift.Microseconds(), "until", microsOf(pz.Until), "held", microsOf(pz.Held),
 		"tat", microsOf(tn.rec.TAT), "depth", depth, "inflight", inflight, "expired", tn.rec.Expired,
-		"delivered", tn.rec.Delivered, "failed", tn.rec.Failed, "booked", formatBooked(tn.rec.Booked))
+		"delivered", tn.rec.Delivered, "failed", tn.rec.Failed, "booked", formatBooked(tn.rec.Booked), "behind", microsOf(tn.rec.Behind))
 	if len(tn.rec.Booked) == 0 {
 		pipe.HDel(ctx, tk, "booked")
 	}
@@ -311,7 +313,8 @@ func (w *luaWorld) tenantDiff(s luaSnap, tn *luaTenant) string {
 	depth, inflight := w.counts(tn.name)
 	want := map[string]string{"depth": fmt.Sprint(depth), "inflight": fmt.Sprint(inflight), "next": fmt.Sprint(microsOf(tn.h.Next)),
 		"last": fmt.Sprint(microsOf(tn.h.Last)), "lastcost": fmt.Sprint(tn.h.LastCost), "expired": fmt.Sprint(tn.rec.Expired),
-		"delivered": fmt.Sprint(tn.rec.Delivered), "failed": fmt.Sprint(tn.rec.Failed), "booked": formatBooked(tn.rec.Booked)}
+		"delivered": fmt.Sprint(tn.rec.Delivered), "failed": fmt.Sprint(tn.rec.Failed), "booked": formatBooked(tn.rec.Booked),
+		"behind": fmt.Sprint(microsOf(tn.rec.Behind))}
 	for _, f := range slices.Sorted(maps.Keys(want)) {
 		got := h[f]
 		if got == "" && f != "booked" {

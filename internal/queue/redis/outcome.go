@@ -36,11 +36,12 @@ func ending(o queue.Outcome) bool {
 
 // finishBatch records attempts that ended their jobs (ending), jobs[i]'s
 // outcome outs[i], in one fenced script: recorded[i] is false for a job
-// that was not being sent.
-func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs []queue.Job, outs []queue.Outcome) (recorded []bool, err error) {
+// that was not being sent. beside[i] counts the other jobs of jobs[i]'s
+// tenant handed over and not yet written (owned.unwrittenBeside).
+func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs []queue.Job, outs []queue.Outcome, beside []int) (recorded []bool, err error) {
 	args := []any{f.Token(), s.now(), s.retain.Milliseconds(), s.idle.Milliseconds(), k.tag}
 	for i, j := range jobs {
-		args = append(args, finishArgs(j, outs[i], s.policy(j.Tenant), s.clockMargin())...)
+		args = append(args, finishArgs(j, outs[i], s.policy(j.Tenant), s.clockMargin(), beside[i])...)
 	}
 	var r finishReplies
 	if err := finishScript.Run(ctx, s.rdb, []string{f.Key(), k.active(), k.sending()}, args, &r); err != nil {
@@ -53,15 +54,18 @@ func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs
 }
 
 // finishArgs is finish.lua's arguments for job j's outcome o (ending):
-// what rules.Finish makes of the job, and the tenant's next after it
-// (rules.AfterWrite, with margin).
-func finishArgs(j queue.Job, o queue.Outcome, p leaky.Policy, margin time.Duration) []any {
+// what rules.Finish makes of the job, the tenant's next after it
+// (rules.AfterWrite, with margin), and where a late write leaves the jobs
+// behind it (rules.Record.RunLate: the beside jobs handed over and not
+// written are counted here, finish.lua adds those waiting).
+func finishArgs(j queue.Job, o queue.Outcome, p leaky.Policy, margin time.Duration, beside int) []any {
 	state, msg := queue.StateSucceeded, ""
 	if o.Result == queue.Failed {
 		state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
 	}
 	after := rules.AfterWrite(p, o.SentAt, j.EffectiveCost(), margin)
-	return []any{j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey, microsOf(after), responseArg(o.Response)}
+	return []any{j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey, microsOf(after), responseArg(o.Response),
+		microsOf(rules.LateNext(p, j, o.SentAt).Add(time.Duration(beside) * p.Interval)), p.Interval.Microseconds()}
 }
 
 // finishReplies is finish.lua's answer: whether each job was recorded.
@@ -77,8 +81,9 @@ func (l *finishReplies) Decode(r *luascript.Reply) {
 // transaction on the job, its tenant, its windows and the partition's
 // lease (the fence: a stale owner's outcome is a *owner.FencedError). It
 // returns the job as it is now (cur; ok false: it was not being sent) and
-// whether the tenant paused anew.
-func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j queue.Job, o queue.Outcome) (cur queue.Job, ok, paused bool, err error) {
+// whether the tenant paused anew. beside counts the other jobs of j's
+// tenant handed over and not yet written (owned.unwrittenBeside).
+func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j queue.Job, o queue.Outcome, beside int) (cur queue.Job, ok, paused bool, err error) {
 	p := s.policy(j.Tenant)
 	watch := []string{f.Key(), k.tenant(j.Tenant), k.job(j.ID)}
 	for _, w := range p.Windows {
@@ -93,6 +98,9 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 		rec := st.rec
 		h := rules.Handover{Next: fromMicros(st.next)}
 		next, pausedNow := rules.Finish(&rec, &h, j, o, st.now, p, s.clockMargin())
+		// The jobs behind a late write: those waiting and those handed
+		// over beside it and not written.
+		rec.RunLate(p, j, o.SentAt, st.depth+beside)
 		next.Response = o.Response // nil: the answer before stays in the hash
 		_, err = tx.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
 			s.writeOutcome(ctx, pipe, k, next, st, rec, p)
@@ -102,6 +110,9 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 			}
 			if micros(h.Next) > st.next {
 				pipe.HSet(ctx, k.tenant(j.Tenant), "next", micros(h.Next))
+			}
+			if rec.Behind.After(st.rec.Behind) {
+				pipe.HSet(ctx, k.tenant(j.Tenant), "behind", micros(rec.Behind))
 			}
 			return nil
 		})

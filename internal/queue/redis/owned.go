@@ -31,8 +31,11 @@ type owned struct {
 
 	mu    sync.Mutex
 	sched schedule
-	known map[string]bool      // scheduled, or claimed and not recorded yet
-	pace  map[string]time.Time // each tenant's next send by its rate, from the claims (see paced)
+	known map[string]bool // scheduled, or claimed and not recorded yet
+	// handed are the jobs claimed and not recorded yet, by id: their
+	// tenant, and whether their request is written (Store.Wrote).
+	handed map[string]handedJob
+	pace   map[string]time.Time // each tenant's next send by its rate, from the claims (see paced)
 	// floors: each job waiting when the partition was taken over goes no
 	// sooner than its tenant's next send as the last owner left it
 	// (takeover.lua), whichever entry of it is claimed (its arrival may
@@ -58,6 +61,12 @@ type owned struct {
 	drained  sync.Once
 }
 
+// handedJob is a job claimed and not recorded yet (owned.handed).
+type handedJob struct {
+	tenant  string
+	written bool
+}
+
 // ended is an attempt that ended its job, for the writer.
 type ended struct {
 	job queue.Job
@@ -66,7 +75,7 @@ type ended struct {
 
 func newOwned(c *consumer, f owner.Fence) *owned {
 	o := &owned{c: c, s: c.s, k: keysOf(f.Partition), fence: f,
-		known: map[string]bool{}, pace: map[string]time.Time{}, floors: map[string]time.Time{}, wake: make(chan struct{}, 1),
+		known: map[string]bool{}, handed: map[string]handedJob{}, pace: map[string]time.Time{}, floors: map[string]time.Time{}, wake: make(chan struct{}, 1),
 		outcomes: make(chan ended, 1024), loopDone: make(chan struct{}), written: make(chan struct{})}
 	o.lastHanded = make(chan struct{})
 	close(o.lastHanded)
@@ -370,7 +379,34 @@ func (o *owned) forget(id string) {
 	o.mu.Lock()
 	delete(o.known, id)
 	delete(o.floors, id)
+	delete(o.handed, id)
 	o.mu.Unlock()
+}
+
+// wrote notes that claimed job id's request is written.
+func (o *owned) wrote(id string) {
+	o.mu.Lock()
+	if h, ok := o.handed[id]; ok {
+		h.written = true
+		o.handed[id] = h
+	}
+	o.mu.Unlock()
+}
+
+// unwrittenBeside counts the other jobs of j's tenant claimed here and not
+// yet written: behind a late write of j they go after it, whatever their
+// slots (rules.Record.RunLate). Those written already are not counted,
+// though their outcomes may not be recorded yet.
+func (o *owned) unwrittenBeside(j queue.Job) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for id, h := range o.handed {
+		if h.tenant == j.Tenant && id != j.ID && !h.written {
+			n++
+		}
+	}
+	return n
 }
 
 func (o *owned) wakeHeld(tenant string) {
@@ -407,6 +443,7 @@ func (o *owned) claim(due []*entry) error {
 			o.mu.Lock()
 			floor := o.floors[j.ID]
 			delete(o.floors, j.ID)
+			o.handed[j.ID] = handedJob{tenant: j.Tenant}
 			// Claimed a lead before its tenant's pace let it (paced): it is
 			// handed over for then, as the gate will let it go, not for its
 			// slot, which the pace has passed.
@@ -465,7 +502,7 @@ func (o *owned) record(j queue.Job, out queue.Outcome) {
 	o.recording.Add(1)
 	defer o.recording.Add(-1)
 	o.retrying(j.ID, func(ctx context.Context) error {
-		cur, ok, paused, err := o.s.finishByRule(ctx, o.fence, o.k, j, out)
+		cur, ok, paused, err := o.s.finishByRule(ctx, o.fence, o.k, j, out, o.unwrittenBeside(j))
 		if err != nil {
 			return err
 		}
@@ -473,6 +510,9 @@ func (o *owned) record(j queue.Job, out queue.Outcome) {
 			o.forget(j.ID)
 			return nil
 		}
+		o.mu.Lock()
+		delete(o.handed, j.ID) // it waits again
+		o.mu.Unlock()
 		if paused {
 			o.holdSharedLanes(ctx, j.Tenant, out)
 			o.expireMissed(ctx, j.Tenant)
@@ -572,11 +612,12 @@ const finishBatchMax = 200
 func (o *owned) writeBatch(batch []ended) {
 	jobs := make([]queue.Job, len(batch))
 	outs := make([]queue.Outcome, len(batch))
+	beside := make([]int, len(batch))
 	for i, e := range batch {
-		jobs[i], outs[i] = e.job, e.out
+		jobs[i], outs[i], beside[i] = e.job, e.out, o.unwrittenBeside(e.job)
 	}
 	o.retrying(jobs[0].ID, func(ctx context.Context) error {
-		_, err := o.s.finishBatch(ctx, o.fence, o.k, jobs, outs)
+		_, err := o.s.finishBatch(ctx, o.fence, o.k, jobs, outs, beside)
 		return err
 	})
 	for _, j := range jobs {

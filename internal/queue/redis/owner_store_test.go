@@ -157,9 +157,9 @@ func TestOutcomeMovesNextToTheRealWrite(t *testing.T) {
 			o := tc.out
 			o.SentAt = j.DispatchAt.Add(30 * time.Millisecond) // written late
 			if tc.out.Result == queue.Succeeded {
-				_, err = s.finishBatch(ctx, f, k, []queue.Job{j}, []queue.Outcome{o})
+				_, err = s.finishBatch(ctx, f, k, []queue.Job{j}, []queue.Outcome{o}, []int{0})
 			} else {
-				_, _, _, err = s.finishByRule(ctx, f, k, j, o)
+				_, _, _, err = s.finishByRule(ctx, f, k, j, o, 0)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -198,7 +198,7 @@ func TestPollOfALostPartitionTakesNoArrivals(t *testing.T) {
 	holdLease(t, rdb, fresh)
 	c := &consumer{s: s}
 	tenure := func(f owner.Fence) *owned {
-		return &owned{c: c, s: s, fence: f, k: k, known: map[string]bool{}, wake: make(chan struct{}, 1)}
+		return &owned{c: c, s: s, fence: f, k: k, known: map[string]bool{}, handed: map[string]handedJob{}, wake: make(chan struct{}, 1)}
 	}
 	lost := tenure(stale)
 	if found, _ := c.pollOnce(ctx, []*owned{lost}); found || lost.sched.Len() != 0 {

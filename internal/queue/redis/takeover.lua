@@ -185,6 +185,9 @@ while i <= #ARGV do
   if last > 0 then nxt = at_least(nxt, last + T * at_least(tonumber(h[7]) or 1, 1)) end
   local r = {name, shift, untl, held, nxt}
   local waiting = redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')
+  -- The jobs are placed anew from the next send: the lateness of the
+  -- sends before (behind, finish.lua's) is spent.
+  redis.call('HDEL', tk, 'behind')
   respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tonumber(h[5]) or 0, at_least(tonumber(h[7]) or 1, 1))
   local floor = nxt - shift + tau -- tenant time
   if floor > tenant_time(tk, now) then -- held: its clock stands still, and so does its credit

@@ -27,7 +27,7 @@ type tenantState struct {
 }
 
 // tenantFields are the fields of a tenant's hash that parseTenant reads.
-var tenantFields = []string{"tat", "shift", "until", "held", "depth", "inflight", "accepted", "rejected", "delivered", "failed", "cancelled", "expired", "booked"}
+var tenantFields = []string{"tat", "shift", "until", "held", "depth", "inflight", "accepted", "rejected", "delivered", "failed", "cancelled", "expired", "booked", "behind"}
 
 // parseTenant reads HMGET's answer for tenantFields (a field not there
 // reads 0).
@@ -53,6 +53,7 @@ func parseTenant(v []any) tenantState {
 			Pause:    leaky.Pause{Shift: time.Duration(n(1)) * time.Microsecond, Until: fromMicros(n(2)), Held: fromMicros(n(3))},
 			Accepted: n(6), Rejected: n(7), Delivered: n(8), Failed: n(9), Cancelled: n(10), Expired: n(11),
 			Booked: parseBooked(field(12)),
+			Behind: fromMicros(n(13)),
 		},
 		depth: int(n(4)), inFlight: int(n(5)),
 	}
