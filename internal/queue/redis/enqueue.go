@@ -144,7 +144,21 @@ func requestArg(r *queue.JobRequest) []byte {
 	return raw
 }
 
+// admissionsAtOnce bounds the admission scripts one process has in Redis
+// at once. Redis runs one script at a time: a burst of batches sent all
+// together only queues there, in front of the claims and the shared
+// gate's calls of the sends due meanwhile (a hundred batches of 25 held
+// each send back by up to 100 ms, and each tenant's queue with it). Held
+// here instead, they keep Redis as busy, and a send waits for a few.
+const admissionsAtOnce = 4
+
 func (c *admitCall) run(ctx context.Context, s *Store) (admitReplies, error) {
+	select {
+	case s.admitting <- struct{}{}:
+	case <-ctx.Done():
+		return nil, queue.Unavailable(ctx.Err())
+	}
+	defer func() { <-s.admitting }()
 	var out admitReplies
 	if err := enqueueScript.Run(ctx, s.rdb, c.keys, c.args, &out); err != nil {
 		return nil, err

@@ -58,6 +58,7 @@ type Store struct {
 	retain     time.Duration
 	idle       time.Duration
 	lag        time.Duration
+	admitting  chan struct{} // admission scripts in Redis now (admissionsAtOnce)
 	timing     Timing
 	workerID   string
 	expired    func(queue.Job)
@@ -180,6 +181,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		retain:     cmp.Or(opts.Retention, 24*time.Hour),
 		idle:       cmp.Or(opts.IdleTTL, 10*time.Minute),
 		lag:        max(cmp.Or(opts.StartLag, timing.Poll+60*time.Millisecond), 0),
+		admitting:  make(chan struct{}, admissionsAtOnce),
 		timing:     timing,
 		workerID:   opts.WorkerID,
 		expired:    opts.OnExpired,
