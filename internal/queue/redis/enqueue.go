@@ -144,21 +144,23 @@ func requestArg(r *queue.JobRequest) []byte {
 	return raw
 }
 
-// admissionsAtOnce bounds the admission scripts one process has in Redis
-// at once. Redis runs one script at a time: a burst of batches sent all
-// together only queues there, in front of the claims and the shared
+// admittingAtOnce bounds the jobs of one process's admission scripts in
+// Redis at once. Redis runs one script at a time: a burst of batches sent
+// all together only queues there, in front of the claims and the shared
 // gate's calls of the sends due meanwhile (a hundred batches of 25 held
 // each send back by up to 100 ms, and each tenant's queue with it). Held
-// here instead, they keep Redis as busy, and a send waits for a few.
-const admissionsAtOnce = 4
+// here instead, they keep Redis as busy, and a send waits for at most
+// about a hundred jobs' admission (some 5 ms). Counted in jobs, not
+// scripts: single-job admissions, each a fraction of that, are not held
+// back by it.
+const admittingAtOnce = 100
 
 func (c *admitCall) run(ctx context.Context, s *Store) (admitReplies, error) {
-	select {
-	case s.admitting <- struct{}{}:
-	case <-ctx.Done():
-		return nil, queue.Unavailable(ctx.Err())
+	n := int64(min(len(c.ids), admittingAtOnce))
+	if err := s.admitting.Acquire(ctx, n); err != nil {
+		return nil, queue.Unavailable(err)
 	}
-	defer func() { <-s.admitting }()
+	defer s.admitting.Release(n)
 	var out admitReplies
 	if err := enqueueScript.Run(ctx, s.rdb, c.keys, c.args, &out); err != nil {
 		return nil, err

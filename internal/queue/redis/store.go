@@ -31,6 +31,7 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
@@ -58,7 +59,7 @@ type Store struct {
 	retain     time.Duration
 	idle       time.Duration
 	lag        time.Duration
-	admitting  chan struct{} // admission scripts in Redis now (admissionsAtOnce)
+	admitting  *semaphore.Weighted // jobs of admission scripts in Redis now (admittingAtOnce)
 	timing     Timing
 	workerID   string
 	expired    func(queue.Job)
@@ -181,7 +182,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		retain:     cmp.Or(opts.Retention, 24*time.Hour),
 		idle:       cmp.Or(opts.IdleTTL, 10*time.Minute),
 		lag:        max(cmp.Or(opts.StartLag, timing.Poll+60*time.Millisecond), 0),
-		admitting:  make(chan struct{}, admissionsAtOnce),
+		admitting:  semaphore.NewWeighted(admittingAtOnce),
 		timing:     timing,
 		workerID:   opts.WorkerID,
 		expired:    opts.OnExpired,
