@@ -64,8 +64,12 @@ func finishArgs(j queue.Job, o queue.Outcome, p leaky.Policy, margin time.Durati
 		state, msg = queue.StateFailed, cmp.Or(o.Error, j.LastError)
 	}
 	after := rules.AfterWrite(p, o.SentAt, j.EffectiveCost(), margin)
+	late := rules.LateNext(p, j, o.SentAt)
+	if !late.IsZero() {
+		late = late.Add(time.Duration(beside) * p.Interval)
+	}
 	return []any{j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey, microsOf(after), responseArg(o.Response),
-		microsOf(rules.LateNext(p, j, o.SentAt).Add(time.Duration(beside) * p.Interval)), p.Interval.Microseconds()}
+		microsOf(late), p.Interval.Microseconds()}
 }
 
 // finishReplies is finish.lua's answer: whether each job was recorded.

@@ -394,10 +394,14 @@ func (o *owned) wrote(id string) {
 }
 
 // unwrittenBeside counts the other jobs of j's tenant claimed here and not
-// yet written: behind a late write of j they go after it, whatever their
-// slots (rules.Record.RunLate). Those written already are not counted,
-// though their outcomes may not be recorded yet.
-func (o *owned) unwrittenBeside(j queue.Job) int {
+// yet written, if out's write came late (rules.LateNext; 0 if not): behind
+// it they go after it, whatever their slots (rules.Record.RunLate). Those
+// written already are not counted, though their outcomes may not be
+// recorded yet.
+func (o *owned) unwrittenBeside(j queue.Job, out queue.Outcome) int {
+	if rules.LateNext(o.s.policy(j.Tenant), j, out.SentAt).IsZero() {
+		return 0 // not needed: most writes are on time
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	n := 0
@@ -502,7 +506,7 @@ func (o *owned) record(j queue.Job, out queue.Outcome) {
 	o.recording.Add(1)
 	defer o.recording.Add(-1)
 	o.retrying(j.ID, func(ctx context.Context) error {
-		cur, ok, paused, err := o.s.finishByRule(ctx, o.fence, o.k, j, out, o.unwrittenBeside(j))
+		cur, ok, paused, err := o.s.finishByRule(ctx, o.fence, o.k, j, out, o.unwrittenBeside(j, out))
 		if err != nil {
 			return err
 		}
@@ -614,7 +618,7 @@ func (o *owned) writeBatch(batch []ended) {
 	outs := make([]queue.Outcome, len(batch))
 	beside := make([]int, len(batch))
 	for i, e := range batch {
-		jobs[i], outs[i], beside[i] = e.job, e.out, o.unwrittenBeside(e.job)
+		jobs[i], outs[i], beside[i] = e.job, e.out, o.unwrittenBeside(e.job, e.out)
 	}
 	o.retrying(jobs[0].ID, func(ctx context.Context) error {
 		_, err := o.s.finishBatch(ctx, o.fence, o.k, jobs, outs, beside)
