@@ -20,9 +20,14 @@ import (
 // second, and opens another a second after one is answered: the slowloris that
 // once held every request slot, so that every other tenant, and /healthz,
 // got 503. Checked: another tenant's enqueues (another token) are answered
-// within 100 ms at p99, every one 202; /healthz is 200 throughout; and the
-// attack was met by the caps it meets (503 past the token's share, 408 for a
-// body that fell behind), not by something else failing.
+// within 100 ms at p99 more than /healthz's, every one 202; /healthz is 200
+// throughout; and the attack was met by the caps it meets (503 past the
+// token's share, 408 for a body that fell behind), not by something else
+// failing. /healthz is outside every cap and asked in the same seconds on
+// the same cores: what the enqueues take beyond it is what the attack took
+// from them, not what a machine busy with other work takes from both (a
+// CI run with a busy loop on each core and other packages' tests beside
+// it: enqueues 288 ms at p99).
 func TestSlowBodiesTakeNothingFromOthers(t *testing.T) {
 	testutil.SkipShort(t, "process and load test: 2,000 slow request bodies against the throttler binary")
 	const (
@@ -69,15 +74,22 @@ func TestSlowBodiesTakeNothingFromOthers(t *testing.T) {
 	defer func() { close(stop); attacking.Wait() }()
 	time.Sleep(2 * time.Second) // a start-up, not a condition: the attack has had time to take what it can
 
-	health := make(chan []int, 1)
+	type healthRun struct {
+		bad  []int
+		took []time.Duration
+	}
+	health := make(chan healthRun, 1)
 	go func() {
-		var bad []int
+		var h healthRun
 		for end := time.Now().Add(victimFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-			if st, _ := callRaw(t, "GET", p.base+"/healthz", ""); st != http.StatusOK {
-				bad = append(bad, st)
+			asked := time.Now()
+			st, _ := callRaw(t, "GET", p.base+"/healthz", "")
+			h.took = append(h.took, time.Since(asked))
+			if st != http.StatusOK {
+				h.bad = append(h.bad, st)
 			}
 		}
-		health <- bad
+		health <- h
 	}()
 	var took []time.Duration
 	var refused []string
@@ -91,18 +103,21 @@ func TestSlowBodiesTakeNothingFromOthers(t *testing.T) {
 	}
 	slices.Sort(took)
 	p99 := took[len(took)*99/100]
+	h := <-health
+	slices.Sort(h.took)
+	healthP99 := h.took[len(h.took)*99/100]
 	counts := map[any]int64{}
 	answers.Range(func(k, v any) bool { counts[k] = v.(*atomic.Int64).Load(); return true })
-	t.Logf("%d attackers: their answers by status %v; the other tenant's %d enqueues: p50 %v, p99 %v, max %v",
-		attackers, counts, len(took), took[len(took)/2], p99, took[len(took)-1])
+	t.Logf("%d attackers: their answers by status %v; the other tenant's %d enqueues: p50 %v, p99 %v, max %v; /healthz p99 %v",
+		attackers, counts, len(took), took[len(took)/2], p99, took[len(took)-1], healthP99)
 	if len(refused) > 0 {
 		t.Errorf("%d of the other tenant's %d enqueues refused, first: %s", len(refused), len(took), refused[0])
 	}
-	if p99 > p99Bound {
-		t.Errorf("the other tenant's enqueues took %v at p99: want at most %v", p99, p99Bound)
+	if p99 > healthP99+p99Bound {
+		t.Errorf("the other tenant's enqueues took %v at p99, /healthz %v: want at most %v more", p99, healthP99, p99Bound)
 	}
-	if bad := <-health; len(bad) > 0 {
-		t.Errorf("/healthz answered %v during the attack: want 200 throughout", bad)
+	if len(h.bad) > 0 {
+		t.Errorf("/healthz answered %v during the attack: want 200 throughout", h.bad)
 	}
 	if counts[http.StatusServiceUnavailable] == 0 || counts[http.StatusRequestTimeout] == 0 {
 		t.Errorf("the attack met %v: want 503s (past the token's share) and 408s (bodies that fell behind)", counts)
