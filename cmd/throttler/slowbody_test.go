@@ -20,14 +20,15 @@ import (
 // second, and opens another a second after one is answered: the slowloris that
 // once held every request slot, so that every other tenant, and /healthz,
 // got 503. Checked: another tenant's enqueues (another token) are answered
-// within 100 ms at p99 more than /healthz's, every one 202; /healthz is 200
+// within 100 ms at p99 more than the same enqueues to a second process
+// nobody attacks, asked in turn with them, every one 202; /healthz is 200
 // throughout; and the attack was met by the caps it meets (503 past the
 // token's share, 408 for a body that fell behind), not by something else
-// failing. /healthz is outside every cap and asked in the same seconds on
-// the same cores: what the enqueues take beyond it is what the attack took
-// from them, not what a machine busy with other work takes from both (a
-// CI run with a busy loop on each core and other packages' tests beside
-// it: enqueues 288 ms at p99).
+// failing. The second process runs on the same cores and disk: what the
+// attacked one takes beyond it is what the attack took, not what a machine
+// busy with other work takes from both (a CI run with a busy loop on each
+// core and other packages' tests beside it: enqueues 242-288 ms at p99,
+// /healthz 75 ms, fsyncs slowed by the other tests).
 func TestSlowBodiesTakeNothingFromOthers(t *testing.T) {
 	testutil.SkipShort(t, "process and load test: 2,000 slow request bodies against the throttler binary")
 	const (
@@ -39,6 +40,9 @@ func TestSlowBodiesTakeNothingFromOthers(t *testing.T) {
 	ds := downstreamtest.New(t)
 	p := startProcess(t, writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 10000\n"+testutil.AuthTokens(
 		testutil.Token{Name: "evil", Secret: tokEvil, Role: "producer", Tenants: []string{"evil"}},
+		testutil.Token{Name: "good", Secret: tokGood, Role: "producer", Tenants: []string{"good"}},
+	), ds))
+	control := startProcess(t, writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 10000\n"+testutil.AuthTokens(
 		testutil.Token{Name: "good", Secret: tokGood, Role: "producer", Tenants: []string{"good"}},
 	), ds))
 	addr := strings.TrimPrefix(p.base, "http://")
@@ -74,50 +78,45 @@ func TestSlowBodiesTakeNothingFromOthers(t *testing.T) {
 	defer func() { close(stop); attacking.Wait() }()
 	time.Sleep(2 * time.Second) // a start-up, not a condition: the attack has had time to take what it can
 
-	type healthRun struct {
-		bad  []int
-		took []time.Duration
-	}
-	health := make(chan healthRun, 1)
+	health := make(chan []int, 1)
 	go func() {
-		var h healthRun
+		var bad []int
 		for end := time.Now().Add(victimFor); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-			asked := time.Now()
-			st, _ := callRaw(t, "GET", p.base+"/healthz", "")
-			h.took = append(h.took, time.Since(asked))
-			if st != http.StatusOK {
-				h.bad = append(h.bad, st)
+			if st, _ := callRaw(t, "GET", p.base+"/healthz", ""); st != http.StatusOK {
+				bad = append(bad, st)
 			}
 		}
-		health <- h
+		health <- bad
 	}()
-	var took []time.Duration
+	var took, tookControl []time.Duration
 	var refused []string
-	for end := time.Now().Add(victimFor); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	enqueue := func(base string, took *[]time.Duration) {
 		asked := time.Now()
-		st, raw := callRaw(t, "POST", p.base+"/v1/tenants/good/jobs", `{"payload":{"n":1}}`, bearer(tokGood)...)
-		took = append(took, time.Since(asked))
+		st, raw := callRaw(t, "POST", base+"/v1/tenants/good/jobs", `{"payload":{"n":1}}`, bearer(tokGood)...)
+		*took = append(*took, time.Since(asked))
 		if st != http.StatusAccepted {
-			refused = append(refused, fmt.Sprintf("%d %s", st, raw))
+			refused = append(refused, fmt.Sprintf("%s: %d %s", base, st, raw))
 		}
 	}
+	for end := time.Now().Add(victimFor); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		enqueue(p.base, &took)
+		enqueue(control.base, &tookControl)
+	}
 	slices.Sort(took)
-	p99 := took[len(took)*99/100]
-	h := <-health
-	slices.Sort(h.took)
-	healthP99 := h.took[len(h.took)*99/100]
+	slices.Sort(tookControl)
+	p99, controlP99 := took[len(took)*99/100], tookControl[len(tookControl)*99/100]
 	counts := map[any]int64{}
 	answers.Range(func(k, v any) bool { counts[k] = v.(*atomic.Int64).Load(); return true })
-	t.Logf("%d attackers: their answers by status %v; the other tenant's %d enqueues: p50 %v, p99 %v, max %v; /healthz p99 %v",
-		attackers, counts, len(took), took[len(took)/2], p99, took[len(took)-1], healthP99)
+	t.Logf("%d attackers: their answers by status %v; the other tenant's %d enqueues: p50 %v, p99 %v, max %v; to the process nobody attacks: p50 %v, p99 %v",
+		attackers, counts, len(took), took[len(took)/2], p99, took[len(took)-1], tookControl[len(tookControl)/2], controlP99)
 	if len(refused) > 0 {
-		t.Errorf("%d of the other tenant's %d enqueues refused, first: %s", len(refused), len(took), refused[0])
+		t.Errorf("%d of the other tenant's %d enqueues refused, first: %s", len(refused), len(took)+len(tookControl), refused[0])
 	}
-	if p99 > healthP99+p99Bound {
-		t.Errorf("the other tenant's enqueues took %v at p99, /healthz %v: want at most %v more", p99, healthP99, p99Bound)
+	if p99 > controlP99+p99Bound {
+		t.Errorf("the other tenant's enqueues took %v at p99, %v to a process nobody attacks: want at most %v more", p99, controlP99, p99Bound)
 	}
-	if len(h.bad) > 0 {
-		t.Errorf("/healthz answered %v during the attack: want 200 throughout", h.bad)
+	if bad := <-health; len(bad) > 0 {
+		t.Errorf("/healthz answered %v during the attack: want 200 throughout", bad)
 	}
 	if counts[http.StatusServiceUnavailable] == 0 || counts[http.StatusRequestTimeout] == 0 {
 		t.Errorf("the attack met %v: want 503s (past the token's share) and 408s (bodies that fell behind)", counts)
