@@ -35,8 +35,11 @@
 -- OWN_DUE    (enqueue.lua's fourth argument) how many jobs of this batch
 --            are in KEYS[2] due by the arrival: they count whole, as jobs
 --            not yet in the schedule do (rules.Queue.Waiting)
+-- ACCEPTS    (enqueue.lua's fifth argument) true: a job kept counts in
+--            the hash's 'accepted', in the write that keeps the decision
+--            (a new job; a failed one sent again does not)
 -- Run alone (the agreement test), OWNER_AT and OWN_DUE are the last two
--- ARGV.
+-- ARGV, and ACCEPTS is false.
 --
 -- Returns {admitted, slot, dispatch_at, retry_after, depth, now, prompt,
 -- delay}: admitted 1, 0, or 3 (it would be sent after its deadline:
@@ -62,7 +65,7 @@ local waiting, commit = tonumber(ARGV[7]), ARGV[8] == '1'
 local deadline = tonumber(ARGV[9]) -- nil: none
 local ceiling_T, ceiling_burst = tonumber(ARGV[10]), tonumber(ARGV[11])
 
-local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth', 'booked', 'behind')
+local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth', 'booked', 'behind', 'accepted')
 local tat = tonumber(h[1]) or 0
 local shift, untl, held = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
 local depth = tonumber(h[5]) or 0
@@ -237,8 +240,10 @@ if deadline and now + delay > deadline then
   return {3, slot, dispatch, 0, depth, now, 0, delay}
 end
 if commit then
-  redis.call('HSET', KEYS[1], 'tat', newtat, 'depth', depth + 1)
-  if late then redis.call('HSET', KEYS[1], 'behind', behind + cost * T) end
+  local fields = {'tat', newtat, 'depth', depth + 1}
+  if late then fields[#fields + 1] = 'behind'; fields[#fields + 1] = behind + cost * T end
+  if ACCEPTS then fields[#fields + 1] = 'accepted'; fields[#fields + 1] = (tonumber(h[8]) or 0) + 1 end
+  redis.call('HSET', KEYS[1], unpack(fields))
   if absorbed > 0 then booked_write(KEYS[1], booked, absorbed + 1) end
   windows_record(windows, slot, cost)
 end

@@ -69,7 +69,7 @@ const heldRecheck = time.Second
 // claimBatch claims the jobs due within horizon among due, for the owner
 // of partition k under fence f.
 func (s *Store) claimBatch(ctx context.Context, f owner.Fence, k partKeys, due []*entry, horizon time.Duration) (claimReplies, error) {
-	args := []any{f.Token(), s.now(), horizon.Microseconds(), s.retain.Milliseconds(), heldRecheck.Microseconds(), k.tag, s.idle.Milliseconds(), usCeil(s.clockMargin())}
+	args := []any{f.Token(), s.scriptNow(), horizon.Microseconds(), s.retain.Milliseconds(), heldRecheck.Microseconds(), k.tag, s.idle.Milliseconds(), usCeil(s.clockMargin())}
 	for _, e := range due {
 		p := s.policy(e.tenant)
 		args = append(args, e.id, e.tenant, usCeil(p.Interval), usCeil(p.Tolerance()))

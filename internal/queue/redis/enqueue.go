@@ -40,10 +40,10 @@ var (
 	// that is the rule: one value, however it changes.
 	admitConsts = fmt.Sprintf("local HELD_RETRY_AFTER = %d\n", rules.HeldRetryAfter.Microseconds())
 	// admitScript is admit.lua alone, as the agreement tests run it.
-	admitScript = newScript("admit.lua", admitConsts+"local OWNER_AT, OWN_DUE = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])\n"+admitLua, true)
+	admitScript = newScript("admit.lua", admitConsts+"local OWNER_AT, OWN_DUE, ACCEPTS = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV]), false\n"+admitLua, true)
 	// enqueueScript admits and keeps a batch; admit.lua is its decision,
 	// loaded as a function (its KEYS and ARGV become the function's own).
-	enqueueScript = newScript("enqueue.lua", admitConsts+"local function admit_decision(KEYS, ARGV, OWNER_AT, OWN_DUE)\n"+admitLua+"\nend\n"+enqueueLua, true)
+	enqueueScript = newScript("enqueue.lua", admitConsts+"local function admit_decision(KEYS, ARGV, OWNER_AT, OWN_DUE, ACCEPTS)\n"+admitLua+"\nend\n"+enqueueLua, true)
 )
 
 // enqueue.lua's codes (its header).
@@ -113,7 +113,7 @@ func (s *Store) newAdmitCall(k partKeys, tenant string, p leaky.Policy, ceiling 
 	c := &admitCall{
 		keys: []string{k.tenant(tenant), k.arrivals(), k.active(), k.failed(tenant), k.waiting(tenant), k.claimed(tenant),
 			owner.LeaseKey(k.part), owner.EpochKey(k.part)},
-		args: []any{s.now(), usCeil(s.lag), usCeil(p.Interval), p.Burst, p.Capacity, ceilingT, ceilingBurst,
+		args: []any{s.scriptNow(), usCeil(s.lag), usCeil(p.Interval), p.Burst, p.Capacity, ceilingT, ceilingBurst,
 			s.idle.Milliseconds(), mode, tenant, k.tag, len(p.Windows), usCeil(s.timing.Lease), usCeil(ownerLag)},
 	}
 	for _, w := range p.Windows {

@@ -88,8 +88,8 @@ end
 local out = {}
 local longest = 0 -- the latest dispatch time admitted, and its cost
 -- Counted over the batch, written once at the end (one command, not one
--- per job).
-local admitted, accepted, rejected = 0, 0, 0
+-- per job); a job kept counts as accepted in the write of its decision.
+local admitted, rejected = 0, 0
 -- This batch's jobs due by the arrival (its prompt ones): admit_decision
 -- counts them whole (OWN_DUE).
 local own_due = 0
@@ -110,7 +110,7 @@ for j = 0, (#ARGV - a + 1) / 9 - 1 do
   else
     local aargv = {now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], cost, -1, '1', deadline, ARGV[6], ARGV[7]}
     for i = 1, 2 * nw do aargv[#aargv + 1] = ARGV[14 + i] end
-    local d = admit_decision(akeys, aargv, owner_at, own_due)
+    local d = admit_decision(akeys, aargv, owner_at, own_due, mode ~= 'retry')
     -- admit.lua's {admitted, slot, dispatch_at, retry_after, depth, now, prompt, delay}
     r = {d[1], d[2], d[3], d[8], d[4], d[5], d[6], d[7], 0, 0, 0}
   end
@@ -135,7 +135,6 @@ for j = 0, (#ARGV - a + 1) / 9 - 1 do
       if cb_url ~= '' then redis.call('HSET', jk, 'cbu', cb_url, 'cbon', cb_on) end
       -- Kept while the job is, and store.retention after it finishes.
       if key ~= '' then redis.call('SET', ik, id) end
-      accepted = accepted + 1
     end
     redis.call('RPUSH', KEYS[2], id .. ' ' .. string.format('%d', dispatch_at) .. ' ' .. tenant)
     redis.call('ZADD', KEYS[5], slot, id)
@@ -146,7 +145,6 @@ for j = 0, (#ARGV - a + 1) / 9 - 1 do
   out[#out + 1] = r
 end
 
-if accepted > 0 then redis.call('HINCRBY', KEYS[1], 'accepted', accepted) end
 if rejected > 0 then redis.call('HINCRBY', KEYS[1], 'rejected', rejected) end
 if admitted > 0 then redis.call('ZINCRBY', KEYS[3], admitted, tenant) end
 

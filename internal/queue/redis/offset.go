@@ -41,6 +41,12 @@ type redisClock struct {
 	mu      sync.Mutex
 	inUse   sample   // the sample offset came from
 	samples []sample // the last offsetWindow's, oldest first
+
+	// rdb, if set, is measured on demand when a reading is asked of a
+	// stale estimate (fresh): a process that only admits runs no
+	// keepMeasuring.
+	rdb       goredis.UniversalClient
+	measuring atomic.Bool
 }
 
 // sample is one round trip's estimate of the offset.
@@ -75,6 +81,31 @@ func (c *redisClock) Uncertainty() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.inUse.rtt/2 + c.grain()
+}
+
+// fresh is the clock's reading if the offset in use is known within
+// bound (Uncertainty) and was measured within the last two refreshes: a
+// script may then be told the time instead of asking Redis's TIME. A
+// stale estimate starts a measurement (one at a time) and is not used
+// until it comes back.
+func (c *redisClock) fresh(bound time.Duration) (time.Time, bool) {
+	now := c.own.Now()
+	c.mu.Lock()
+	ok := !c.inUse.at.IsZero() && c.inUse.rtt/2+c.grain() <= bound
+	stale := len(c.samples) == 0 || now.Sub(c.samples[len(c.samples)-1].at) > 2*offsetRefresh
+	c.mu.Unlock()
+	if stale && c.rdb != nil && c.measuring.CompareAndSwap(false, true) {
+		go func() {
+			defer c.measuring.Store(false)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = c.measure(ctx, c.rdb)
+		}()
+	}
+	if !ok || stale {
+		return time.Time{}, false
+	}
+	return now.Add(time.Duration(c.offset.Load())), true
 }
 
 // grain is how coarse a reading of the server's clock is: TIME's

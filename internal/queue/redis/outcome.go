@@ -39,7 +39,7 @@ func ending(o queue.Outcome) bool {
 // that was not being sent. beside[i] counts the other jobs of jobs[i]'s
 // tenant handed over and not yet written (owned.unwrittenBeside).
 func (s *Store) finishBatch(ctx context.Context, f owner.Fence, k partKeys, jobs []queue.Job, outs []queue.Outcome, beside []int) (recorded []bool, err error) {
-	args := []any{f.Token(), s.now(), s.retain.Milliseconds(), s.idle.Milliseconds(), k.tag}
+	args := []any{f.Token(), s.scriptNow(), s.retain.Milliseconds(), s.idle.Milliseconds(), k.tag}
 	for i, j := range jobs {
 		args = append(args, finishArgs(j, outs[i], s.policy(j.Tenant), s.clockMargin(), beside[i])...)
 	}

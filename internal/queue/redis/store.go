@@ -210,6 +210,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		s.rclock = &redisClock{own: hooks.OwnClock, server: func(context.Context) (time.Time, error) { return server.Now(), nil }}
 	}
 	if s.rclock != nil {
+		if s.rclock.server == nil {
+			s.rclock.rdb = s.rdb
+		}
 		if err := s.rclock.calibrate(ctx, s.rdb); err != nil {
 			return nil, queue.Unavailable(err)
 		}
@@ -260,6 +263,25 @@ func (s *Store) now() int64 {
 	}
 	return micros(s.clock.Now())
 }
+
+// scriptNow is the time the scripts on every job's path (its admission,
+// its claim, its outcome) are told: this process's reading of Redis's
+// clock when it is known within scriptClockBound (redisClock.fresh), which
+// spares each of them a TIME; else 0, and the script asks Redis.
+func (s *Store) scriptNow() int64 {
+	if s.clock != nil {
+		return micros(s.clock.Now())
+	}
+	if t, ok := s.rclock.fresh(scriptClockBound); ok {
+		return micros(t)
+	}
+	return 0
+}
+
+// scriptClockBound is how far the reading told to a script may be from
+// Redis's TIME: a promise is made from it and a slot counted from it, so
+// no more than the jitter the rules allow a send.
+const scriptClockBound = time.Millisecond
 
 // clockMargin is how early this process's reading of Redis's clock may
 // be (redisClock.Uncertainty; 0 on an injected clock). A floor one worker
