@@ -158,6 +158,13 @@ func Admit(rec *Record, q Queue, c Call) Decision {
 	return out
 }
 
+// CountsWaiting is whether admission bounds p's queue by the jobs that
+// really wait (those due after the arrival, claimed or not), not by its
+// depth: with windows and a capacity, where a job may wait for a window
+// long after its slot of the rate. Only then does a store keep an index
+// of the jobs being sent by slot.
+func CountsWaiting(p leaky.Policy) bool { return len(p.Windows) > 0 && p.Capacity > 0 }
+
 // place is leaky.Decide in the tenant's time, around the retries booked
 // ahead (r absorbs them), with the bounds by count Admit names and a
 // refusal's Retry-After in real time.
@@ -165,7 +172,7 @@ func place(r *Record, q Queue, c Call, paused bool, depth, cost int) (leaky.Deci
 	p := c.Policy
 	tnow := r.Pause.TenantTime(c.Now)
 	r.Absorb(p, c.Arrival, cost)
-	windowed := len(p.Windows) > 0 && p.Capacity > 0
+	windowed := CountsWaiting(p)
 	var waiting []time.Time
 	if windowed {
 		// Depth is not the count of jobs that wait: jobs leave it when

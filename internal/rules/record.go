@@ -64,7 +64,7 @@ func (r *Record) Absorb(p leaky.Policy, arrival time.Time, cost int) {
 		at := time.Unix(0, b.Slot)
 		slot := clock.Later(arrival, r.TAT.Add(-tau))
 		after := clock.Later(r.TAT, arrival).Add(time.Duration(cost) * p.Interval)
-		if len(p.Windows) > 0 && p.Capacity > 0 {
+		if CountsWaiting(p) {
 			slot = leaky.WindowSlot(r.Recent(p), p, slot, cost)
 			after = clock.Later(after, slot.Add(time.Duration(cost)*p.Interval))
 		}

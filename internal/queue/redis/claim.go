@@ -9,12 +9,16 @@ import (
 	"github.com/throttler-dev/throttler/internal/luascript"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 var (
 	//go:embed claim.lua
 	claimLua    string
 	claimScript = newScript("claim.lua", owner.FenceLua+claimLua, true)
+	//go:embed recount.lua
+	recountLua    string
+	recountScript = newScript("recount.lua", owner.FenceLua+recountLua, false)
 )
 
 // claim.lua's codes.
@@ -72,7 +76,7 @@ func (s *Store) claimBatch(ctx context.Context, f owner.Fence, k partKeys, due [
 	args := []any{f.Token(), s.scriptNow(), horizon.Microseconds(), s.retain.Milliseconds(), heldRecheck.Microseconds(), k.tag, s.idle.Milliseconds(), usCeil(s.clockMargin())}
 	for _, e := range due {
 		p := s.policy(e.tenant)
-		args = append(args, e.id, e.tenant, usCeil(p.Interval), usCeil(p.Tolerance()))
+		args = append(args, e.id, e.tenant, usCeil(p.Interval), usCeil(p.Tolerance()), flag(rules.CountsWaiting(p)))
 	}
 	var r claimReplies
 	err := claimScript.Run(ctx, s.rdb, []string{f.Key(), k.active(), k.sending()}, args, &r)

@@ -24,8 +24,10 @@
 -- ARGV[9..] per job: its id, its tenant, the tenant's interval (a new
 --          owner sends the tenant's next job no earlier than this job's
 --          dispatch time plus its cost times the interval, plus the
---          margin) and its burst's tolerance (a new owner gives it no
---          burst credit until that much after: partKeys.recent)
+--          margin), its burst's tolerance (a new owner gives it no
+--          burst credit until that much after: partKeys.recent), and '1'
+--          if its tenant's admission counts the jobs being sent by slot
+--          (rules.CountsWaiting: then the claimed set keeps it)
 --
 -- Returns {now, reply, ...}, one reply per job, each
 --   {code, wait, dispatch_at, attempts, field, value, ...}, code one of
@@ -47,7 +49,12 @@ local prefix, idle_ms, margin = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local tenant_of, tenants = tenant_batch(prefix,
   {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'}, {'next', 'next'}, {'tat', 'tat'},
    {'last', 'last'}, {'lastcost', 'last_cost'}},
-  function(t) t.claimed, t.expired, t.tau, t.last_cost = 0, 0, 0, at_least(t.last_cost, 1) end)
+  function(t)
+    t.claimed, t.expired, t.tau, t.last_cost = 0, 0, 0, at_least(t.last_cost, 1)
+    -- The batch's claims of the tenant, moved from its waiting set to
+    -- its claimed set by one command each (taken: ids; places: slot, id).
+    t.taken, t.places = {}, {}
+  end)
 
 local expired = {}
 local function expire(jk, id, t, key)
@@ -61,8 +68,10 @@ local function expire(jk, id, t, key)
 end
 
 local out = {now}
-for i = 9, #ARGV, 4 do
+local sending = {} -- score, member, ...: one ZADD for the batch
+for i = 9, #ARGV, 5 do
   local id, tname, interval, tau = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local counted = ARGV[i + 4] == '1'
   local jk = prefix .. 'job:' .. id
   local all = redis.call('HGETALL', jk)
   local j = {}
@@ -112,9 +121,13 @@ for i = 9, #ARGV, 4 do
       else
         local attempts = (tonumber(j.attempts) or 0) + 1
         redis.call('HSET', jk, 'state', 'dispatching', 'dispatch', dispatch_at, 'attempts', attempts)
-        redis.call('ZREM', prefix .. 'waiting:' .. tname, id)
-        redis.call('ZADD', prefix .. 'claimed:' .. tname, slot, id)
-        redis.call('ZADD', KEYS[3], slot, id)
+        t.taken[#t.taken + 1] = id
+        if counted then
+          t.places[#t.places + 1] = slot
+          t.places[#t.places + 1] = id
+        end
+        sending[#sending + 1] = slot
+        sending[#sending + 1] = id
         t.claimed = t.claimed + 1
         local after = dispatch_at + interval * at_least(tonumber(j.cost) or 1, 1)
         t.next = at_least(t.next, after + margin)
@@ -135,9 +148,13 @@ for i = 9, #ARGV, 4 do
   out[#out + 1] = reply
 end
 
+if #sending > 0 then redis.call('ZADD', KEYS[3], unpack(sending)) end
+
 local recent, recent_until, recent_add = prefix .. 'recent', 0, {}
 for _, t in ipairs(tenants) do
   if t.claimed > 0 then
+    redis.call('ZREM', prefix .. 'waiting:' .. t.name, unpack(t.taken))
+    if #t.places > 0 then redis.call('ZADD', prefix .. 'claimed:' .. t.name, unpack(t.places)) end
     -- With the last claim, which a takeover spaces the next send from by
     -- the rate then in force (a reload may slow it after next was worked
     -- out).

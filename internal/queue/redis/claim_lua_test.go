@@ -71,7 +71,7 @@ func claimSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int, de
 		args := []any{w.token, micros(w.now), c.Horizon.Microseconds(), retention.Milliseconds(), c.Recheck.Microseconds(), w.prefix, idle.Milliseconds(), c.Margin.Microseconds()}
 		for _, j := range batch {
 			p := w.tenant(j.Tenant).p
-			args = append(args, j.ID, j.Tenant, usCeil(p.Interval), usCeil(p.Tolerance()))
+			args = append(args, j.ID, j.Tenant, usCeil(p.Interval), usCeil(p.Tolerance()), flag(rules.CountsWaiting(p)))
 		}
 		var got claimReplies
 		if err := claimScript.Run(ctx, rdb, []string{w.lease(), w.prefix + "active", w.prefix + "sending"}, args, &got); err != nil {
@@ -138,7 +138,7 @@ func (w *luaWorld) claimLeftDiff(snap luaSnap, ended, settled map[string]bool, r
 	return w.setsDiff(snap, func(tenant string) map[string]int64 {
 		claimed := map[string]int64{}
 		for _, j := range w.jobs {
-			if j.Tenant == tenant && j.State == queue.StateDispatching {
+			if j.Tenant == tenant && j.State == queue.StateDispatching && rules.CountsWaiting(w.tenant(tenant).p) {
 				claimed[j.ID] = micros(j.Slot)
 			}
 		}
@@ -236,7 +236,7 @@ func TestLuaClaimKeepsTheLastToGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got claimReplies
-	args := []any{w.token, micros(w.now), 20_000, 60_000, 1_000_000, w.prefix, 60_000, 0, "soon", tn.name, usCeil(tn.p.Interval), usCeil(tn.p.Tolerance())}
+	args := []any{w.token, micros(w.now), 20_000, 60_000, 1_000_000, w.prefix, 60_000, 0, "soon", tn.name, usCeil(tn.p.Interval), usCeil(tn.p.Tolerance()), flag(rules.CountsWaiting(tn.p))}
 	if err := claimScript.Run(ctx, rdb, []string{w.lease(), w.prefix + "active", w.prefix + "sending"}, args, &got); err != nil {
 		t.Fatal(err)
 	}

@@ -26,8 +26,10 @@
 --          '' none: the one before stays), and, if it was written more
 --          than rules.LateEnough after its dispatch time, the write plus
 --          an interval for its cost and for each of its tenant's jobs
---          handed over and not yet written (0: on time), and the tenant's
---          interval
+--          handed over and not yet written (0: on time), the tenant's
+--          interval, and '1' if its tenant's admission counts the jobs
+--          being sent by slot (rules.CountsWaiting: its claimed set is
+--          kept)
 --
 -- A late write moves the tenant's behind (rules.Record.RunLate) on to
 -- when the jobs behind it can go: an interval more for each job still
@@ -50,7 +52,7 @@ local tenant_of, tenants = tenant_batch(prefix,
   function(t) t.after, t.delivered, t.failed, t.last_slot, t.new_behind = 0, 0, 0, 0, 0 end)
 
 local out, ended, callbacks = {}, {}, {}
-for i = 6, #ARGV, 11 do
+for i = 6, #ARGV, 12 do
   local id, tname, state = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local sent, status, err, key = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
   local after = tonumber(ARGV[i + 7]) or 0
@@ -65,10 +67,10 @@ for i = 6, #ARGV, 11 do
     if status == '0' then status = j[4] or '0' end
     redis.call('HSET', jk, 'state', state, 'fin', now, 'sent', sent, 'status', status, 'err', err)
     if resp ~= '' then redis.call('HSET', jk, 'resp', resp) end
-    redis.call('ZREM', KEYS[3], id)
     redis.call('PEXPIRE', jk, retention)
     if key ~= '' then redis.call('PEXPIRE', idem_key(prefix, tname, key), retention) end
     local t = tenant_of(tname)
+    t.counted = t.counted or ARGV[i + 11] == '1'
     t.last_slot = at_least(t.last_slot, tonumber(j[2]) or 0)
     t.after = at_least(t.after, after)
     if late > 0 then t.new_behind = at_least(t.new_behind, late + t.depth * interval) end
@@ -86,9 +88,11 @@ for i = 6, #ARGV, 11 do
     callbacks[id] = {j[5], j[6], state}
   end
 end
+if #ended > 0 then redis.call('ZREM', KEYS[3], unpack(ended)) end -- one command for the batch
 owe_callbacks(prefix, ended, now, callbacks)
 tell_finished(ended)
 
+local idle = {} -- the tenants left with no jobs: one ZREM for the batch
 for _, t in ipairs(tenants) do
   local n = t.delivered + t.failed
   local inflight = at_least(0, t.inflight - n)
@@ -104,8 +108,11 @@ for _, t in ipairs(tenants) do
   local tnow = now
   if t.held > 0 and t.held < tnow then tnow = t.held end
   if tnow < t.untl then tnow = t.untl end
-  leave_claimed(prefix .. 'claimed:' .. t.name, t.last_slot, tnow - t.shift, idle_ms)
-  if tonumber(redis.call('ZINCRBY', KEYS[2], -n, t.name)) <= 0 then redis.call('ZREM', KEYS[2], t.name) end
+  if t.counted then leave_claimed(prefix .. 'claimed:' .. t.name, t.last_slot, tnow - t.shift, idle_ms) end
+  -- Its count in the active set is its jobs (depth and in flight, which
+  -- settle reads too): none left, it leaves the set without counting down.
+  if t.depth + inflight <= 0 or tonumber(redis.call('ZINCRBY', KEYS[2], -n, t.name)) <= 0 then idle[#idle + 1] = t.name end
   settle_known(t.key, now, idle_ms, t.depth + inflight, t.held, t.tat, t.shift, t.untl)
 end
+if #idle > 0 then redis.call('ZREM', KEYS[2], unpack(idle)) end
 return out

@@ -45,9 +45,14 @@ func (k partKeys) failed(t string) string { return k.tag + "failed:" + t }
 
 // waiting and claimed index a tenant's unfinished jobs by slot (zsets: id
 // -> slot, tenant time): waiting, those not claimed yet; claimed, those
-// the partition's owner holds to send. Admission counts from them the jobs
-// that really wait (admit.lua); the owner loads its schedule from waiting
-// when it takes the partition. Empty, Redis drops them.
+// the partition's owner holds to send (a job that ended keeps its place
+// until its slot has come). Admission counts from them the jobs that
+// really wait (admit.lua) where its tenant's policy bounds the queue by
+// them (rules.CountsWaiting); only there is the claimed set kept (claims
+// and outcomes are told which tenants, and a reload that makes a tenant
+// count puts its jobs being sent in: owned.recount). The owner loads its
+// schedule from waiting when it takes the partition. Empty, Redis drops
+// them.
 func (k partKeys) waiting(t string) string { return k.tag + "waiting:" + t }
 func (k partKeys) claimed(t string) string { return k.tag + "claimed:" + t }
 

@@ -167,7 +167,9 @@ func (w *luaWorld) write(ctx context.Context, rdb *goredis.Client) (int64, error
 			case j.State.Waiting():
 				pipe.ZAdd(ctx, w.prefix+"waiting:"+j.Tenant, goredis.Z{Score: float64(micros(j.Slot)), Member: j.ID})
 			case j.State == queue.StateDispatching:
-				pipe.ZAdd(ctx, w.prefix+"claimed:"+j.Tenant, goredis.Z{Score: float64(micros(j.Slot)), Member: j.ID})
+				if rules.CountsWaiting(w.tenant(j.Tenant).p) { // only there is the set kept
+					pipe.ZAdd(ctx, w.prefix+"claimed:"+j.Tenant, goredis.Z{Score: float64(micros(j.Slot)), Member: j.ID})
+				}
 				pipe.ZAdd(ctx, w.prefix+"sending", goredis.Z{Score: float64(micros(j.Slot)), Member: j.ID})
 			}
 		}

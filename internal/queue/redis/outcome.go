@@ -69,7 +69,7 @@ func finishArgs(j queue.Job, o queue.Outcome, p leaky.Policy, margin time.Durati
 		late = late.Add(time.Duration(beside) * p.Interval)
 	}
 	return []any{j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey, microsOf(after), responseArg(o.Response),
-		microsOf(late), p.Interval.Microseconds()}
+		microsOf(late), p.Interval.Microseconds(), flag(rules.CountsWaiting(p))}
 }
 
 // finishReplies is finish.lua's answer: whether each job was recorded.
@@ -230,7 +230,7 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k part
 		pipe.HSet(ctx, jk, "resp", responseArg(cur.Response))
 	}
 	pipe.ZRem(ctx, k.sending(), cur.ID)
-	s.leaveClaimed(ctx, pipe, k, cur, st)
+	s.leaveClaimed(ctx, pipe, k, cur, st, p)
 	pipe.HIncrBy(ctx, tk, "inflight", -1)
 	if rec.TAT != st.rec.TAT || rec.Pause != st.rec.Pause {
 		pipe.HSet(ctx, tk, "tat", microsOf(rec.TAT), "shift", rec.Pause.Shift.Microseconds(),
@@ -283,12 +283,16 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k part
 
 // leaveClaimed queues the move of job cur out of its tenant's claimed set:
 // to the waiting set at its slot if it waits again; if it is finished, once
-// its slot has come (as lib.lua's leave_claimed).
-func (s *Store) leaveClaimed(ctx context.Context, pipe goredis.Pipeliner, k partKeys, cur queue.Job, st outcomeState) {
+// its slot has come (as lib.lua's leave_claimed), where the set is kept
+// (rules.CountsWaiting for p).
+func (s *Store) leaveClaimed(ctx context.Context, pipe goredis.Pipeliner, k partKeys, cur queue.Job, st outcomeState, p leaky.Policy) {
 	claimed := k.claimed(cur.Tenant)
 	if !cur.State.Finished() {
 		pipe.ZRem(ctx, claimed, cur.ID)
 		pipe.ZAdd(ctx, k.waiting(cur.Tenant), goredis.Z{Score: float64(micros(cur.Slot)), Member: cur.ID})
+		return
+	}
+	if !rules.CountsWaiting(p) {
 		return
 	}
 	tnow := st.rec.Pause.TenantTime(st.now)

@@ -49,6 +49,10 @@ type owned struct {
 	// (they are in neither the schedule nor the handler's hands).
 	claiming bool
 
+	// recountDue: the policies changed, and the claimed sets are to be
+	// brought to them before the next claim (recount).
+	recountDue atomic.Bool
+
 	// recording counts attempts that did not end their job and whose
 	// outcome is being written: the job is back in the schedule after.
 	recording atomic.Int64
@@ -64,6 +68,7 @@ type owned struct {
 // handedJob is a job claimed and not recorded yet (owned.handed).
 type handedJob struct {
 	tenant  string
+	slot    time.Time
 	written bool
 }
 
@@ -163,6 +168,9 @@ func (o *owned) run() {
 	}
 	backoff := 50 * time.Millisecond
 	for o.ctx.Err() == nil {
+		if o.recountDue.Swap(false) {
+			o.recount()
+		}
 		o.mu.Lock()
 		due := o.paced(o.sched.popDue(o.s.localNow().Add(o.c.lead), claimBatchMax))
 		next, any := o.sched.next()
@@ -245,12 +253,46 @@ func (o *owned) paced(due []*entry) []*entry {
 // itself stands (the gate keeps each send's step at the interval it went
 // at), the tolerance is the new policy's.
 func (o *owned) repace() {
+	o.recountDue.Store(true)
 	o.mu.Lock()
 	o.sched.repace(func(tenant string) time.Time {
 		return o.pace[tenant].Add(-o.s.policy(tenant).Tolerance())
 	})
 	o.mu.Unlock()
 	o.poke()
+}
+
+// recount brings the claimed sets of the tenants this owner is sending
+// to to the policies in force now (recount.lua), between two claims: the
+// claims and outcomes keep a tenant's set only where its admission counts
+// the jobs being sent by slot (rules.CountsWaiting), and a reload may
+// change that while its jobs are in flight. A job that ended before the
+// reload with its slot still ahead (a lead at most) is not put back.
+func (o *owned) recount() {
+	by := map[string][]any{}
+	o.mu.Lock()
+	for id, h := range o.handed {
+		by[h.tenant] = append(by[h.tenant], micros(h.slot), id)
+	}
+	o.mu.Unlock()
+	if len(by) == 0 {
+		return
+	}
+	args := []any{o.k.tag}
+	for tenant, jobs := range by {
+		if !rules.CountsWaiting(o.s.policy(tenant)) {
+			jobs = nil
+			args = append(args, tenant, "0", 0)
+		} else {
+			args = append(args, tenant, "1", len(jobs)/2)
+		}
+		args = append(args, jobs...)
+	}
+	err := o.fence.Err(recountScript.Run(context.WithoutCancel(o.ctx), o.s.rdb, o.fence.Keys(), o.fence.Args(args...), nil))
+	if err != nil && !errors.Is(err, owner.ErrFenced) {
+		o.s.log.Warn("cannot bring the jobs being sent to the policies reloaded; trying again before the next claim", "partition", o.fence.Partition, "err", err)
+		o.recountDue.Store(true)
+	}
 }
 
 // claimedPace moves tenant's pace past claimed job j: its next job may
@@ -447,7 +489,7 @@ func (o *owned) claim(due []*entry) error {
 			o.mu.Lock()
 			floor := o.floors[j.ID]
 			delete(o.floors, j.ID)
-			o.handed[j.ID] = handedJob{tenant: j.Tenant}
+			o.handed[j.ID] = handedJob{tenant: j.Tenant, slot: j.Slot}
 			// Claimed a lead before its tenant's pace let it (paced): it is
 			// handed over for then, as the gate will let it go, not for its
 			// slot, which the pace has passed.

@@ -46,6 +46,14 @@ func microsOf(t time.Time) int64 {
 // that rounded down would send a little faster than the rate.
 func usCeil(d time.Duration) int64 { return int64((d + time.Microsecond - 1) / time.Microsecond) }
 
+// flag is a yes or no as the scripts take it: "1" or "0".
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
 // deadlineArg is a deadline as the scripts take it: microseconds since
 // 1970, any of them a deadline (one before 1970 too), or "" for none.
 func deadlineArg(t time.Time) string {
