@@ -147,3 +147,91 @@ func FuzzBookedField(f *testing.F) {
 		}
 	})
 }
+
+// The claimed set is kept only for a tenant whose admission reads it
+// (windows and a capacity): a tenant without windows has none while its
+// jobs are sent; a reload that gives it windows puts its jobs in flight in
+// the set at their slots, as their claims would have, and one that takes
+// them away drops the set.
+func TestClaimedSetFollowsAReload(t *testing.T) {
+	rdb := redisClient(t, 0)
+	ctx := context.Background()
+	clk := clock.NewFake(queuetest.T0)
+	w, _ := leaky.ParseWindow("100/1m")
+	var mu sync.Mutex
+	windowed := false
+	s := openFake(t, rdb, clk, func(string) leaky.Policy {
+		mu.Lock()
+		defer mu.Unlock()
+		p := leaky.Policy{Interval: queuetest.T, Burst: 2, Capacity: 10}
+		if windowed {
+			p.Windows = []leaky.Window{w}
+		}
+		return p
+	}, nil)
+	reload := func(on bool) {
+		mu.Lock()
+		windowed = on
+		mu.Unlock()
+		s.PoliciesChanged()
+	}
+	k := keysOf(s.partOf("acme"))
+	claimed := func() map[string]float64 {
+		zs, err := rdb.ZRangeWithScores(ctx, k.claimed("acme"), 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]float64{}
+		for _, z := range zs {
+			m[z.Member.(string)] = z.Score
+		}
+		return m
+	}
+	slots := map[string]time.Time{}
+	for i := range 2 {
+		a := queuetest.EnqueueOne(t, s, "acme", queuetest.Payload(i))
+		if !a.Admitted() {
+			t.Fatalf("job %d: %+v", i, a)
+		}
+		slots[a.Job.ID] = a.Job.Slot
+	}
+	inFlight, release := make(chan string, 2), make(chan struct{})
+	stop := queuetest.Consume(t, s, queue.DefaultLead, func(_ context.Context, j queue.Job) queue.Outcome {
+		inFlight <- j.ID
+		<-release
+		return queue.Outcome{Result: queue.Succeeded, SentAt: clk.Now(), Status: 200}
+	})
+	defer stop()
+	defer close(release) // before stop, which waits for the handlers
+	for range 2 {
+		select {
+		case <-inFlight:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the two jobs were not handed over within 10 s")
+		}
+	}
+	if got := claimed(); len(got) != 0 {
+		t.Fatalf("no windows: claimed set %v, want none", got)
+	}
+	waitFor := func(what string, cond func(map[string]float64) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for got := claimed(); !cond(got); got = claimed() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: claimed set %v after 10 s", what, got)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	reload(true)
+	waitFor("windows given", func(got map[string]float64) bool {
+		for id, slot := range slots {
+			if got[id] != float64(micros(slot)) {
+				return false
+			}
+		}
+		return len(got) == len(slots)
+	})
+	reload(false)
+	waitFor("windows taken away", func(got map[string]float64) bool { return len(got) == 0 })
+}
