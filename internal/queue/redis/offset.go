@@ -47,6 +47,7 @@ type redisClock struct {
 	// keepMeasuring.
 	rdb       goredis.UniversalClient
 	measuring atomic.Bool
+	measured  sync.WaitGroup // the measurement fresh started, until it ends
 }
 
 // sample is one round trip's estimate of the offset.
@@ -95,7 +96,9 @@ func (c *redisClock) fresh(bound time.Duration) (time.Time, bool) {
 	stale := len(c.samples) == 0 || now.Sub(c.samples[len(c.samples)-1].at) > 2*offsetRefresh
 	c.mu.Unlock()
 	if stale && c.rdb != nil && c.measuring.CompareAndSwap(false, true) {
+		c.measured.Add(1)
 		go func() {
+			defer c.measured.Done()
 			defer c.measuring.Store(false)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()

@@ -58,3 +58,42 @@ func TestOffsetStepsOnlyWhenShownWrong(t *testing.T) {
 		t.Errorf("offset %v after a round trip 1 ms off its bounds, want 11ms", got)
 	}
 }
+
+// A script is told the time only when the process knows Redis's clock
+// within scriptClockBound from a round trip of the last two refreshes;
+// else it reads TIME itself. A stale estimate starts a measurement (a
+// process that only admits runs no keepMeasuring), after which the time
+// is told again.
+func TestScriptsAreToldTheTimeOnlyWhenItIsKnown(t *testing.T) {
+	rdb := redisClient(t, 0)
+	c := &redisClock{own: skewed(0)}
+	if _, ok := c.fresh(scriptClockBound); ok {
+		t.Fatal("told the time before any round trip")
+	}
+	c.add(sample{at: time.Now(), offset: 3 * time.Millisecond, rtt: 4 * scriptClockBound})
+	if _, ok := c.fresh(scriptClockBound); ok {
+		t.Fatalf("told the time from a round trip of %v (within %v at best)", 4*scriptClockBound, 2*scriptClockBound)
+	}
+	c = &redisClock{own: skewed(0)}
+	c.add(sample{at: time.Now(), offset: 3 * time.Millisecond, rtt: 100 * time.Microsecond})
+	got, ok := c.fresh(scriptClockBound)
+	if want := time.Now().Add(3 * time.Millisecond); !ok || got.Sub(want).Abs() > time.Millisecond {
+		t.Fatalf("fresh estimate: told %v (%v), want about %v", got, ok, want)
+	}
+	// Three seconds old: not told, and a measurement starts.
+	c = &redisClock{own: skewed(0), rdb: rdb}
+	c.add(sample{at: time.Now().Add(-3 * offsetRefresh), offset: 0, rtt: 100 * time.Microsecond})
+	if _, ok := c.fresh(scriptClockBound); ok {
+		t.Fatal("told the time from a round trip three refreshes old")
+	}
+	c.measured.Wait()
+	if _, ok := c.fresh(scriptClockBound); !ok && c.Uncertainty() <= scriptClockBound {
+		t.Fatalf("after the measurement it started (uncertainty %v): still not told", c.Uncertainty())
+	}
+	c.mu.Lock()
+	n := len(c.samples)
+	c.mu.Unlock()
+	if n != 2 {
+		t.Fatalf("%d samples after a stale read, want the old one and a new measurement", n)
+	}
+}

@@ -250,6 +250,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close implements queue.Store.
 func (s *Store) Close() error {
 	s.closeNotices()
+	if s.rclock != nil {
+		s.rclock.measured.Wait() // a measurement fresh started ends within a second
+	}
 	if s.ownsConn {
 		return s.rdb.Close()
 	}
