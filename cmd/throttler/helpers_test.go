@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -237,4 +238,14 @@ func stalls(of []downstreamtest.Arrival, admitted, arrived time.Time, T time.Dur
 		}
 	}
 	return d
+}
+
+// storeSection is a config's [store] for a one-process test: the embedded
+// store in dir, or, with a redisURL, Redis with one partition (the
+// process owns every tenant) and a 1 s lease.
+func storeSection(dir, redisURL string) string {
+	if redisURL != "" {
+		return fmt.Sprintf("[store]\nbackend = \"redis\"\nredis_url = %q\nredis_lease = \"1s\"\nredis_partitions = 1\n", redisURL)
+	}
+	return fmt.Sprintf("[store]\npath = %q\n", filepath.Join(dir, "throttler.db"))
 }

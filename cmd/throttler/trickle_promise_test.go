@@ -31,10 +31,7 @@ func promisesToATrickle(t *testing.T, redisURL string) {
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.toml")
-	store := fmt.Sprintf("[store]\npath = %q\n", filepath.Join(dir, "throttler.db"))
-	if redisURL != "" {
-		store = fmt.Sprintf("[store]\nbackend = \"redis\"\nredis_url = %q\nredis_lease = \"1s\"\nredis_partitions = 1\n", redisURL)
-	}
+	store := storeSection(dir, redisURL)
 	cfg := "[server]\nlisten = \"127.0.0.1:0\"\n" + store +
 		fmt.Sprintf("[downstreams.vendor]\nurl = %q\n[tenant_defaults]\ndownstream = \"vendor\"\nrate = \"10/s\"\ncapacity = 100\n", ds.URL+"/send")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {

@@ -56,10 +56,7 @@ func windowAcrossCrash(t *testing.T, redisURL string, window time.Duration) {
 		w.WriteHeader(http.StatusOK)
 	})
 	dir := t.TempDir()
-	store := fmt.Sprintf("[store]\npath = %q\n", filepath.Join(dir, "throttler.db"))
-	if redisURL != "" {
-		store = fmt.Sprintf("[store]\nbackend = \"redis\"\nredis_url = %q\nredis_lease = \"1s\"\nredis_partitions = 1\n", redisURL)
-	}
+	store := storeSection(dir, redisURL)
 	file := filepath.Join(dir, "config.toml")
 	cfg := "[server]\nlisten = \"127.0.0.1:0\"\n" + store + fmt.Sprintf("[downstreams.vendor]\nurl = %q\ntls_ca_file = %q\ntimeout = \"30s\"\n"+
 		"[tenant_defaults]\ndownstream = \"vendor\"\nrate = \"10/s\"\ncapacity = 10\nwindows = [\"3/%v\"]\n", ds.URL+"/send", pki.CAFile, window)
