@@ -17,9 +17,11 @@ const maxCallbackURL = 2048
 // states (nil: all four). A URL outside callbacks.allow is refused with
 // 422 callback_not_allowed, before anything is queued.
 func (s *server) callback(tenant string, j jobRequest, where string) (*queue.JobCallback, error) {
-	cfg := config.Default() // a server built without config (the fuzz target's): no callbacks
+	var cfg *config.Config
 	if s.config != nil {
 		cfg = s.config()
+	} else {
+		cfg = config.Default() // a server built without config (the fuzz target's): no callbacks
 	}
 	ts, _ := cfg.Tenant(tenant)
 	u := j.CallbackURL

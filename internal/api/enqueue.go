@@ -54,12 +54,23 @@ var nonEmptyFields = []string{"idempotency_key", "deadline", "expires_in", "call
 
 // UnmarshalJSON is encoding/json's, with unknown fields refused and an
 // optional field given as null noted (null).
-func (j *jobRequest) UnmarshalJSON(b []byte) error {
+func (j *jobRequest) UnmarshalJSON(b []byte) error { return j.decodeJSON(b, false) }
+
+// decodeJSON is UnmarshalJSON; alone, b is a request's whole body, which
+// must hold this one value and nothing after it (errTrailing). A single
+// job's body is decoded this way, once, not by a decoder that would read
+// the value and then hand it here to be read again.
+func (j *jobRequest) decodeJSON(b []byte, alone bool) error {
 	type plain jobRequest // its own methods, without this one
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode((*plain)(j)); err != nil {
 		return err
+	}
+	if alone {
+		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+			return errTrailing
+		}
 	}
 	// Most jobs hold no null and no "": only those that do are read again.
 	if !bytes.Contains(b, []byte("null")) && !bytes.Contains(b, []byte(`""`)) {
@@ -139,16 +150,25 @@ func decode(body io.Reader, v any) error {
 	if at := notUTF8(raw); at >= 0 {
 		return errorf(http.StatusBadRequest, "invalid_utf8", "request body is not UTF-8 (at byte %d): JSON is UTF-8 (RFC 8259); send text as UTF-8, and bytes that are not text in base64", at)
 	}
+	if j, ok := v.(*jobRequest); ok {
+		if err := j.decodeJSON(raw, true); err != nil {
+			return decodeError(err)
+		}
+		return nil
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return decodeError(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errorf(http.StatusBadRequest, "invalid_json", "unexpected data after the JSON object: send one object per request")
+		return decodeError(errTrailing)
 	}
 	return nil
 }
+
+// errTrailing is a body with more after its JSON value.
+var errTrailing = errors.New("unexpected data after the JSON object")
 
 // notUTF8 is the offset of the first byte of b that is not part of a UTF-8
 // sequence, or -1 when b is UTF-8.
@@ -176,6 +196,8 @@ func decodeError(err error) error {
 		return errorf(http.StatusRequestEntityTooLarge, "body_too_large", "request body is larger than %d bytes", mbe.Limit)
 	case errors.Is(err, errSlowBody):
 		return errorf(http.StatusRequestTimeout, "body_too_slow", "%v", err)
+	case errors.Is(err, errTrailing):
+		return errorf(http.StatusBadRequest, "invalid_json", "unexpected data after the JSON object: send one object per request")
 	case errors.Is(err, io.EOF):
 		return errorf(http.StatusBadRequest, "invalid_json", "request body is empty: send a JSON object such as {\"payload\": {...}}")
 	case errors.As(err, &syn), errors.Is(err, io.ErrUnexpectedEOF):
