@@ -241,3 +241,75 @@ func BenchmarkPromptBurst(b *testing.B) {
 	slices.Sort(promised) // what a prompt job in the burst was promised: the estimate's cost
 	b.ReportMetric(float64(promised[len(promised)/2].Microseconds())/1000, "burst-promised-p50-ms")
 }
+
+// BenchmarkHeapAfterAPeakDrains fills a store with a backlog (10^6 jobs,
+// or THROTTLER_BENCH_JOBS, over 1000 fast tenants), delivers it all to a
+// handler that answers at once, and reports the Go heap after a collection
+// at the start, at the peak and once the backlog is gone, and the last
+// over the first: memory follows a backlog down.
+//
+//	go test -run '^$' -bench HeapAfterAPeakDrains -benchtime 1x ./internal/queue/bolt
+func BenchmarkHeapAfterAPeakDrains(b *testing.B) {
+	jobs := 1_000_000
+	if v, err := strconv.Atoi(os.Getenv("THROTTLER_BENCH_JOBS")); err == nil && v > 0 {
+		jobs = v
+	}
+	fast := func(string) leaky.Policy {
+		return leaky.Policy{Interval: time.Microsecond, Burst: 1, Capacity: 10_000_000}
+	}
+	for range b.N {
+		s, err := Open(filepath.Join(b.TempDir(), "b.db"), Options{Policy: fast})
+		if err != nil {
+			b.Fatal(err)
+		}
+		payload := []byte(`{"worker":1,"n":12345,"text":"your code is 123456"}`)
+		batch := make([]queue.NewJob, 1000)
+		for i := range batch {
+			batch[i] = queue.NewJob{Payload: payload}
+		}
+		heap0 := liveHeap()
+		for n := 0; n < jobs; n += len(batch) {
+			out, err := s.Enqueue(context.Background(), fmt.Sprintf("t%d", (n/len(batch))%1000), batch[:min(len(batch), jobs-n)])
+			if err != nil || out[0].Rejected != nil {
+				b.Fatalf("enqueue: %v %+v", err, out[0])
+			}
+		}
+		heap1 := liveHeap()
+		var done atomic.Int64
+		drained := make(chan struct{})
+		ctx, stop := context.WithCancel(context.Background())
+		consumed := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			consumed <- s.Consume(ctx, func(_ context.Context, j queue.Job) queue.Outcome {
+				if done.Add(1) == int64(jobs) {
+					close(drained)
+				}
+				return queue.Outcome{Result: queue.Succeeded, Status: 200, SentAt: time.Now()}
+			}, queue.ConsumeOptions{Concurrency: 256})
+		}()
+		<-drained
+		took := time.Since(start)
+		// Each outcome recorded: the schedule, the claims and the log
+		// empty before the heap is read.
+		busy := func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.sched.len() > 0 || len(s.claims) > 0
+		}
+		for busy() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		stop()
+		if err := <-consumed; err != nil {
+			b.Fatal(err)
+		}
+		heap2 := liveHeap()
+		b.ReportMetric(float64(heap0)/(1<<20), "start-heap-MB")
+		b.ReportMetric(float64(heap1)/(1<<20), "peak-heap-MB")
+		b.ReportMetric(float64(heap2)/(1<<20), "drained-heap-MB")
+		b.ReportMetric(float64(heap2)/float64(heap0), "drained/start")
+		b.ReportMetric(float64(jobs)/took.Seconds(), "deliveries/s")
+		s.Close()
+	}
+}

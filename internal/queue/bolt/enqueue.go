@@ -166,6 +166,9 @@ func (c *call) settled() {
 			c.tm.unsettled = slices.Delete(c.tm.unsettled, i, i+1)
 		}
 	}
+	if len(c.tm.unsettled) == 0 {
+		c.tm.unsettled = nil // a batch's worth of slots is not kept for the tenant's next call
+	}
 }
 
 // admissionOps are the writes of the call's admitted jobs, as data for

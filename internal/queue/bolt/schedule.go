@@ -26,6 +26,11 @@ type schedule struct {
 	byTenant map[uint32]map[jobKey]struct{} // tenant -> ids in waiting: to retime a tenant's jobs when it pauses
 	expiry   slimHeap                       // waiting jobs with a deadline, by deadline (at = deadline)
 	names    tenantNames
+	// peak is the most jobs waiting since the structures were last built
+	// to size (shrink): Go's maps never give back their buckets, nor a
+	// slice its array, so a backlog's peak would stay in memory after it
+	// drained.
+	peak int
 }
 
 // dueEntry is a waiting job's entry as the rest of the store uses it.
@@ -216,6 +221,7 @@ func (sc *schedule) add(e dueEntry) {
 		se.deadline = nanos(e.deadline)
 	}
 	sc.waiting[k] = se
+	sc.peak = max(sc.peak, len(sc.waiting))
 	ids := sc.byTenant[se.tenant]
 	if ids == nil {
 		ids = map[jobKey]struct{}{}
@@ -327,7 +333,38 @@ func (sc *schedule) remove(id string) (dueEntry, bool) {
 		}
 	}
 	sc.names.unref(e.tenant)
+	if sc.peak >= shrinkFrom && len(sc.waiting) <= sc.peak/4 {
+		sc.shrink()
+	}
 	return d, true
+}
+
+// shrinkFrom is the smallest peak the schedule shrinks from: below it, what
+// a drained backlog leaves is not worth an O(jobs) rebuild.
+const shrinkFrom = 4096
+
+// shrink builds the schedule's maps and heaps anew at the size of what
+// waits now, once a quarter of the peak is left: memory follows a backlog
+// down. Each rebuild is O(jobs waiting), after at least three times as
+// many removals since the peak.
+func (sc *schedule) shrink() {
+	waiting := make(map[jobKey]slimEntry, len(sc.waiting))
+	for k, e := range sc.waiting {
+		waiting[k] = e
+	}
+	sc.waiting = waiting
+	byTenant := make(map[uint32]map[jobKey]struct{}, len(sc.byTenant))
+	for n, ids := range sc.byTenant {
+		fresh := make(map[jobKey]struct{}, len(ids))
+		for k := range ids {
+			fresh[k] = struct{}{}
+		}
+		byTenant[n] = fresh
+	}
+	sc.byTenant = byTenant
+	sc.heap, sc.expiry = nil, nil
+	sc.compact()
+	sc.peak = len(sc.waiting)
 }
 
 // tenantSlots calls f with the slot of each of a tenant's waiting jobs.
