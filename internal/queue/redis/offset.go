@@ -46,8 +46,8 @@ type redisClock struct {
 	// stale estimate (fresh): a process that only admits runs no
 	// keepMeasuring.
 	rdb       goredis.UniversalClient
-	measuring atomic.Bool
-	measured  sync.WaitGroup // the measurement fresh started, until it ends
+	measuring chan struct{} // closed when the measurement fresh started ends; nil: none (mu)
+	closed    bool          // the store is closed: fresh starts none (mu)
 }
 
 // sample is one round trip's estimate of the offset.
@@ -94,21 +94,35 @@ func (c *redisClock) fresh(bound time.Duration) (time.Time, bool) {
 	c.mu.Lock()
 	ok := !c.inUse.at.IsZero() && c.inUse.rtt/2+c.grain() <= bound
 	stale := len(c.samples) == 0 || now.Sub(c.samples[len(c.samples)-1].at) > 2*offsetRefresh
-	c.mu.Unlock()
-	if stale && c.rdb != nil && c.measuring.CompareAndSwap(false, true) {
-		c.measured.Add(1)
+	if stale && c.rdb != nil && c.measuring == nil && !c.closed {
+		done := make(chan struct{})
+		c.measuring = done
 		go func() {
-			defer c.measured.Done()
-			defer c.measuring.Store(false)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
 			_ = c.measure(ctx, c.rdb)
+			cancel()
+			c.mu.Lock()
+			c.measuring = nil
+			c.mu.Unlock()
+			close(done)
 		}()
 	}
+	c.mu.Unlock()
 	if !ok || stale {
 		return time.Time{}, false
 	}
 	return now.Add(time.Duration(c.offset.Load())), true
+}
+
+// close waits for a measurement fresh started, and starts no more.
+func (c *redisClock) close() {
+	c.mu.Lock()
+	c.closed = true
+	done := c.measuring
+	c.mu.Unlock()
+	if done != nil {
+		<-done
+	}
 }
 
 // grain is how coarse a reading of the server's clock is: TIME's

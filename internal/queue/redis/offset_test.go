@@ -86,7 +86,7 @@ func TestScriptsAreToldTheTimeOnlyWhenItIsKnown(t *testing.T) {
 	if _, ok := c.fresh(scriptClockBound); ok {
 		t.Fatal("told the time from a round trip three refreshes old")
 	}
-	c.measured.Wait()
+	c.close()
 	if _, ok := c.fresh(scriptClockBound); !ok && c.Uncertainty() <= scriptClockBound {
 		t.Fatalf("after the measurement it started (uncertainty %v): still not told", c.Uncertainty())
 	}

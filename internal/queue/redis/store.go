@@ -251,7 +251,7 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Close() error {
 	s.closeNotices()
 	if s.rclock != nil {
-		s.rclock.measured.Wait() // a measurement fresh started ends within a second
+		s.rclock.close() // a measurement fresh started ends within a second
 	}
 	if s.ownsConn {
 		return s.rdb.Close()
