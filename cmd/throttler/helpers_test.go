@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/downstreamtest"
+	"github.com/throttler-dev/throttler/internal/redistest"
 	"github.com/throttler-dev/throttler/internal/servicetest"
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
@@ -248,4 +250,36 @@ func storeSection(dir, redisURL string) string {
 		return fmt.Sprintf("[store]\nbackend = \"redis\"\nredis_url = %q\nredis_lease = \"1s\"\nredis_partitions = 1\n", redisURL)
 	}
 	return fmt.Sprintf("[store]\npath = %q\n", filepath.Join(dir, "throttler.db"))
+}
+
+// oneProcessConfig writes a config with a listener on a free port, the
+// store of storeSection, then body (downstreams and tenants), and returns
+// its path.
+func oneProcessConfig(t *testing.T, redisURL, body string) string {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.toml")
+	cfg := "[server]\nlisten = \"127.0.0.1:0\"\n" + storeSection(dir, redisURL) + body
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// startReady starts a process on file and waits until /readyz answers 200.
+func startReady(t *testing.T, file string) *process {
+	t.Helper()
+	p := startProcess(t, file)
+	testutil.WaitFor(t, 10*time.Second, "the process ready", func() bool {
+		st, _, _ := call(t, "GET", p.base+"/readyz", "")
+		return st == http.StatusOK
+	})
+	return p
+}
+
+// onEachStore runs a scenario on the embedded store and on a Redis of its
+// own (redisURL ""; or the Redis's URL).
+func onEachStore(t *testing.T, scenario func(t *testing.T, redisURL string)) {
+	t.Run("embedded", func(t *testing.T) { scenario(t, "") })
+	t.Run("redis", func(t *testing.T) { scenario(t, redistest.Start(t, false).URL()) })
 }

@@ -3,14 +3,11 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/downstreamtest"
-	"github.com/throttler-dev/throttler/internal/redistest"
 	"github.com/throttler-dev/throttler/internal/testutil"
 	"github.com/throttler-dev/throttler/internal/tlstest"
 )
@@ -27,8 +24,7 @@ import (
 // its promise.
 func TestAPromiseCountsAQueueRunningLate(t *testing.T) {
 	testutil.SkipShort(t, "process test: a vendor's slow handshake makes a queue late")
-	t.Run("embedded", func(t *testing.T) { promiseBehindLateQueue(t, "") })
-	t.Run("redis", func(t *testing.T) { promiseBehindLateQueue(t, redistest.Start(t, false).URL()) })
+	onEachStore(t, promiseBehindLateQueue)
 }
 
 // promiseBehindLateQueue runs the scenario on the embedded store (redisURL
@@ -38,20 +34,9 @@ func promiseBehindLateQueue(t *testing.T, redisURL string) {
 	pki := tlstest.New(t)
 	ds := downstreamtest.NewTLS(t, pki.ServerConfig(false))
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-	dir := t.TempDir()
-	file := filepath.Join(dir, "config.toml")
-	store := storeSection(dir, redisURL)
-	cfg := "[server]\nlisten = \"127.0.0.1:0\"\n" + store +
+	p := startReady(t, oneProcessConfig(t, redisURL,
 		fmt.Sprintf("[downstreams.vendor]\nurl = %q\ntls_ca_file = %q\n[tenant_defaults]\ndownstream = \"vendor\"\nrate = \"20/s\"\ncapacity = 100\n",
-			ds.URL+"/send", pki.CAFile)
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := startProcess(t, file)
-	testutil.WaitFor(t, 10*time.Second, "the process ready", func() bool {
-		st, _, _ := call(t, "GET", p.base+"/readyz", "")
-		return st == http.StatusOK
-	})
+			ds.URL+"/send", pki.CAFile)))
 	ds.SlowHandshakes(3, slow) // the first requests' connections
 	var batch []string
 	for i := range ahead {

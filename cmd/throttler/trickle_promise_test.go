@@ -3,13 +3,10 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/downstreamtest"
-	"github.com/throttler-dev/throttler/internal/redistest"
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
@@ -21,27 +18,15 @@ import (
 // would send a job an interval (100 ms) after its promise.
 func TestPromisesToATrickle(t *testing.T) {
 	testutil.SkipShort(t, "process test: promises to jobs posted one at a time")
-	t.Run("embedded", func(t *testing.T) { promisesToATrickle(t, "") })
-	t.Run("redis", func(t *testing.T) { promisesToATrickle(t, redistest.Start(t, false).URL()) })
+	onEachStore(t, promisesToATrickle)
 }
 
 func promisesToATrickle(t *testing.T, redisURL string) {
 	const jobs, every = 30, 80 * time.Millisecond
 	ds := downstreamtest.New(t)
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-	dir := t.TempDir()
-	file := filepath.Join(dir, "config.toml")
-	store := storeSection(dir, redisURL)
-	cfg := "[server]\nlisten = \"127.0.0.1:0\"\n" + store +
-		fmt.Sprintf("[downstreams.vendor]\nurl = %q\n[tenant_defaults]\ndownstream = \"vendor\"\nrate = \"10/s\"\ncapacity = 100\n", ds.URL+"/send")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := startProcess(t, file)
-	testutil.WaitFor(t, 10*time.Second, "the process ready", func() bool {
-		st, _, _ := call(t, "GET", p.base+"/readyz", "")
-		return st == http.StatusOK
-	})
+	p := startReady(t, oneProcessConfig(t, redisURL,
+		fmt.Sprintf("[downstreams.vendor]\nurl = %q\n[tenant_defaults]\ndownstream = \"vendor\"\nrate = \"10/s\"\ncapacity = 100\n", ds.URL+"/send")))
 	// A first job, sent: the partition has its owner (a new Redis holds
 	// it vacant for a lease, which the promises would count), and the
 	// trickle starts an interval after it, on an idle tenant.

@@ -3,8 +3,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -55,14 +53,8 @@ func windowAcrossCrash(t *testing.T, redisURL string, window time.Duration) {
 		}
 		w.WriteHeader(http.StatusOK)
 	})
-	dir := t.TempDir()
-	store := storeSection(dir, redisURL)
-	file := filepath.Join(dir, "config.toml")
-	cfg := "[server]\nlisten = \"127.0.0.1:0\"\n" + store + fmt.Sprintf("[downstreams.vendor]\nurl = %q\ntls_ca_file = %q\ntimeout = \"30s\"\n"+
-		"[tenant_defaults]\ndownstream = \"vendor\"\nrate = \"10/s\"\ncapacity = 10\nwindows = [\"3/%v\"]\n", ds.URL+"/send", pki.CAFile, window)
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := oneProcessConfig(t, redisURL, fmt.Sprintf("[downstreams.vendor]\nurl = %q\ntls_ca_file = %q\ntimeout = \"30s\"\n"+
+		"[tenant_defaults]\ndownstream = \"vendor\"\nrate = \"10/s\"\ncapacity = 10\nwindows = [\"3/%v\"]\n", ds.URL+"/send", pki.CAFile, window))
 	var senderArgs []string
 	if redisURL != "" {
 		senderArgs = []string{"--role", "worker"}

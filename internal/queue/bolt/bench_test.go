@@ -81,19 +81,9 @@ func BenchmarkHeapPerWaitingJob(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		payload := []byte(`{"worker":1,"n":12345,"text":"your code is 123456"}`)
-		batch := make([]queue.NewJob, 1000)
-		for i := range batch {
-			batch[i] = queue.NewJob{Payload: payload}
-		}
 		heap0, rss0 := liveHeap(), rss()
 		start := time.Now()
-		for n := 0; n < jobs; n += len(batch) {
-			out, err := s.Enqueue(context.Background(), fmt.Sprintf("t%d", (n/len(batch))%1000), batch[:min(len(batch), jobs-n)])
-			if err != nil || out[0].Rejected != nil {
-				b.Fatalf("enqueue: %v %+v", err, out[0])
-			}
-		}
+		fillBacklog(b, s, jobs)
 		took := time.Since(start)
 		heap1, rss1 := liveHeap(), rss()
 		fi, err := os.Stat(path)
@@ -121,6 +111,22 @@ func BenchmarkHeapPerWaitingJob(b *testing.B) {
 		b.ReportMetric(time.Since(start).Seconds(), "reopen-s")
 		b.ReportMetric(float64(liveHeap()-heap0)/float64(jobs), "reopened-heap-B/job")
 		s.Close()
+	}
+}
+
+// fillBacklog admits jobs (an SMS-sized payload each) over 1000 tenants,
+// in batches of 1000, each admitted whole.
+func fillBacklog(b *testing.B, s *Store, jobs int) {
+	payload := []byte(`{"worker":1,"n":12345,"text":"your code is 123456"}`)
+	batch := make([]queue.NewJob, 1000)
+	for i := range batch {
+		batch[i] = queue.NewJob{Payload: payload}
+	}
+	for n := 0; n < jobs; n += len(batch) {
+		out, err := s.Enqueue(context.Background(), fmt.Sprintf("t%d", (n/len(batch))%1000), batch[:min(len(batch), jobs-n)])
+		if err != nil || out[0].Rejected != nil {
+			b.Fatalf("enqueue: %v %+v", err, out[0])
+		}
 	}
 }
 
@@ -262,18 +268,8 @@ func BenchmarkHeapAfterAPeakDrains(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		payload := []byte(`{"worker":1,"n":12345,"text":"your code is 123456"}`)
-		batch := make([]queue.NewJob, 1000)
-		for i := range batch {
-			batch[i] = queue.NewJob{Payload: payload}
-		}
 		heap0 := liveHeap()
-		for n := 0; n < jobs; n += len(batch) {
-			out, err := s.Enqueue(context.Background(), fmt.Sprintf("t%d", (n/len(batch))%1000), batch[:min(len(batch), jobs-n)])
-			if err != nil || out[0].Rejected != nil {
-				b.Fatalf("enqueue: %v %+v", err, out[0])
-			}
-		}
+		fillBacklog(b, s, jobs)
 		heap1 := liveHeap()
 		var done atomic.Int64
 		drained := make(chan struct{})
