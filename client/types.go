@@ -99,6 +99,10 @@ type Admission struct {
 	// DispatchAt is when its first attempt is due.
 	DispatchAt      time.Time `json:"dispatch_at"`
 	ExpectedDelayMS int64     `json:"expected_delay_ms"`
+	// LimitedBy is "in_flight" when a cap on attempts in flight makes
+	// the wait longer than the rate's (ExpectedDelayMS is then an
+	// estimate from the downstream's recent latency), "" otherwise.
+	LimitedBy string `json:"limited_by"`
 	// QueueDepth is the tenant's jobs admitted and not yet handed to the
 	// downstream, this one included; Capacity is the most that wait.
 	QueueDepth int `json:"queue_depth"`
@@ -200,6 +204,12 @@ type Tenant struct {
 	QueueDepth      int     `json:"queue_depth"`
 	InFlight        int     `json:"in_flight"`
 	ExpectedDelayMS int64   `json:"expected_delay_ms"`
+	// LimitedBy is which limit binds ExpectedDelayMS: "rate", "window",
+	// "ceiling", "in_flight" (an estimate) or "paused".
+	LimitedBy string `json:"limited_by"`
+	// MaxInFlight caps the tenant's attempts in flight (0: no cap of its
+	// own).
+	MaxInFlight int `json:"max_in_flight"`
 	// Paused: nothing of the tenant is sent now; PausedUntil is when that
 	// ends (nil for an operator's hold, Held, which has no end).
 	Paused         bool       `json:"paused"`

@@ -92,6 +92,9 @@ func TestStatusPageInABrowser(t *testing.T) {
 	if !strings.Contains(dom, `data-state="live"`) || !strings.Contains(dom, `data-downstream="test"`) {
 		t.Fatalf("not live, or no downstream shown:\n%s", dom)
 	}
+	if !strings.Contains(dom, `data-limited-by="rate"`) || !strings.Contains(dom, `title="limited by its rate"`) {
+		t.Fatalf("the tenants' waits (1/h) not shown as limited by their rate:\n%s", dom)
+	}
 }
 
 // operatorConfig: two downstreams (sms with a ceiling of 10/s), three busy

@@ -361,6 +361,7 @@ func (s *server) enqueue(w http.ResponseWriter, r *http.Request) {
 	}
 	s.counted(tenant, out)
 	s.setRateLimit(w, r, tenant, ts, out)
+	s.underCaps(ts, out)
 	a := out[0]
 	if a.Rejected != nil {
 		s.fail(w, r, a.Rejected)
@@ -408,6 +409,7 @@ func (s *server) enqueueBatch(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, r, err)
 			return
 		}
+		s.underCaps(ts, stored)
 	}
 	results, out := batchResults(stored, refused, len(req.Jobs))
 	s.counted(tenant, out)

@@ -138,6 +138,9 @@ func (s *server) retry(w http.ResponseWriter, r *http.Request) {
 		// A retry takes a place like a new job: its answer says what is left.
 		if ts, ok := s.config().Tenant(j.Tenant); ok {
 			s.setRateLimit(w, r, j.Tenant, ts, []queue.Admission{a})
+			out := []queue.Admission{a}
+			s.underCaps(ts, out)
+			a = out[0]
 		}
 	}
 	if err == nil && a.Rejected != nil {

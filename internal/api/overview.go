@@ -101,7 +101,7 @@ func downstreamJSON(name string, d config.Downstream, samples []metrics.Downstre
 		last := samples[n-1]
 		now = map[string]any{"breaker_open": last.BreakerOpen, "attempts_total": last.Attempts, "pushbacks_total": last.Pushbacks}
 	}
-	out := map[string]any{"name": name, "ceiling": ceiling, "max_attempts": d.MaxAttempts,
+	out := map[string]any{"name": name, "ceiling": ceiling, "max_attempts": d.MaxAttempts, "max_in_flight": d.MaxInFlight,
 		"history": map[string]any{"t": at, "attempts": attempts, "pushbacks": pushbacks, "breaker_open": breaker}}
 	for k, v := range now {
 		out[k] = v

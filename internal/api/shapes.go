@@ -10,6 +10,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/outbound"
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
 // writeJSON answers v as JSON with status: every answer of the API, errors
@@ -50,7 +51,7 @@ func appendAdmission(b []byte, a queue.Admission) ([]byte, bool) {
 		dispatchAt = j.EnqueuedAt.Add(j.AdmitDelay)
 	}
 	dispatchAt = dispatchAt.UTC()
-	if y := dispatchAt.Year(); y < 0 || y > 9999 || !plainJSON(j.ID) || !plainJSON(j.Tenant) || !plainJSON(string(j.State)) {
+	if y := dispatchAt.Year(); y < 0 || y > 9999 || !plainJSON(j.ID) || !plainJSON(j.Tenant) || !plainJSON(string(j.State)) || !plainJSON(a.LimitedBy) {
 		return b, false
 	}
 	b = append(b, `{"capacity":`...)
@@ -61,6 +62,10 @@ func appendAdmission(b []byte, a queue.Admission) ([]byte, bool) {
 	b = strconv.AppendInt(b, ceilMillis(a.ExpectedDelay), 10)
 	b = append(b, `,"id":"`...)
 	b = append(b, j.ID...)
+	if a.LimitedBy != "" {
+		b = append(b, `","limited_by":"`...)
+		b = append(b, a.LimitedBy...)
+	}
 	b = append(b, `","queue_depth":`...)
 	b = strconv.AppendInt(b, int64(a.QueueDepth), 10)
 	b = append(b, `,"state":"`...)
@@ -98,7 +103,7 @@ func admissionJSON(a queue.Admission) map[string]any {
 	if a.Duplicate {
 		dispatchAt = j.EnqueuedAt.Add(j.AdmitDelay) // the first answer, again
 	}
-	return map[string]any{
+	m := map[string]any{
 		"id":                j.ID,
 		"tenant":            j.Tenant,
 		"state":             j.State,
@@ -107,10 +112,17 @@ func admissionJSON(a queue.Admission) map[string]any {
 		"queue_depth":       a.QueueDepth,
 		"capacity":          a.Capacity,
 	}
+	if a.LimitedBy != "" {
+		m["limited_by"] = a.LimitedBy
+	}
+	return m
 }
 
 func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map[string]any {
 	p := ts.Policy()
+	if d, ok := s.inFlightWait(ts, st.QueueDepth+st.InFlight); ok && d > st.ExpectedDelay && !st.Paused {
+		st.ExpectedDelay, st.LimitedBy = d, rules.LimitInFlight
+	}
 	var pausedUntil any // null: not paused, or an operator hold with no end
 	if !st.PausedUntil.IsZero() {
 		pausedUntil = st.PausedUntil.UTC().Format(time.RFC3339Nano)
@@ -129,6 +141,8 @@ func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map
 		"queue_depth":          st.QueueDepth,
 		"in_flight":            st.InFlight,
 		"expected_delay_ms":    ceilMillis(st.ExpectedDelay),
+		"limited_by":           st.LimitedBy,
+		"max_in_flight":        ts.InFlightCap(),
 		"paused":               st.Paused,
 		"paused_until":         pausedUntil,
 		"held":                 st.Held,
@@ -273,4 +287,38 @@ func batchResultJSON(a queue.Admission) map[string]any {
 		m["status"] = http.StatusOK
 	}
 	return m
+}
+
+// inFlightWait estimates how long a tenant's job waits behind ahead of its
+// jobs under its caps on attempts in flight (the lower of its own and its
+// downstream's): they go that many at a time, each taking the
+// downstream's recent latency as this process saw it. False: no cap, or
+// no latency seen here (an API-only process on Redis), where only the
+// rate's wait, which is exact, is told.
+func (s *server) inFlightWait(ts config.TenantSettings, ahead int) (time.Duration, bool) {
+	c := ts.InFlightCap()
+	if shared := s.config().Downstreams[ts.Downstream].MaxInFlight; shared > 0 && (c == 0 || shared < c) {
+		c = shared
+	}
+	if c == 0 || s.metrics == nil {
+		return 0, false
+	}
+	latency, ok := s.metrics.RecentLatency(ts.Downstream)
+	if !ok {
+		return 0, false
+	}
+	return time.Duration(ahead/c) * latency, true
+}
+
+// underCaps tells each admitted job of out whose wait a cap on attempts
+// in flight makes longer than the rate's: its estimate, and limited_by.
+func (s *server) underCaps(ts config.TenantSettings, out []queue.Admission) {
+	for i, a := range out {
+		if !a.Admitted() || a.Duplicate {
+			continue
+		}
+		if d, ok := s.inFlightWait(ts, max(a.QueueDepth-1, 0)); ok && d > a.ExpectedDelay {
+			out[i].ExpectedDelay, out[i].LimitedBy = d, rules.LimitInFlight
+		}
+	}
 }

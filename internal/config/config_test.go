@@ -58,6 +58,7 @@ url = "http://127.0.0.1:1/"
 [tenant_defaults]
 mode = "token"
 burst = 7
+max_in_flight = 4
 allow_unknown_tenants = false
 [tenants.x]
 rate = "2/s"
@@ -67,6 +68,9 @@ rate = "2/s"
 		t.Fatal(err)
 	}
 	x, ok := cfg.Tenant("x")
+	if x.InFlightCap() != 4 {
+		t.Fatalf("x's max_in_flight %d, want tenant_defaults' 4", x.InFlightCap())
+	}
 	if !ok || x.Mode != ModeToken || x.Policy().Burst != 7 || x.Policy().Capacity != 0 || x.Policy().Interval != 500*time.Millisecond {
 		t.Fatalf("x: %+v %+v", x, x.Policy())
 	}
@@ -119,6 +123,9 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"[tenants.a]\nwindows = [\"1000/d\", \"1.5/h\"]\n", "tenants.a.windows[1]", "whole number"},
 		{"[tenants.a]\nrate = \"1/m\"\nwindows = [\"5/s\"]\n", "tenants.a.windows[0]", "no longer than one interval"},
 		{"[downstreams.d]\nurl = \"http://x\"\nburst = 3\n", "downstreams.d.burst", "goes with rate"},
+		{"[downstreams.d]\nurl = \"http://x\"\nmax_in_flight = -1\n", "downstreams.d.max_in_flight", "from 0 (no cap) to 100000, got -1"},
+		{"[tenant_defaults]\nmax_in_flight = 1000001\n", "tenant_defaults.max_in_flight", "from 0 (no cap) to 100000"},
+		{"[tenants.a]\nmax_in_flight = -3\n", "tenants.a.max_in_flight", "got -3"},
 		{"[[auth.tokens]]\nname = \"x\"\n", "auth.tokens.x.sha256", "exactly one of"},
 		{"[[auth.tokens]]\nname = \"x\"\nsha256 = \"abc\"\nrole = \"admin\"\ntenants = [\"*\"]\n", "auth.tokens.x.sha256", "64 hex digits"},
 		{"[[auth.tokens]]\nname = \"x\"\ntoken_env = \"THROTTLER_TEST_UNSET_TOKEN\"\nrole = \"admin\"\ntenants = [\"*\"]\n", "auth.tokens.x.token_env", "not set"},

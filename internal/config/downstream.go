@@ -33,6 +33,10 @@ type Downstream struct {
 	// Windows are the ceiling's limits beside its rate, such as "10000/d".
 	Windows []string       `toml:"windows"`
 	windows []leaky.Window // parsed when loaded
+	// MaxInFlight caps the attempts in flight across all tenants of this
+	// downstream (the vendor's account-wide limit on open requests),
+	// shared fairly by its tenants. 0: no cap. Default 0.
+	MaxInFlight int `toml:"max_in_flight"`
 	// MaxAttempts is how many failed attempts (5xx, timeouts, connection
 	// errors) end a job as failed. Default 5. Pushback (429, 503 with
 	// Retry-After) and waits behind an open circuit breaker do not count.
@@ -159,6 +163,9 @@ func (c *Config) checkDownstream(name string, d *Downstream) error {
 	}
 	if d.MaxAttempts == 0 {
 		d.MaxAttempts = 5
+	}
+	if d.MaxInFlight < 0 || d.MaxInFlight > maxInFlightLimit {
+		return c.bad(key+".max_in_flight", "must be from 0 (no cap) to %d, got %d", maxInFlightLimit, d.MaxInFlight)
 	}
 	if d.MaxAttempts < 1 || d.MaxAttempts > 100 {
 		return c.bad(key+".max_attempts", "must be from 1 to 100, got %d", d.MaxAttempts)

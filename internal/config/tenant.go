@@ -36,6 +36,10 @@ type TenantSettings struct {
 	windows []leaky.Window // parsed by checkTenant
 	// MaxAttempts overrides the downstream's max_attempts for this tenant.
 	MaxAttempts *int `toml:"max_attempts"`
+	// MaxInFlight caps the tenant's attempts in flight: none starts while
+	// that many are open (from the hand-over to the send until the outcome
+	// is recorded). 0: no cap. Default 0.
+	MaxInFlight *int `toml:"max_in_flight"`
 	// CallbackURL is where the tenant's jobs' ends are told when a job
 	// names none (DESIGN.md 6b); it must start with one of callbacks.allow.
 	// Default none.
@@ -51,6 +55,18 @@ func (c *Config) Attempts(t TenantSettings) int {
 		return *t.MaxAttempts
 	}
 	return c.Downstreams[t.Downstream].MaxAttempts
+}
+
+// maxInFlightLimit bounds a max_in_flight: more attempts at once than a
+// process could hold open is a typo.
+const maxInFlightLimit = 100_000
+
+// InFlightCap is the tenant's max_in_flight (0: no cap).
+func (t TenantSettings) InFlightCap() int {
+	if t.MaxInFlight == nil {
+		return 0
+	}
+	return *t.MaxInFlight
 }
 
 // Policy is the bucket policy of these settings.
@@ -131,6 +147,7 @@ func (t *TenantSettings) inherit(def TenantSettings) {
 	t.Capacity = cmp.Or(t.Capacity, def.Capacity)
 	t.Burst = cmp.Or(t.Burst, def.Burst)
 	t.MaxAttempts = cmp.Or(t.MaxAttempts, def.MaxAttempts)
+	t.MaxInFlight = cmp.Or(t.MaxInFlight, def.MaxInFlight)
 	t.CallbackURL = cmp.Or(t.CallbackURL, def.CallbackURL)
 	if t.Windows == nil {
 		t.Windows = def.Windows
@@ -161,6 +178,9 @@ func (c *Config) checkTenant(key string, t *TenantSettings) error {
 	}
 	if t.MaxAttempts != nil && (*t.MaxAttempts < 1 || *t.MaxAttempts > 100) {
 		return bad("max_attempts", "must be from 1 to 100, got %d", *t.MaxAttempts)
+	}
+	if t.MaxInFlight != nil && (*t.MaxInFlight < 0 || *t.MaxInFlight > maxInFlightLimit) {
+		return bad("max_in_flight", "must be from 0 (no cap) to %d, got %d", maxInFlightLimit, *t.MaxInFlight)
 	}
 	t.windows = nil
 	for i, text := range t.Windows {

@@ -8,6 +8,7 @@ package metrics
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,40 @@ type Metrics struct {
 	store                                          TenantReader
 	perDownstream                                  *prometheus.Registry // attempts and pushbacks alone, for Recent
 	recent                                         atomic.Pointer[Recent]
+	latencies                                      sync.Map // downstream -> *atomic.Int64: RecentLatency's average (ns)
+}
+
+// latencyWeight is the weight of each attempt's latency in RecentLatency's
+// moving average: about the last 10 attempts.
+const latencyWeight = 0.2
+
+func (m *Metrics) noteLatency(ds string, d time.Duration) {
+	v, ok := m.latencies.Load(ds)
+	if !ok {
+		v, _ = m.latencies.LoadOrStore(ds, new(atomic.Int64))
+	}
+	avg := v.(*atomic.Int64)
+	for {
+		old := avg.Load()
+		next := int64(d)
+		if old != 0 {
+			next = old + int64(latencyWeight*float64(int64(d)-old))
+		}
+		if avg.CompareAndSwap(old, max(next, 1)) {
+			return
+		}
+	}
+}
+
+// RecentLatency is how long downstream took to answer lately, from write
+// to answer, as this process's attempts saw it (a moving average); false
+// if this process has sent it nothing (an API-only process).
+func (m *Metrics) RecentLatency(downstream string) (time.Duration, bool) {
+	v, ok := m.latencies.Load(downstream)
+	if !ok {
+		return 0, false
+	}
+	return time.Duration(v.(*atomic.Int64).Load()), true
 }
 
 // TenantReader is what the metrics read from the store, at scrape time:
@@ -174,6 +209,9 @@ func (m *Metrics) Attempt(j queue.Job, o queue.Outcome, class string, latency ti
 			m.queueWait.WithLabelValues(ds).Observe(max(0, o.SentAt.Sub(j.EnqueuedAt)).Seconds())
 		}
 		m.latency.WithLabelValues(ds).Observe(latency.Seconds())
+		if class != "" {
+			m.noteLatency(ds, latency)
+		}
 	}
 	switch o.Result {
 	case queue.Succeeded:

@@ -144,6 +144,10 @@ type Admission struct {
 	Capacity      int
 	Rejected      *RejectedError
 	Impossible    *ImpossibleError
+	// LimitedBy, set by the API (stores leave it empty), says that a cap
+	// on attempts in flight binds: ExpectedDelay is then an estimate from
+	// the downstream's recent latency (rules.LimitInFlight).
+	LimitedBy string
 	// AsOf is the moment the store decided the job as of: its decision
 	// time plus the start lag it scheduled with (zero: the store does not
 	// say). The tenant's next decision is made as of this moment or later,
@@ -161,12 +165,14 @@ type TenantStatus struct {
 	QueueDepth    int // admitted, not yet handed to the downstream
 	InFlight      int // being sent
 	ExpectedDelay time.Duration
-	Accepted      int64
-	Rejected      int64
-	Delivered     int64
-	Failed        int64
-	Cancelled     int64
-	Expired       int64
+	// LimitedBy is which limit binds ExpectedDelay (rules.LimitOf).
+	LimitedBy string
+	Accepted  int64
+	Rejected  int64
+	Delivered int64
+	Failed    int64
+	Cancelled int64
+	Expired   int64
 	// Paused: nothing of the tenant is sent now. PausedUntil is when that
 	// ends (zero for an operator hold, which ends on Resume); Held says an
 	// operator paused it.
@@ -256,6 +262,24 @@ type PolicyFunc func(tenant string) leaky.Policy
 // CeilingFunc gives a tenant's downstream and that downstream's ceiling
 // (nil: none): its account-wide limit across all its tenants.
 type CeilingFunc func(tenant string) (downstream string, ceiling *leaky.Policy)
+
+// Caps are the limits on a tenant's attempts in flight (DESIGN.md 6e): an
+// attempt is in flight from its hand-over to the sender until its outcome
+// is recorded, and none is handed over while a cap is reached.
+type Caps struct {
+	Downstream string
+	Tenant     int // the tenant's max_in_flight (0: none)
+	Shared     int // its downstream's, across all its tenants (0: none)
+	// Timeout is the downstream's: how long an attempt written before a
+	// crash may still be open at the vendor.
+	Timeout time.Duration
+}
+
+// Capped reports whether either cap is set.
+func (c Caps) Capped() bool { return c.Tenant > 0 || c.Shared > 0 }
+
+// CapsFunc gives a tenant's caps (config can change them).
+type CapsFunc func(tenant string) Caps
 
 // Store keeps jobs and bucket state. All methods are safe for concurrent use.
 // It is what both backends provide; what only one of them can do is an

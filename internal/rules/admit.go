@@ -317,6 +317,36 @@ func ExpectedDelay(rec Record, now time.Time, p leaky.Policy, ceiling *leaky.Pol
 	return max(rec.behindAt(at).Sub(now), CeilingDelay(ceiling, depth))
 }
 
+// The limits that can bind a tenant's wait (LimitOf; the API adds
+// LimitInFlight, an estimate it makes from its downstream's latency).
+const (
+	LimitRate     = "rate"
+	LimitWindow   = "window"
+	LimitCeiling  = "ceiling"
+	LimitPaused   = "paused"
+	LimitInFlight = "in_flight"
+)
+
+// LimitOf is which limit binds the wait ExpectedDelay gives with the same
+// arguments: a pause, the downstream's ceiling, a window, or the rate.
+func LimitOf(rec Record, now time.Time, p leaky.Policy, ceiling *leaky.Policy, depth int) string {
+	if paused, _ := rec.Pause.Paused(now); paused {
+		return LimitPaused
+	}
+	tnow := rec.Pause.TenantTime(now)
+	rec.Absorb(p, tnow, 1)
+	slot := tnow.Add(leaky.ExpectedDelay(leaky.State{TAT: rec.TAT}, tnow, p))
+	windowed := leaky.WindowSlot(rec.Recent(p), p, slot, 1)
+	own := rec.behindAt(DispatchAt(rec.Pause, windowed, now)).Sub(now)
+	switch {
+	case CeilingDelay(ceiling, depth) > own:
+		return LimitCeiling
+	case windowed.After(slot):
+		return LimitWindow
+	}
+	return LimitRate
+}
+
 // MaxCost is the largest cost a tenant of policy p can ever be admitted
 // with, under its downstream's ceiling (nil: none). A ceiling spaces, it
 // never refuses: only its windows bound a cost.

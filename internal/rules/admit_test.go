@@ -297,3 +297,37 @@ func mustWindow(t *testing.T, s string) leaky.Window {
 	}
 	return w
 }
+
+// LimitOf names what binds the wait ExpectedDelay gives: a pause, the
+// downstream's ceiling, a full window, or the rate.
+func TestLimitOfNamesWhatBinds(t *testing.T) {
+	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10}
+	windowed := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10, Windows: []leaky.Window{{N: 2, Length: time.Minute}}}
+	var full Record
+	q := &slots{}
+	for range 2 { // the window's 2 places taken
+		d := Admit(&full, q, Call{Now: t0, Arrival: t0, Policy: windowed})
+		q.deciding = append(q.deciding, d.Slot)
+	}
+	slow := &leaky.Policy{Interval: time.Second, Burst: 1}
+	for _, c := range []struct {
+		name    string
+		rec     Record
+		p       leaky.Policy
+		ceiling *leaky.Policy
+		depth   int
+		want    string
+	}{
+		{"quiet", Record{}, p, nil, 0, LimitRate},
+		{"a backlog at its rate", Record{TAT: t0.Add(time.Second)}, p, nil, 10, LimitRate},
+		{"a full window", full, windowed, nil, 2, LimitWindow},
+		{"a slower ceiling ahead", Record{TAT: t0.Add(300 * ms)}, p, slow, 3, LimitCeiling},
+		{"a ceiling with nobody ahead", Record{}, p, slow, 0, LimitRate},
+		{"paused", Record{Pause: leaky.Pause{Until: t0.Add(time.Minute)}}, p, nil, 0, LimitPaused},
+		{"held", Record{Pause: leaky.Pause{Held: t0}}, p, slow, 3, LimitPaused},
+	} {
+		if got := LimitOf(c.rec, t0, c.p, c.ceiling, c.depth); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}

@@ -468,9 +468,15 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *
 		ts, _ := c.Tenant(tenant)
 		return ts.Downstream, c.Downstreams[ts.Downstream].Ceiling()
 	}
+	caps := func(tenant string) queue.Caps {
+		c := live.Load()
+		ts, _ := c.Tenant(tenant)
+		ds := c.Downstreams[ts.Downstream]
+		return queue.Caps{Downstream: ts.Downstream, Tenant: ts.InFlightCap(), Shared: ds.MaxInFlight, Timeout: ds.Timeout.Std()}
+	}
 	if cfg.Store.Backend != "redis" {
 		return bolt.Open(cfg.Store.Path, bolt.Options{
-			OnExpired: onExpired, Policy: policy, Ceiling: ceiling,
+			OnExpired: onExpired, Policy: policy, Ceiling: ceiling, Caps: caps,
 			Retention: cfg.Store.Retention.Std(), Logger: log,
 			Reserve: cmp.Or(int64(cfg.Store.Reserve), -1), // 0: not enforced
 			// A first guess at how long a send takes to start, measured
@@ -485,7 +491,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	s, err := redis.Open(pingCtx, redis.Options{
-		Client: rdb, OwnsClient: true, Policy: policy, Ceiling: ceiling, OnExpired: onExpired,
+		Client: rdb, OwnsClient: true, Policy: policy, Ceiling: ceiling, Caps: caps, OnExpired: onExpired,
 		Retention: cfg.Store.Retention.Std(), IdleTTL: cfg.Store.RedisIdleTTL.Std(), Logger: log,
 		Partitions: cfg.Store.RedisPartitions, Timing: redis.Timing{Lease: cfg.Store.RedisLease.Std()},
 		Testing: redisTesting,

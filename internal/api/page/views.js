@@ -67,6 +67,11 @@ function downstreamCard(d, classes) {
   return card;
 }
 
+// limitText names the limit that binds a tenant's wait (limited_by).
+function limitText(t) {
+  return { rate: "its rate", window: "a window", ceiling: "its downstream's ceiling", in_flight: "its cap on jobs in flight (an estimate)", paused: "a pause" }[t.limited_by] || "its rate";
+}
+
 function holdText(t) {
   if (!t.paused) return "";
   if (t.held) return "held by an operator";
@@ -91,7 +96,7 @@ function renderTenants(list, hist, note) {
       el("td", { className: "tenant" }, name),
       el("td", { className: "depth", title: "capacity " + t.capacity, dataset: { depth: String(t.queue_depth) } },
         spark(h && zip(h.t, h.depth), full ? "#b3261e" : "#1f6feb", ""), fmtNum(t.queue_depth)),
-      el("td", { className: "delay", dataset: { ms: String(t.expected_delay_ms) } },
+      el("td", { className: "delay", title: "limited by " + limitText(t), dataset: { ms: String(t.expected_delay_ms), limitedBy: t.limited_by || "" } },
         spark(h && zip(h.t, h.expected_delay_ms), "#8250df", "wide"), fmtDelay(t.expected_delay_ms)),
       el("td", { className: "rate-now", dataset: { perSec: perSec == null ? "" : perSec.toFixed(3) } },
         spark(h && rates(h.t, h.delivered_total), "#1a7f37", "wide"), fmtRate(perSec)),
@@ -114,7 +119,8 @@ function renderDetail(t, h, failed, who, err) {
   const state1 = holdText(t);
   $("detailTitle").replaceChildren("Tenant " + t.tenant, state1 ? el("span", { className: "badge warn", id: "holdState" }, state1) : el("span", { id: "holdState", className: "badge ok" }, "sending"));
   const kids = [el("div", { className: "kv" }, t.mode + " · rate " + fmtRate(t.rate_per_second) + " · burst " + t.burst + " · capacity " + t.capacity +
-    " · downstream " + t.downstream + " · in flight " + t.in_flight)];
+    " · downstream " + t.downstream + " · in flight " + t.in_flight + (t.max_in_flight ? " of at most " + t.max_in_flight : "") +
+    " · limited by " + limitText(t))];
   if (who && who.can_hold) {
     kids.push(el("div", { className: "actions" },
       el("button", { id: "pauseBtn", type: "button", className: "danger", disabled: !!t.held, textContent: "Pause", on: { click: () => hold(t.tenant, true) } }),

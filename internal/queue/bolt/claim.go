@@ -9,6 +9,7 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 )
 
@@ -98,13 +99,19 @@ func (s *Store) pickDue(p *pick) {
 			break
 		}
 		s.sched.pop()
-		if ds, ceiling := s.ceiling(e.tenant); ceiling != nil {
-			// Still waiting: it takes its turn for the ceiling below.
-			s.fairQueue(ds, *ceiling).push(e)
+		if ds, ceiling := s.ceiling(e.tenant); ceiling != nil || s.caps(e.tenant).Capped() {
+			// Still waiting: it takes its turn for the ceiling, or for
+			// room under its caps, below.
+			var policy leaky.Policy // no ceiling: the zero policy paces nothing
+			if ceiling != nil {
+				policy = *ceiling
+			}
+			s.fairQueue(ds, policy).push(e)
 			continue
 		}
 		s.sched.remove(e.id)
 		s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant} // held while read
+		s.capHold(e.id, e.tenant)
 		p.chosen = append(p.chosen, e)
 	}
 	if p.full() {
@@ -131,6 +138,19 @@ func (s *Store) pickFair(p *pick, ds string, q *fairQueue) {
 			}
 			return
 		}
+		if ok, shared, until := s.capRoom(s.caps(e.tenant), e.tenant, p.now); !ok {
+			// Looked at again when an attempt of the scope ends (capRelease
+			// pokes), or when what a crash may have left open ends.
+			if !until.IsZero() {
+				wakeFor(until)
+			}
+			if shared {
+				return // its downstream's cap: no tenant of it goes
+			}
+			q.pass()
+			skipped++
+			continue
+		}
 		slot := q.slot(p.now, e)
 		if slot.After(p.now.Add(look)) {
 			if c := q.ceilingSlot(p.now); c.After(p.now.Add(look)) {
@@ -151,6 +171,7 @@ func (s *Store) pickFair(p *pick, ds string, q *fairQueue) {
 		}
 		q.use(e.at, e.cost)
 		s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant}
+		s.capHold(e.id, e.tenant)
 		p.chosen = append(p.chosen, e)
 	}
 }

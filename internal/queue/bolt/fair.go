@@ -48,8 +48,15 @@ func (q *fairQueue) push(e dueEntry) {
 // ceiling: every slot handed over is one a newly due tenant must wait
 // behind, so less than the store's lead, yet enough to be ready.
 func (q *fairQueue) lookahead(lead time.Duration) time.Duration {
+	if !q.paces() {
+		return lead // caps alone: nobody waits behind a slot handed over
+	}
 	return min(lead, max(2*claimEvery, q.policy.Interval/2))
 }
+
+// paces reports whether the downstream has a ceiling: a queue made for
+// caps on attempts in flight alone hands each job over at its own time.
+func (q *fairQueue) paces() bool { return q.policy.Interval > 0 || len(q.policy.Windows) > 0 }
 
 // next returns the entry whose turn it is, skipping stale ones (valid says
 // which are not), without taking it.
@@ -80,7 +87,12 @@ func (q *fairQueue) take() {
 
 // ceilingSlot is the earliest the ceiling's rate lets any send go (a pause
 // of the ceiling raised its TAT).
-func (q *fairQueue) ceilingSlot(now time.Time) time.Time { return q.lane.Earliest(q.policy, now) }
+func (q *fairQueue) ceilingSlot(now time.Time) time.Time {
+	if !q.paces() {
+		return now
+	}
+	return q.lane.Earliest(q.policy, now)
+}
 
 // pass passes the turn on without taking anything.
 func (q *fairQueue) pass() { q.turn++ }
@@ -88,12 +100,15 @@ func (q *fairQueue) pass() { q.turn++ }
 // slot is the earliest the ceiling (its rate and its windows) lets e go,
 // at or after now and e's own time.
 func (q *fairQueue) slot(now time.Time, e dueEntry) time.Time {
+	if !q.paces() {
+		return e.at
+	}
 	return q.lane.Slot(q.policy, now, e.at, e.cost)
 }
 
 // use takes the ceiling's slot at for a send of cost.
 func (q *fairQueue) use(at time.Time, cost int) {
-	if q.lane.Use(q.policy, at, cost) {
+	if q.paces() && q.lane.Use(q.policy, at, cost) {
 		q.version++
 	}
 }

@@ -269,6 +269,7 @@ func (s *Store) Wrote(j queue.Job) {
 
 // unclaim forgets claimed job id (s.mu held).
 func (s *Store) unclaim(id string) {
+	s.capRelease(id)
 	delete(s.claims, id)
 	delete(s.written, id)
 }

@@ -51,6 +51,9 @@ func (s *Store) respace(tx *bbolt.Tx, now, sentBy time.Time, clean bool) error {
 	if err != nil {
 		return err
 	}
+	if !clean {
+		s.countOpenAtCrash(byTenant, sentBy)
+	}
 	moved := 0
 	for _, name := range tenants {
 		tm, err := s.loadTenantTx(tx, name)

@@ -59,6 +59,8 @@ type Options struct {
 	Policy queue.PolicyFunc // required
 	// Ceiling gives a tenant's downstream ceiling (default: none).
 	Ceiling queue.CeilingFunc
+	// Caps gives a tenant's caps on attempts in flight (default: none).
+	Caps queue.CapsFunc
 	// OnExpired, if set, is told of each job that expires while waiting.
 	OnExpired func(queue.Job)
 	// Retention is how long finished jobs are kept. Default 72h.
@@ -99,6 +101,7 @@ type Store struct {
 	leaseRenewing atomic.Bool  // a renewal runs beside the sends
 	policy        queue.PolicyFunc
 	ceiling       queue.CeilingFunc
+	caps          queue.CapsFunc
 	onExpired     func(queue.Job)
 	retention     time.Duration
 	log           *slog.Logger
@@ -111,7 +114,13 @@ type Store struct {
 	claims   map[string]queue.Job  // jobs handed to the dispatcher, as handed over
 	written  map[string]bool       // claims whose attempt's request is written (Wrote)
 	handedAt map[string]time.Time  // when each claimed job was handed over
-	fair     map[string]*fairQueue // by downstream: due jobs sharing its ceiling
+	fair     map[string]*fairQueue // by downstream: due jobs sharing its ceiling or its caps
+	// capHeld are the counts each claim holds (caps.go); open, the claims
+	// by tenant and by downstream; crashOpen, what a crash may have left
+	// open at the vendor, by the same keys.
+	capHeld   map[string]capKeys
+	open      map[string]int
+	crashOpen map[string]openAtCrash
 	// cleanStart: the last stop was clean. After a crash a ceiling starts
 	// one interval late: a send just before the crash may have used it.
 	cleanStart  bool
@@ -202,8 +211,12 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 		clock:     cmp.Or[clock.Clock](opts.Clock, clock.Real{}),
 		policy:    opts.Policy,
 		ceiling:   opts.Ceiling,
+		caps:      opts.Caps,
 		onExpired: opts.OnExpired,
 		fair:      map[string]*fairQueue{},
+		capHeld:   map[string]capKeys{},
+		open:      map[string]int{},
+		crashOpen: map[string]openAtCrash{},
 
 		fairStarted:   map[string]bool{},
 		retention:     cmp.Or(opts.Retention, 72*time.Hour),
@@ -225,6 +238,9 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 	}
 	if s.ceiling == nil {
 		s.ceiling = noCeiling
+	}
+	if s.caps == nil {
+		s.caps = noCaps
 	}
 	s.opened = s.clock.Now()
 	s.space = &space{path: path, reserve: cmp.Or(opts.Reserve, DefaultReserve), db: db, log: s.log}

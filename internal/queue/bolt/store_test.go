@@ -26,7 +26,7 @@ func newBackend(t *testing.T) queuetest.Open {
 	path := filepath.Join(t.TempDir(), "throttler.db")
 	return func(t *testing.T, c queuetest.Config) queue.Store {
 		t.Helper()
-		s, err := Open(path, Options{Clock: c.Clock, Policy: c.Policy, Ceiling: c.Ceiling})
+		s, err := Open(path, Options{Clock: c.Clock, Policy: c.Policy, Ceiling: c.Ceiling, Caps: c.Caps})
 		if err != nil {
 			t.Fatal(err)
 		}

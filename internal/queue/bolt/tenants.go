@@ -188,6 +188,7 @@ func (s *Store) status(name string, tm *tenantMem, now time.Time) queue.TenantSt
 		QueueDepth:    tm.depth,
 		InFlight:      tm.inFlight,
 		ExpectedDelay: rules.ExpectedDelay(tm.rec, now, s.policy(name), ceiling, tm.depth, time.Time{}),
+		LimitedBy:     rules.LimitOf(tm.rec, now, s.policy(name), ceiling, tm.depth),
 		Expired:       tm.rec.Expired,
 		Paused:        paused,
 		PausedUntil:   until,

@@ -26,6 +26,8 @@ type Config struct {
 	Policy queue.PolicyFunc
 	// Ceiling gives tenants' downstream ceilings (nil: none).
 	Ceiling queue.CeilingFunc
+	// Caps gives tenants' caps on attempts in flight (nil: none).
+	Caps queue.CapsFunc
 }
 
 // Open opens a store on one test's data. Calling it again after Close
@@ -73,6 +75,8 @@ func Run(t *testing.T, d Driver) {
 		{"ExpectedDelayCountsTheCeiling", testExpectedDelayCountsTheCeiling},
 		{"CeilingWindowsBoundTheCost", testCeilingWindowsBoundTheCost},
 		{"RetryCountsTheCeiling", testRetryCountsTheCeiling},
+		{"CapsHoldAttemptsInFlight", testCapsHoldAttemptsInFlight},
+		{"CapsCountRetries", testCapsCountRetries},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
 		{"TypesAndHandlerCancels", testTypesAndHandlerCancels},

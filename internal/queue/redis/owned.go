@@ -48,6 +48,15 @@ type owned struct {
 	// claiming: due entries are popped and their claim has not returned
 	// (they are in neither the schedule nor the handler's hands).
 	claiming bool
+	// places are the places under caps held, by job id (places.go).
+	places map[string]*place
+
+	// The claim loop's own: parked are due jobs refused a place under
+	// their caps, by tenant, in order (asked again when a place is given
+	// back here, and every parkPoll: another process may give one back);
+	// keptAt, when the places held were last kept.
+	parked map[string][]*entry
+	keptAt time.Time
 
 	// recountDue: the policies changed, and the claimed sets are to be
 	// brought to them before the next claim (recount).
@@ -80,7 +89,7 @@ type ended struct {
 
 func newOwned(c *consumer, f owner.Fence) *owned {
 	o := &owned{c: c, s: c.s, k: keysOf(f.Partition), fence: f,
-		known: map[string]bool{}, handed: map[string]handedJob{}, pace: map[string]time.Time{}, floors: map[string]time.Time{}, wake: make(chan struct{}, 1),
+		known: map[string]bool{}, handed: map[string]handedJob{}, places: map[string]*place{}, parked: map[string][]*entry{}, pace: map[string]time.Time{}, floors: map[string]time.Time{}, wake: make(chan struct{}, 1),
 		outcomes: make(chan ended, 1024), loopDone: make(chan struct{}), written: make(chan struct{})}
 	o.lastHanded = make(chan struct{})
 	close(o.lastHanded)
@@ -171,16 +180,31 @@ func (o *owned) run() {
 		if o.recountDue.Swap(false) {
 			o.recount()
 		}
+		o.keepPlaces()
 		o.mu.Lock()
 		due := o.paced(o.sched.popDue(o.s.localNow().Add(o.c.lead), claimBatchMax))
 		next, any := o.sched.next()
-		o.claiming = len(due) > 0
+		o.claiming = len(due) > 0 || len(o.parked) > 0
 		o.mu.Unlock()
+		if len(due) > 0 || len(o.parked) > 0 {
+			due = o.place(due)
+		}
 		if len(due) == 0 {
+			o.mu.Lock()
+			o.claiming = false
+			o.mu.Unlock()
 			wait := time.Hour
 			if any {
 				wait = next.Sub(o.s.localNow()) - o.c.lead
 			}
+			if len(o.parked) > 0 {
+				wait = min(wait, parkPoll)
+			}
+			o.mu.Lock()
+			if len(o.places) > 0 {
+				wait = min(wait, placeKeep)
+			}
+			o.mu.Unlock()
 			o.s.sleep(o.ctx, max(wait, 0), o.wake)
 			continue
 		}
@@ -195,6 +219,7 @@ func (o *owned) run() {
 				return
 			}
 			o.s.log.Error("cannot claim due jobs; trying again", "partition", o.fence.Partition, "err", err)
+			o.unplace(idsOf(due)...)
 			o.reschedule(due, o.s.localNow().Add(backoff))
 			o.s.sleep(o.ctx, backoff, nil)
 			backoff = min(2*backoff, time.Second)
@@ -470,8 +495,12 @@ func (o *owned) claim(due []*entry) error {
 	}
 	now := o.s.localNow()
 	var later []*entry
+	var unclaimed []string
 	for i, e := range due {
 		c := r.Jobs[i]
+		if c.Code != claimed {
+			unclaimed = append(unclaimed, e.id)
+		}
 		switch c.Code {
 		case claimDrop:
 			o.forget(e.id)
@@ -500,6 +529,7 @@ func (o *owned) claim(due []*entry) error {
 			o.startSend(j)
 		}
 	}
+	o.unplace(unclaimed...)
 	if len(later) > 0 {
 		o.reschedule(later, time.Time{})
 	}
@@ -552,6 +582,7 @@ func (o *owned) record(j queue.Job, out queue.Outcome) {
 		if err != nil {
 			return err
 		}
+		o.unplace(j.ID)
 		if !ok || cur.State.Finished() {
 			o.forget(j.ID)
 			return nil
@@ -666,7 +697,10 @@ func (o *owned) writeBatch(batch []ended) {
 		_, err := o.s.finishBatch(ctx, o.fence, o.k, jobs, outs, beside)
 		return err
 	})
-	for _, j := range jobs {
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
 		o.forget(j.ID)
+		ids[i] = j.ID
 	}
+	o.unplace(ids...)
 }

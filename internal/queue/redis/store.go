@@ -53,6 +53,7 @@ type Store struct {
 	partitions int
 	policy     queue.PolicyFunc
 	ceiling    queue.CeilingFunc
+	caps       queue.CapsFunc
 	clock      clock.Clock // nil: the Redis server's TIME
 	rclock     *redisClock // this process's reading of Redis's clock (of Clock, with TestHooks.OwnClock); nil on an injected Clock alone
 	log        *slog.Logger
@@ -114,6 +115,8 @@ type Options struct {
 	Policy queue.PolicyFunc
 	// Ceiling names a tenant's downstream and its ceiling (nil: none).
 	Ceiling queue.CeilingFunc
+	// Caps gives a tenant's caps on attempts in flight (default: none).
+	Caps queue.CapsFunc
 	// Clock, if set, decides instead of the Redis server's TIME (tests).
 	// Every process must then share it; production leaves it nil.
 	Clock clock.Clock
@@ -177,6 +180,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		partitions: partitions,
 		policy:     opts.Policy,
 		ceiling:    opts.Ceiling,
+		caps:       opts.Caps,
 		clock:      opts.Clock,
 		log:        cmp.Or(opts.Logger, slog.Default()),
 		retain:     cmp.Or(opts.Retention, 24*time.Hour),
@@ -191,6 +195,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if s.ceiling == nil {
 		s.ceiling = func(string) (string, *leaky.Policy) { return "", nil }
+	}
+	if s.caps == nil {
+		s.caps = func(string) queue.Caps { return queue.Caps{} }
 	}
 	if s.expired == nil {
 		s.expired = func(queue.Job) {}

@@ -61,7 +61,7 @@ func TestRedisConformance(t *testing.T) {
 		seenPartitions(t, rdb)
 		return func(t *testing.T, c queuetest.Config) queue.Store {
 			t.Helper()
-			s, err := Open(context.Background(), Options{Client: rdb, Clock: c.Clock, Policy: c.Policy, Ceiling: c.Ceiling, StartLag: -1,
+			s, err := Open(context.Background(), Options{Client: rdb, Clock: c.Clock, Policy: c.Policy, Ceiling: c.Ceiling, Caps: c.Caps, StartLag: -1,
 				// The arrivals are polled in real time: quick polls, for a
 				// test that waits until the store has caught up with its
 				// fake clock before it moves it (CaughtUp).

@@ -176,6 +176,7 @@ func (s *Store) status(ctx context.Context, name string, ts tenantState, now tim
 	return queue.TenantStatus{
 		Tenant: name, QueueDepth: depth, InFlight: max(ts.inFlight, 0), OwnerAt: ts.ownerAt,
 		ExpectedDelay: rules.ExpectedDelay(rec, now, p, ceiling, depth, ts.ownerAt),
+		LimitedBy:     rules.LimitOf(rec, now, p, ceiling, depth),
 		Paused:        paused, PausedUntil: until, Held: !pz.Held.IsZero(),
 		Accepted: ts.rec.Accepted, Rejected: ts.rec.Rejected, Delivered: ts.rec.Delivered,
 		Failed: ts.rec.Failed, Cancelled: ts.rec.Cancelled, Expired: ts.rec.Expired,
