@@ -105,6 +105,8 @@ func operatorConfig(t *testing.T, ds *downstreamtest.Server) string {
 url = %q
 timeout = "2s"
 rate = "10/s"
+max_in_flight = 50
+rate_limit_headers = "ietf"
 [tenants.alpha]
 downstream = "sms"
 rate = "4/s"
@@ -200,6 +202,10 @@ func TestStatusPageOperator(t *testing.T) {
 		{"do": "present", "sel": `#failed tr[data-job="` + job + `"]`},
 		{"do": "absent", "sel": "#pauseBtn, #resumeBtn, #failed button.retry"},
 		{"do": "token", "value": tokAdmin, "role": "admin"},
+		// The downstream's cap on attempts in flight and the rate limit
+		// fields it reads; the one with neither shows no such line.
+		{"do": "present", "sel": `#downstreams .ds[data-downstream="sms"] .announced[data-holds="0"]`},
+		{"do": "absent", "sel": `#downstreams .ds[data-downstream="test"] .announced`},
 		{"do": "select", "tenant": "beta"},
 		{"do": "lookup", "job": job, "expect": "400 Bad Request"},
 		{"do": "retry", "job": job},

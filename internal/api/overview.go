@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"net/http"
 	"slices"
 	"time"
@@ -96,13 +97,14 @@ func downstreamJSON(name string, d config.Downstream, samples []metrics.Downstre
 			attempts[c][i] = sm.Attempts[c]
 		}
 	}
-	now := map[string]any{"breaker_open": false, "attempts_total": map[string]float64{}, "pushbacks_total": 0.0}
+	now := map[string]any{"breaker_open": false, "attempts_total": map[string]float64{}, "pushbacks_total": 0.0, "announced_holds_total": 0.0}
 	if n := len(samples); n > 0 {
 		last := samples[n-1]
-		now = map[string]any{"breaker_open": last.BreakerOpen, "attempts_total": last.Attempts, "pushbacks_total": last.Pushbacks}
+		now = map[string]any{"breaker_open": last.BreakerOpen, "attempts_total": last.Attempts, "pushbacks_total": last.Pushbacks, "announced_holds_total": last.Announced}
 	}
 	out := map[string]any{"name": name, "ceiling": ceiling, "max_attempts": d.MaxAttempts, "max_in_flight": d.MaxInFlight,
-		"history": map[string]any{"t": at, "attempts": attempts, "pushbacks": pushbacks, "breaker_open": breaker}}
+		"rate_limit_headers": cmp.Or(d.RateLimitHeaders, "off"),
+		"history":            map[string]any{"t": at, "attempts": attempts, "pushbacks": pushbacks, "breaker_open": breaker}}
 	for k, v := range now {
 		out[k] = v
 	}

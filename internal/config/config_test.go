@@ -124,6 +124,8 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"[tenants.a]\nrate = \"1/m\"\nwindows = [\"5/s\"]\n", "tenants.a.windows[0]", "no longer than one interval"},
 		{"[downstreams.d]\nurl = \"http://x\"\nburst = 3\n", "downstreams.d.burst", "goes with rate"},
 		{"[downstreams.d]\nurl = \"http://x\"\nmax_in_flight = -1\n", "downstreams.d.max_in_flight", "from 0 (no cap) to 100000, got -1"},
+		{"[downstreams.d]\nurl = \"http://x\"\nrate_limit_headers = \"github\"\n", "downstreams.d.rate_limit_headers", "\"ietf\" (RateLimit fields), \"x-ratelimit\""},
+		{"[downstreams.d]\nurl = \"http://x\"\nrate_limit_max_wait = \"-1s\"\n", "downstreams.d.rate_limit_max_wait", "must be positive"},
 		{"[tenant_defaults]\nmax_in_flight = 1000001\n", "tenant_defaults.max_in_flight", "from 0 (no cap) to 100000"},
 		{"[tenants.a]\nmax_in_flight = -3\n", "tenants.a.max_in_flight", "got -3"},
 		{"[[auth.tokens]]\nname = \"x\"\n", "auth.tokens.x.sha256", "exactly one of"},

@@ -33,6 +33,17 @@ type Downstream struct {
 	// Windows are the ceiling's limits beside its rate, such as "10000/d".
 	Windows []string       `toml:"windows"`
 	windows []leaky.Window // parsed when loaded
+	// RateLimitHeaders is how the downstream announces the room it has
+	// left in its answers: "ietf" (RateLimit, as the IETF draft has it,
+	// any of its forms), "x-ratelimit" (X-RateLimit-Remaining and
+	// X-RateLimit-Reset) or "off". When an answer says none is left until
+	// a reset, the tenant (and the downstream, when it has a ceiling) is
+	// held until then, as a 429 with Retry-After would hold it, so that no
+	// attempt is spent on a refusal. Default "off".
+	RateLimitHeaders string `toml:"rate_limit_headers"`
+	// RateLimitMaxWait bounds a hold an announcement asks for: a reset
+	// further away is logged and held only this long. Default 1h.
+	RateLimitMaxWait Duration `toml:"rate_limit_max_wait"`
 	// MaxInFlight caps the attempts in flight across all tenants of this
 	// downstream (the vendor's account-wide limit on open requests),
 	// shared fairly by its tenants. 0: no cap. Default 0.
@@ -163,6 +174,19 @@ func (c *Config) checkDownstream(name string, d *Downstream) error {
 	}
 	if d.MaxAttempts == 0 {
 		d.MaxAttempts = 5
+	}
+	switch d.RateLimitHeaders {
+	case "":
+		d.RateLimitHeaders = "off"
+	case "off", "ietf", "x-ratelimit":
+	default:
+		return c.bad(key+".rate_limit_headers", "%q is not a style: use \"ietf\" (RateLimit fields), \"x-ratelimit\" (X-RateLimit-Remaining and X-RateLimit-Reset) or \"off\"", d.RateLimitHeaders)
+	}
+	if d.RateLimitMaxWait == 0 {
+		d.RateLimitMaxWait = Duration(time.Hour)
+	}
+	if d.RateLimitMaxWait < 0 {
+		return c.bad(key+".rate_limit_max_wait", "must be positive")
 	}
 	if d.MaxInFlight < 0 || d.MaxInFlight > maxInFlightLimit {
 		return c.bad(key+".max_in_flight", "must be from 0 (no cap) to %d, got %d", maxInFlightLimit, d.MaxInFlight)

@@ -40,6 +40,7 @@ func handlerOnlyHTTP(d *Downstream) []struct {
 		{"signing_secret_file", d.SigningSecretFile != ""},
 		{"signing_secret", bool(d.SigningSecret)},
 		{"keep_response_headers", len(d.KeepResponseHeaders) > 0},
+		{"rate_limit_headers", d.RateLimitHeaders != "" && d.RateLimitHeaders != "off"},
 	}
 }
 
@@ -73,6 +74,8 @@ func handlerDoes(key string) string {
 		return "signing, if its vendor wants any"
 	case key == "keep_response_headers":
 		return "answer: the bytes it returns are kept, up to keep_response_bytes"
+	case key == "rate_limit_headers":
+		return "pushback: a handler that knows its vendor has no room left returns a pushback error with the wait"
 	}
 	return "encoding of the payload"
 }

@@ -63,6 +63,7 @@ func TestHandlerDownstreamRefused(t *testing.T) {
 		{"handler = \"h\"\ntls_ca_file = \"/ca.pem\"", "downstreams.v.tls_ca_file", "authentication"},
 		{"handler = \"h\"\nsigning_secret_env = \"S\"", "downstreams.v.signing_secret_env", "signing"},
 		{"handler = \"h\"\nkeep_response_headers = [\"X-A\"]", "downstreams.v.keep_response_headers", "bytes it returns"},
+		{"handler = \"h\"\nrate_limit_headers = \"ietf\"", "downstreams.v.rate_limit_headers", "returns a pushback error"},
 		{"handler = \"h\"\nkeep_response_bytes = -1", "downstreams.v.keep_response_bytes", "from 0"},
 		{"handler = \"h\"\njob_methods = [\"TRACE\"]", "downstreams.v.job_methods[0]", "not a method"},
 		{"handler = \"h\"\nburst = 2", "downstreams.v.burst", "goes with rate"},

@@ -116,8 +116,12 @@ type sent struct {
 type answer struct {
 	status     int
 	retryAfter string
-	body       []byte          // its first bytes (attempt.read)
-	kept       *queue.Response // what the job keeps of it
+	// exhausted: its rate limit fields (the route's style) say no room is
+	// left for wait.
+	exhausted bool
+	wait      time.Duration
+	body      []byte          // its first bytes (attempt.read)
+	kept      *queue.Response // what the job keeps of it
 }
 
 func (d *Dispatcher) newAttempt(stop context.Context, job queue.Job, r Route, o *outbound.Downstream) *attempt {
@@ -308,8 +312,9 @@ func (a *attempt) read(resp *http.Response) *answer {
 	if truncated {
 		body = body[:limit]
 	}
+	wait, exhausted := exhausted(resp.Header, a.route.Announce, a.d.clock.Now())
 	return &answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: body,
-		kept: a.out.Keep(resp.StatusCode, resp.Header, body, truncated)}
+		exhausted: exhausted, wait: wait, kept: a.out.Keep(resp.StatusCode, resp.Header, body, truncated)}
 }
 
 // roundTrip sends req as client.Do would, straight to the client's

@@ -71,6 +71,19 @@ func (d *Dispatcher) classifyAnswer(job queue.Job, r Route, br *breaker, probe b
 	st, body := s.answer.status, s.answer.body
 	out := queue.Outcome{SentAt: s.at, Status: st, Response: s.answer.kept}
 	wait, hasWait := retryAfter(s.answer.retryAfter, now)
+	announced, capped, ok := announcedWait(r, s.answer)
+	switch {
+	case !ok:
+	case !hasWait && (st == http.StatusTooManyRequests || st == http.StatusServiceUnavailable):
+		// A refusal that says when in its rate limit fields only.
+		wait, hasWait = announced, true
+		d.tellAnnounced(job, announced, capped)
+	case st != http.StatusTooManyRequests && !(st == http.StatusServiceUnavailable && hasWait):
+		// Taken, or refused for another reason, with no room left: the
+		// sends behind it wait for the reset instead of being refused.
+		d.hold(job, r, now.Add(announced))
+		d.tellAnnounced(job, announced, capped)
+	}
 	switch {
 	case st >= 200 && st < 300:
 		br.report(now, probe, healthy)
@@ -113,15 +126,46 @@ func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until t
 	// At least one interval: "Retry-After: 0" must not mean "again at once,
 	// and again".
 	until = clock.Later(until, d.clock.Now().Add(r.Policy.Interval))
+	d.hold(job, r, until)
+	out.Result, out.Error, out.NotBefore, out.PauseUntil = queue.Retry, msg, until, until
+	out.PauseDownstream = r.Ceiling != nil
+	return out
+}
+
+// hold stops the sends of job's tenant (and of its downstream, when it
+// has a ceiling: its account-wide limit is what ran out) until until:
+// those waiting at the gate give up and go back in line, their tenant
+// paused until then (unsentOutcome), and after it one goes at once and
+// the rest one interval apart.
+func (d *Dispatcher) hold(job queue.Job, r Route, until time.Time) {
 	d.gate.Hold(tenantKey(job.Tenant), until)
 	d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
 	if r.Ceiling != nil {
 		d.gate.Hold(downstreamKey(r.Downstream), until)
 		d.gate.Space(downstreamKey(r.Downstream), until.Add(r.Ceiling.Tolerance()))
 	}
-	out.Result, out.Error, out.NotBefore, out.PauseUntil = queue.Retry, msg, until, until
-	out.PauseDownstream = r.Ceiling != nil
-	return out
+}
+
+// announcedWait is the hold an answer's rate limit fields ask for (false:
+// they leave room, or are not read), at most the route's bound (capped:
+// the reset was further away) and at least one interval of the tenant's
+// rate (a reset now must not mean "again at once, and again").
+func announcedWait(r Route, a *answer) (wait time.Duration, capped, ok bool) {
+	if !a.exhausted {
+		return 0, false, false
+	}
+	wait = a.wait
+	if r.AnnounceMaxWait > 0 && wait > r.AnnounceMaxWait {
+		wait, capped = r.AnnounceMaxWait, true
+	}
+	return max(wait, r.Policy.Interval), capped, true
+}
+
+// tellAnnounced tells OnAnnounced of a hold an answer's fields asked for.
+func (d *Dispatcher) tellAnnounced(job queue.Job, wait time.Duration, capped bool) {
+	if d.announced != nil {
+		d.announced(job, wait, capped)
+	}
 }
 
 // failure handles a 5xx, timeout or connection error: it feeds the

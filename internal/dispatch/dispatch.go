@@ -42,6 +42,11 @@ type Route struct {
 	// (handler.go). Outbound then checks nothing at the send, and keeps
 	// what the handler returns.
 	Call Call
+	// Announce is the style of rate limit fields its answers carry
+	// (AnnounceIETF, AnnounceXRate; "" or AnnounceOff: none read), and
+	// AnnounceMaxWait the longest hold one may ask for.
+	Announce        string
+	AnnounceMaxWait time.Duration
 }
 
 // lanes are the gate's rules for a send of tenant on r: the tenant's rate,
@@ -79,6 +84,11 @@ type Options struct {
 	// OnWrite, if set, is told when an attempt's request is written (a
 	// Go handler's: called), before its answer. It must be quick.
 	OnWrite func(job queue.Job)
+	// OnAnnounced, if set, is told when an answer's rate limit fields
+	// hold job's tenant (and its downstream, with a ceiling) for wait;
+	// capped: the reset was further away than the route's bound, which
+	// is what is held.
+	OnAnnounced func(job queue.Job, wait time.Duration, capped bool)
 }
 
 // Dispatcher is a queue.Handler. Safe for concurrent use.
@@ -94,6 +104,7 @@ type Dispatcher struct {
 	onAttempt func(queue.Job, queue.Outcome, string, time.Duration)
 	shared    func(context.Context, queue.GateRequest) (queue.GateAnswer, error)
 	onWrite   func(queue.Job)
+	announced func(queue.Job, time.Duration, bool)
 
 	breakersMu sync.Mutex
 	breakers   map[string]*breaker // by downstream
@@ -113,6 +124,7 @@ func New(opts Options) *Dispatcher {
 		onAttempt: opts.OnAttempt,
 		shared:    opts.Shared,
 		onWrite:   opts.OnWrite,
+		announced: opts.OnAnnounced,
 
 		breakers: map[string]*breaker{},
 		rand:     rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),

@@ -32,13 +32,13 @@ type Metrics struct {
 
 	accepted, rejected, delivered, failed, retried *prometheus.CounterVec
 	expired                                        *prometheus.CounterVec
-	attempts, pushbacks                            *prometheus.CounterVec
+	attempts, pushbacks, announced                 *prometheus.CounterVec
 	callbacks                                      *prometheus.CounterVec
 	dispatchError, queueWait, latency              *prometheus.HistogramVec
 	labels                                         Labels
 	breakers                                       atomic.Pointer[func() map[string]bool]
 	store                                          TenantReader
-	perDownstream                                  *prometheus.Registry // attempts and pushbacks alone, for Recent
+	perDownstream                                  *prometheus.Registry // attempts, pushbacks and announced holds alone, for Recent
 	recent                                         atomic.Pointer[Recent]
 	latencies                                      sync.Map // downstream -> *atomic.Int64: RecentLatency's average (ns)
 }
@@ -112,6 +112,8 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 		expired:   counter("jobs_expired_total", "Jobs whose deadline came before they could be sent (never sent)."),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "attempts_total",
 			Help: "Requests to downstreams, by answer class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error)."}, []string{"downstream", "class"}),
+		announced: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "announced_holds_total",
+			Help: "Answers whose rate limit fields said no room was left until a reset (rate_limit_headers): the tenant was held until then."}, []string{"downstream"}),
 		pushbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "pushbacks_total",
 			Help: "Answers that paused a tenant to wait as the downstream asked (429, or 503 with Retry-After)."}, []string{"downstream"}),
 		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "callbacks_total",
@@ -120,7 +122,7 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 		queueWait:     hist("queue_wait_seconds", "When a job's first attempt was written, minus when it was accepted."),
 		latency:       hist("downstream_latency_seconds", "From writing a request to its answer (or error)."),
 	}
-	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.pushbacks, m.callbacks, m.dispatchError, m.queueWait, m.latency,
+	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.pushbacks, m.announced, m.callbacks, m.dispatchError, m.queueWait, m.latency,
 		&queueCollector{store: store, labels: labels, named: named}, breakerCollector{m})
 	if sp, ok := store.(queue.Space); ok {
 		reg.MustRegister(spaceCollector{sp})
@@ -136,7 +138,7 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 		)
 	}
 	m.perDownstream = prometheus.NewRegistry()
-	m.perDownstream.MustRegister(m.attempts, m.pushbacks)
+	m.perDownstream.MustRegister(m.attempts, m.pushbacks, m.announced)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Rare events start at 0 for the tenants named in config, so a rate()
 	// or an alert on them has a series before the first one happens.
@@ -223,6 +225,13 @@ func (m *Metrics) Attempt(j queue.Job, o queue.Outcome, class string, latency ti
 	case queue.Expired:
 		m.Expired(j)
 	}
+}
+
+// Announced counts an answer of job's downstream whose rate limit fields
+// held its tenant until a reset.
+func (m *Metrics) Announced(j queue.Job) {
+	ds, _ := m.labels(j.Tenant)
+	m.announced.WithLabelValues(ds).Inc()
 }
 
 // pushedBack reports an answer that asked the tenant to wait: the job is

@@ -49,6 +49,7 @@ type DownstreamSample struct {
 	At          time.Time
 	Attempts    map[string]float64 // by class, totals
 	Pushbacks   float64            // total
+	Announced   float64            // total: holds its rate limit fields asked for
 	BreakerOpen bool
 }
 
@@ -290,6 +291,8 @@ func (m *Metrics) downstreamCounts() map[string]*DownstreamSample {
 				get(ds).Attempts[class] = mt.GetCounter().GetValue()
 			case "throttler_pushbacks_total":
 				get(ds).Pushbacks = mt.GetCounter().GetValue()
+			case "throttler_announced_holds_total":
+				get(ds).Announced = mt.GetCounter().GetValue()
 			}
 		}
 	}

@@ -198,6 +198,13 @@ func (r *running) startDispatcher() {
 		OnAttempt: m.Attempt,
 		OnWrite:   onWrite,
 		Routes:    r.route,
+		OnAnnounced: func(j queue.Job, wait time.Duration, capped bool) {
+			m.Announced(j)
+			if capped {
+				r.log.Warn("a downstream announced no room left until a reset further away than rate_limit_max_wait: holding its tenant that long only",
+					"tenant", j.Tenant, "held_for", wait.String())
+			}
+		},
 	})
 	m.WatchBreakers(r.dispatcher.Breakers)
 }
@@ -209,7 +216,8 @@ func (r *running) route(tenant string) dispatch.Route {
 	ts, _ := c.Tenant(tenant)
 	ds := c.Downstreams[ts.Downstream]
 	return dispatch.Route{Downstream: ts.Downstream, Outbound: set.byName[ts.Downstream], URL: ds.URL, Timeout: ds.Timeout.Std(),
-		MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling(), Call: r.call(ds)}
+		MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling(), Call: r.call(ds),
+		Announce: ds.RateLimitHeaders, AnnounceMaxWait: ds.RateLimitMaxWait.Std()}
 }
 
 // keepRecent starts the samples of the last minutes that the status page

@@ -51,6 +51,14 @@ function downstreamCard(d, classes) {
   card.append(el("div", { className: "kv pushbacks", dataset: { total: String(d.pushbacks_total) } },
     "pushbacks (429, 503 + Retry-After): ", el("b", {}, fmtNum(inWindow(h.pushbacks))), " in " + Math.round(state.window / 60000) + " min · ",
     fmtNum(d.pushbacks_total) + " total"));
+  if (d.max_in_flight || (d.rate_limit_headers && d.rate_limit_headers !== "off")) {
+    const parts = [];
+    if (d.max_in_flight) parts.push("at most " + d.max_in_flight + " in flight");
+    if (d.rate_limit_headers && d.rate_limit_headers !== "off") {
+      parts.push("reads its " + d.rate_limit_headers + " rate limit fields: " + fmtNum(d.announced_holds_total) + " holds until a reset");
+    }
+    card.append(el("div", { className: "kv announced", dataset: { holds: String(d.announced_holds_total || 0) } }, parts.join(" · ")));
+  }
   const chips = el("div", { className: "classes" });
   for (const c of classes) {
     const n = inWindow(h.attempts[c] || []);
