@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -24,41 +25,57 @@ import (
 // every window. Every job is delivered either way.
 func TestAnnouncedLimitsSpareTheRefusals(t *testing.T) {
 	testutil.SkipShort(t, "process test: a vendor that announces its fixed windows, for seconds")
+	t.Parallel() // waits on real time: overlapped with the other parallel tests
 	const perWindow = 10
 	jobs := 60 // about 4 s at 15/s; THROTTLER_ANNOUNCED_JOBS=900 is the minute docs/BENCHMARKS.md gives
 	if n, err := strconv.Atoi(os.Getenv("THROTTLER_ANNOUNCED_JOBS")); err == nil && n > 0 {
 		jobs = n
 	}
-	for _, style := range []string{"off", "ietf", "x-ratelimit"} {
-		t.Run(style, func(t *testing.T) {
+	for _, c := range []struct {
+		name, style, scope string
+		tenants            int
+	}{
+		{"off", "off", "tenant", 1},
+		{"ietf", "ietf", "tenant", 1},
+		{"x-ratelimit", "x-ratelimit", "tenant", 1},
+		// Two tenants at 15/s each on one vendor account: a "none left"
+		// holds them both.
+		{"x-ratelimit-two-tenants-scope-downstream", "x-ratelimit", "downstream", 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel() // waits on real time
 			onEachStore(t, func(t *testing.T, redisURL string) {
 				t.Parallel()
-				v := &windowVendor{limit: perWindow, style: style}
+				v := &windowVendor{limit: perWindow, style: c.style}
 				ds := downstreamtest.New(t)
 				ds.Answer(v.answer)
-				file := oneProcessConfig(t, redisURL, fmt.Sprintf("[downstreams.v]\nurl = %q\nrate_limit_headers = %q\n[tenant_defaults]\nrate = \"15/s\"\ncapacity = %d\n", ds.URL+"/send", style, jobs))
+				file := oneProcessConfig(t, redisURL, fmt.Sprintf("[downstreams.v]\nurl = %q\nrate_limit_headers = %q\nrate_limit_scope = %q\n[tenant_defaults]\nrate = \"15/s\"\ncapacity = %d\n",
+					ds.URL+"/send", c.style, c.scope, jobs))
 				p := startReady(t, file)
-				names := postBatchKeyed(t, p.base, "t0", jobs)
+				names := map[string]string{}
+				for tn := range c.tenants {
+					maps.Copy(names, postBatchKeyed(t, p.base, tn, jobs/c.tenants))
+				}
+				total := len(names)
 				// The vendor takes 10 a second, and at worst a hold of a
 				// whole second follows each: 5 a second.
-				testutil.WaitFor(t, time.Duration(jobs/5)*time.Second+30*time.Second, "every job taken by the vendor", func() bool {
+				testutil.WaitFor(t, time.Duration(total/5)*time.Second+30*time.Second, "every job taken by the vendor", func() bool {
 					_, _, taken, _, _ := v.counts()
-					return taken >= jobs
+					return taken >= total
 				})
 				awaitEveryKey(t, ds, names, 100*time.Millisecond)
 				refused, refusedLater, taken, first, last := v.counts()
-				perSecond := float64(taken-1) / last.Sub(first).Seconds() // intervals between the first and the last
-				t.Logf("%s: %d jobs, %d refused by the vendor (%d after its first window), %d taken in %v: %.1f/s against its %d/s",
-					style, jobs, refused, refusedLater, taken, last.Sub(first).Round(time.Millisecond), perSecond, perWindow)
-				if style == "off" {
+				windows := last.Unix() - first.Unix() + 1 // the vendor's seconds from the first taken to the last
+				t.Logf("%s: %d jobs over %d tenants, %d refused by the vendor (%d after its first window), %d taken in %d of its windows: %.1f a window of its %d",
+					c.name, total, c.tenants, refused, refusedLater, taken, windows, float64(taken)/float64(windows), perWindow)
+				if c.style == "off" {
 					if refusedLater == 0 {
 						t.Fatalf("with the announcements off, the vendor refused none after its first window: the test does not exercise them")
 					}
 					return
 				}
 				if refusedLater > 0 {
-					t.Fatalf("with %s read, the vendor still refused %d requests after its first window", style, refusedLater)
+					t.Fatalf("with %s read (scope %s), the vendor still refused %d requests after its first window", c.style, c.scope, refusedLater)
 				}
 			})
 		})
@@ -132,9 +149,10 @@ func (v *windowVendor) counts() (refused, refusedLater, taken int, first, last t
 	return v.refused, v.refusedLater, v.taken, v.first, v.last
 }
 
-// postBatchKeyed posts n jobs to tenant in one batch, job i with the key
-// "k0-i" in its payload (as postAtOnce's), and returns their keys by id.
-func postBatchKeyed(t *testing.T, base, tenant string, n int) map[string]string {
+// postBatchKeyed posts n jobs to tenant tn ("t<tn>") in one batch, job i
+// with the key "k<tn>-i" in its payload (as postAtOnce's), and returns
+// their keys by id.
+func postBatchKeyed(t *testing.T, base string, tn, n int) map[string]string {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString(`{"jobs":[`)
@@ -142,10 +160,10 @@ func postBatchKeyed(t *testing.T, base, tenant string, n int) map[string]string 
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, `{"payload":{"key":"k0-%d"}}`, i)
+		fmt.Fprintf(&b, `{"payload":{"key":"k%d-%d"}}`, tn, i)
 	}
 	b.WriteString(`]}`)
-	st, _, body := call(t, "POST", base+"/v1/tenants/"+tenant+"/jobs:batch", b.String())
+	st, _, body := call(t, "POST", fmt.Sprintf("%s/v1/tenants/t%d/jobs:batch", base, tn), b.String())
 	results, _ := body["results"].([]any)
 	if st != http.StatusOK || len(results) != n {
 		t.Fatalf("a batch of %d: %d %v", n, st, body)
@@ -156,7 +174,7 @@ func postBatchKeyed(t *testing.T, base, tenant string, n int) map[string]string 
 		if m["status"] != float64(http.StatusAccepted) {
 			t.Fatalf("job %d of the batch: %v", i, m)
 		}
-		names[m["id"].(string)] = fmt.Sprintf("k0-%d", i)
+		names[m["id"].(string)] = fmt.Sprintf("k%d-%d", tn, i)
 	}
 	return names
 }

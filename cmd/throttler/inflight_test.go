@@ -21,6 +21,7 @@ import (
 // open there. Every job is delivered; a job repeats only with its key.
 func TestInFlightCapHoldsAtTheVendor(t *testing.T) {
 	testutil.SkipShort(t, "process test: caps on attempts in flight, across a kill -9")
+	t.Parallel() // waits on real time: overlapped with the other parallel tests
 	const tenantCap = "max_in_flight = 0\n[tenant_defaults]\nrate = \"50/s\"\ncapacity = 200\nmax_in_flight = 3\n"
 	const sharedCap = "max_in_flight = 3\n[tenant_defaults]\nrate = \"50/s\"\ncapacity = 200\n"
 	for _, c := range []struct {

@@ -103,8 +103,8 @@ func downstreamJSON(name string, d config.Downstream, samples []metrics.Downstre
 		now = map[string]any{"breaker_open": last.BreakerOpen, "attempts_total": last.Attempts, "pushbacks_total": last.Pushbacks, "announced_holds_total": last.Announced}
 	}
 	out := map[string]any{"name": name, "ceiling": ceiling, "max_attempts": d.MaxAttempts, "max_in_flight": d.MaxInFlight,
-		"rate_limit_headers": cmp.Or(d.RateLimitHeaders, "off"),
-		"history":            map[string]any{"t": at, "attempts": attempts, "pushbacks": pushbacks, "breaker_open": breaker}}
+		"rate_limit_headers": cmp.Or(d.RateLimitHeaders, "off"), "rate_limit_scope": cmp.Or(d.RateLimitScope, "tenant"),
+		"history": map[string]any{"t": at, "attempts": attempts, "pushbacks": pushbacks, "breaker_open": breaker}}
 	for k, v := range now {
 		out[k] = v
 	}

@@ -37,13 +37,18 @@ type Downstream struct {
 	// left in its answers: "ietf" (RateLimit, as the IETF draft has it,
 	// any of its forms), "x-ratelimit" (X-RateLimit-Remaining and
 	// X-RateLimit-Reset) or "off". When an answer says none is left until
-	// a reset, the tenant (and the downstream, when it has a ceiling) is
-	// held until then, as a 429 with Retry-After would hold it, so that no
-	// attempt is spent on a refusal. Default "off".
+	// a reset, RateLimitScope is held until then, as a 429 with
+	// Retry-After holds its tenant, so that no attempt is spent on a
+	// refusal. Default "off".
 	RateLimitHeaders string `toml:"rate_limit_headers"`
-	// RateLimitMaxWait bounds a hold an announcement asks for: a reset
-	// further away is logged and held only this long. Default 1h.
-	RateLimitMaxWait Duration `toml:"rate_limit_max_wait"`
+	// RateLimitScope is what an announcement that no room is left holds:
+	// "tenant" (the tenant whose answer said so) or "downstream" (every
+	// tenant of it: the vendor's limit is the account's). Default
+	// "tenant".
+	RateLimitScope string `toml:"rate_limit_scope"`
+	// MaxHold bounds a hold an announcement asks for: a reset further
+	// away is logged and held only this long. Default 1h.
+	MaxHold Duration `toml:"max_hold"`
 	// MaxInFlight caps the attempts in flight across all tenants of this
 	// downstream (the vendor's account-wide limit on open requests),
 	// shared fairly by its tenants. 0: no cap. Default 0.
@@ -175,18 +180,10 @@ func (c *Config) checkDownstream(name string, d *Downstream) error {
 	if d.MaxAttempts == 0 {
 		d.MaxAttempts = 5
 	}
-	switch d.RateLimitHeaders {
-	case "":
-		d.RateLimitHeaders = "off"
-	case "off", "ietf", "x-ratelimit":
-	default:
-		return c.bad(key+".rate_limit_headers", "%q is not a style: use \"ietf\" (RateLimit fields), \"x-ratelimit\" (X-RateLimit-Remaining and X-RateLimit-Reset) or \"off\"", d.RateLimitHeaders)
-	}
-	if d.RateLimitMaxWait == 0 {
-		d.RateLimitMaxWait = Duration(time.Hour)
-	}
-	if d.RateLimitMaxWait < 0 {
-		return c.bad(key+".rate_limit_max_wait", "must be positive")
+	if d.Handler == "" {
+		if err := c.checkAnnounced(key, d); err != nil {
+			return err
+		}
 	}
 	if d.MaxInFlight < 0 || d.MaxInFlight > maxInFlightLimit {
 		return c.bad(key+".max_in_flight", "must be from 0 (no cap) to %d, got %d", maxInFlightLimit, d.MaxInFlight)
@@ -201,6 +198,32 @@ func (c *Config) checkDownstream(name string, d *Downstream) error {
 		return err
 	}
 	return c.checkCeiling(key, d)
+}
+
+// checkAnnounced checks how an HTTP downstream's announced limits are read
+// (rate_limit_headers, rate_limit_scope, max_hold), filling the defaults.
+func (c *Config) checkAnnounced(key string, d *Downstream) error {
+	switch d.RateLimitHeaders {
+	case "":
+		d.RateLimitHeaders = "off"
+	case "off", "ietf", "x-ratelimit":
+	default:
+		return c.bad(key+".rate_limit_headers", "%q is not a style: use \"ietf\" (RateLimit fields), \"x-ratelimit\" (X-RateLimit-Remaining and X-RateLimit-Reset) or \"off\"", d.RateLimitHeaders)
+	}
+	switch d.RateLimitScope {
+	case "":
+		d.RateLimitScope = "tenant"
+	case "tenant", "downstream":
+	default:
+		return c.bad(key+".rate_limit_scope", "%q is not a scope: use \"tenant\" (the tenant whose answer said no room is left) or \"downstream\" (all its tenants)", d.RateLimitScope)
+	}
+	if d.MaxHold == 0 {
+		d.MaxHold = Duration(time.Hour)
+	}
+	if d.MaxHold < 0 {
+		return c.bad(key+".max_hold", "must be positive")
+	}
+	return nil
 }
 
 // checkCeiling checks the downstream's own limit (rate, burst, windows).

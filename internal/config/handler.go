@@ -41,6 +41,8 @@ func handlerOnlyHTTP(d *Downstream) []struct {
 		{"signing_secret", bool(d.SigningSecret)},
 		{"keep_response_headers", len(d.KeepResponseHeaders) > 0},
 		{"rate_limit_headers", d.RateLimitHeaders != "" && d.RateLimitHeaders != "off"},
+		{"rate_limit_scope", d.RateLimitScope != ""},
+		{"max_hold", d.MaxHold != 0},
 	}
 }
 
@@ -74,7 +76,7 @@ func handlerDoes(key string) string {
 		return "signing, if its vendor wants any"
 	case key == "keep_response_headers":
 		return "answer: the bytes it returns are kept, up to keep_response_bytes"
-	case key == "rate_limit_headers":
+	case key == "rate_limit_headers" || key == "rate_limit_scope" || key == "max_hold":
 		return "pushback: a handler that knows its vendor has no room left returns a pushback error with the wait"
 	}
 	return "encoding of the payload"

@@ -94,10 +94,10 @@ func FuzzAnnounced(f *testing.F) {
 }
 
 // A hold an announcement asks for is bounded by the route's
-// rate_limit_max_wait (and says so), and lasts at least one interval of
+// max_hold (and says so), and lasts at least one interval of
 // the tenant's rate: a reset now must not mean "again at once, and again".
 func TestAnnouncedHoldIsBounded(t *testing.T) {
-	r := Route{Policy: leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1}, AnnounceMaxWait: time.Minute}
+	r := Route{Policy: leaky.Policy{Interval: 100 * time.Millisecond, Burst: 1}, MaxHold: time.Minute}
 	for _, c := range []struct {
 		said, want time.Duration
 		capped     bool

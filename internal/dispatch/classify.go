@@ -81,7 +81,12 @@ func (d *Dispatcher) classifyAnswer(job queue.Job, r Route, br *breaker, probe b
 	case st != http.StatusTooManyRequests && !(st == http.StatusServiceUnavailable && hasWait):
 		// Taken, or refused for another reason, with no room left: the
 		// sends behind it wait for the reset instead of being refused.
-		d.hold(job, r, now.Add(announced))
+		until := now.Add(announced)
+		d.gate.Hold(tenantKey(job.Tenant), until)
+		d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
+		if r.AnnounceDownstream {
+			d.holdDownstream(r, until)
+		}
 		d.tellAnnounced(job, announced, capped)
 	}
 	switch {
@@ -133,15 +138,23 @@ func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until t
 }
 
 // hold stops the sends of job's tenant (and of its downstream, when it
-// has a ceiling: its account-wide limit is what ran out) until until:
-// those waiting at the gate give up and go back in line, their tenant
-// paused until then (unsentOutcome), and after it one goes at once and
-// the rest one interval apart.
+// has a ceiling: its account-wide limit is what ran out) until until, as
+// a pushback does: those waiting at the gate give up and go back in line,
+// their tenant paused until then (unsentOutcome), and after it one goes
+// at once and the rest one interval apart.
 func (d *Dispatcher) hold(job queue.Job, r Route, until time.Time) {
 	d.gate.Hold(tenantKey(job.Tenant), until)
 	d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
 	if r.Ceiling != nil {
-		d.gate.Hold(downstreamKey(r.Downstream), until)
+		d.holdDownstream(r, until)
+	}
+}
+
+// holdDownstream stops the sends of every tenant of r's downstream until
+// until (those waiting give up and go back in line, each tenant paused).
+func (d *Dispatcher) holdDownstream(r Route, until time.Time) {
+	d.gate.Hold(downstreamKey(r.Downstream), until)
+	if r.Ceiling != nil {
 		d.gate.Space(downstreamKey(r.Downstream), until.Add(r.Ceiling.Tolerance()))
 	}
 }
@@ -155,8 +168,8 @@ func announcedWait(r Route, a *answer) (wait time.Duration, capped, ok bool) {
 		return 0, false, false
 	}
 	wait = a.wait
-	if r.AnnounceMaxWait > 0 && wait > r.AnnounceMaxWait {
-		wait, capped = r.AnnounceMaxWait, true
+	if r.MaxHold > 0 && wait > r.MaxHold {
+		wait, capped = r.MaxHold, true
 	}
 	return max(wait, r.Policy.Interval), capped, true
 }

@@ -43,10 +43,13 @@ type Route struct {
 	// what the handler returns.
 	Call Call
 	// Announce is the style of rate limit fields its answers carry
-	// (AnnounceIETF, AnnounceXRate; "" or AnnounceOff: none read), and
-	// AnnounceMaxWait the longest hold one may ask for.
-	Announce        string
-	AnnounceMaxWait time.Duration
+	// (AnnounceIETF, AnnounceXRate; "" or AnnounceOff: none read);
+	// AnnounceDownstream, that a "none left" holds every tenant of the
+	// downstream, not only the one whose answer said so; MaxHold, the
+	// longest hold one may ask for.
+	Announce           string
+	AnnounceDownstream bool
+	MaxHold            time.Duration
 }
 
 // lanes are the gate's rules for a send of tenant on r: the tenant's rate,

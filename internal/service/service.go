@@ -201,7 +201,7 @@ func (r *running) startDispatcher() {
 		OnAnnounced: func(j queue.Job, wait time.Duration, capped bool) {
 			m.Announced(j)
 			if capped {
-				r.log.Warn("a downstream announced no room left until a reset further away than rate_limit_max_wait: holding its tenant that long only",
+				r.log.Warn("a downstream announced no room left until a reset further away than its max_hold: holding that long only",
 					"tenant", j.Tenant, "held_for", wait.String())
 			}
 		},
@@ -217,7 +217,7 @@ func (r *running) route(tenant string) dispatch.Route {
 	ds := c.Downstreams[ts.Downstream]
 	return dispatch.Route{Downstream: ts.Downstream, Outbound: set.byName[ts.Downstream], URL: ds.URL, Timeout: ds.Timeout.Std(),
 		MaxAttempts: c.Attempts(ts), Policy: ts.Policy(), Ceiling: ds.Ceiling(), Call: r.call(ds),
-		Announce: ds.RateLimitHeaders, AnnounceMaxWait: ds.RateLimitMaxWait.Std()}
+		Announce: ds.RateLimitHeaders, AnnounceDownstream: ds.RateLimitScope == "downstream", MaxHold: ds.MaxHold.Std()}
 }
 
 // keepRecent starts the samples of the last minutes that the status page

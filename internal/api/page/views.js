@@ -55,7 +55,8 @@ function downstreamCard(d, classes) {
     const parts = [];
     if (d.max_in_flight) parts.push("at most " + d.max_in_flight + " in flight");
     if (d.rate_limit_headers && d.rate_limit_headers !== "off") {
-      parts.push("reads its " + d.rate_limit_headers + " rate limit fields: " + fmtNum(d.announced_holds_total) + " holds until a reset");
+      parts.push("reads its " + d.rate_limit_headers + " rate limit fields (a none left holds " +
+        (d.rate_limit_scope === "downstream" ? "all its tenants" : "the tenant") + "): " + fmtNum(d.announced_holds_total) + " holds until a reset");
     }
     card.append(el("div", { className: "kv announced", dataset: { holds: String(d.announced_holds_total || 0) } }, parts.join(" · ")));
   }
