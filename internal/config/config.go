@@ -31,6 +31,10 @@ type Config struct {
 	Downstreams    map[string]Downstream     `toml:"downstreams"`
 	TenantDefaults TenantSettings            `toml:"tenant_defaults"`
 	Tenants        map[string]TenantSettings `toml:"tenants"`
+	// Plans name sets of tenant settings that tenant_defaults and
+	// [tenants.NAME] may take by name (plan = "pro"): a layer is its
+	// plan with its own keys over it (DESIGN.md 6f).
+	Plans map[string]TenantSettings `toml:"plans"`
 	Auth           Auth                      `toml:"auth"`
 	Log            Log                       `toml:"log"`
 	Callbacks      Callbacks                 `toml:"callbacks"`
@@ -194,10 +198,9 @@ func (e *Error) Error() string {
 // `throttler serve` runs with no file at all.
 const DefaultDownstream = "default"
 
-// Default is the config with no file: everything has a value.
+// Default is the config with no file: everything has a value once
+// validated (tenant_defaults' are filled then, under its plan's).
 func Default() *Config {
-	one, ten, yes := 1, 10, true
-	rate := leaky.MustParseRate("1/s")
 	return &Config{
 		Server: Server{
 			Listen:                "127.0.0.1:8080",
@@ -220,14 +223,15 @@ func Default() *Config {
 		},
 		Dispatch: Dispatch{Concurrency: 1024},
 		Log:      Log{Level: "info", Format: "auto"},
-		TenantDefaults: TenantSettings{
-			Mode:                ModeLeaky,
-			Rate:                &rate,
-			Capacity:            &ten,
-			Burst:               &one,
-			AllowUnknownTenants: &yes,
-		},
 	}
+}
+
+// builtinTenantDefaults are the tenant settings that neither
+// tenant_defaults nor its plan gives.
+func builtinTenantDefaults() TenantSettings {
+	one, ten, yes := 1, 10, true
+	rate := leaky.MustParseRate("1/s")
+	return TenantSettings{Mode: ModeLeaky, Rate: &rate, Capacity: &ten, Burst: &one, AllowUnknownTenants: &yes}
 }
 
 // NeedsRestart lists the keys whose change between c and next a running

@@ -287,3 +287,85 @@ tenants = ["*"]
 		t.Fatalf("--insecure-no-auth: %v", err)
 	}
 }
+
+// Plans: each layer (tenant_defaults, then a tenant's own table) is its
+// plan with its own keys over it, and a higher layer overrides a lower one
+// wherever it says something; a plan named says all of its keys.
+func TestPlansLayer(t *testing.T) {
+	t.Parallel()
+	p := writeFile(t, `
+[plans.free]
+rate = "1/s"
+capacity = 100
+[plans.pro]
+rate = "20/s"
+capacity = 10000
+windows = ["100000/d"]
+max_in_flight = 5
+[tenant_defaults]
+plan = "free"
+burst = 2
+[tenants.acme]
+plan = "pro"
+capacity = 50
+[tenants.plain]
+rate = "3/s"
+`)
+	cfg, err := Load(p, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		tenant          string
+		interval        time.Duration
+		capacity, burst int
+		windows, inCap  int
+	}{
+		{"anyone", time.Second, 100, 2, 0, 0},        // free, and tenant_defaults' own burst
+		{"acme", 50 * time.Millisecond, 50, 2, 1, 5}, // pro, with its own capacity
+		{"plain", time.Second / 3, 100, 2, 0, 0},     // its own rate over the free default
+	} {
+		ts, _ := cfg.Tenant(c.tenant)
+		pol := ts.Policy()
+		if pol.Interval != c.interval || pol.Capacity != c.capacity || pol.Burst != c.burst || len(pol.Windows) != c.windows || ts.InFlightCap() != c.inCap {
+			t.Errorf("%s: %+v, max_in_flight %d; want interval %v, capacity %d, burst %d, %d windows, max_in_flight %d",
+				c.tenant, pol, ts.InFlightCap(), c.interval, c.capacity, c.burst, c.windows, c.inCap)
+		}
+	}
+	// A plan overrides tenant_defaults' own keys: the tenant's layer is higher.
+	p = writeFile(t, "[plans.fast]\nrate = \"50/s\"\n[tenant_defaults]\nrate = \"2/s\"\n[tenants.x]\nplan = \"fast\"\n")
+	if cfg, err = Load(p, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if x, _ := cfg.Tenant("x"); x.Policy().Interval != 20*time.Millisecond {
+		t.Fatalf("x with plan fast over tenant_defaults' 2/s: %v, want 20ms", x.Policy().Interval)
+	}
+	// The environment names a plan too.
+	if cfg, err = Load(p, []string{"THROTTLER_TENANT_DEFAULTS_PLAN=fast"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := cfg.Tenant("someone"); d.Policy().Interval != 500*time.Millisecond {
+		t.Fatalf("tenant_defaults' own rate stays over its plan's: %v", d.Policy().Interval)
+	}
+}
+
+func TestBadPlansNameTheKey(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ body, key, reason string }{
+		{"[tenants.a]\nplan = \"gold\"\n", "tenants.a.plan", `"gold" is not a plan (plans: none configured)`},
+		{"[plans.pro]\nrate = \"2/s\"\n[tenant_defaults]\nplan = \"gold\"\n", "tenant_defaults.plan", "(plans: pro)"},
+		{"[plans.pro]\nplan = \"free\"\n", "plans.pro.plan", "cannot name another plan"},
+		{"[plans.pro]\nallow_unknown_tenants = false\n", "plans.pro.allow_unknown_tenants", "[tenant_defaults] only"},
+		{"[plans.pro]\ncapacity = -1\n", "plans.pro.capacity", "from 0"},
+		{"[plans.pro]\nwindows = [\"10/fortnight\"]\n", "plans.pro.windows[0]", ""},
+		{"[plans.pro]\nrate = \"-1/s\"\n", "plans.pro.rate", ""},
+		{"[plans.\"a b\"]\nrate = \"1/s\"\n", "plans.a b", "plan name"},
+	} {
+		p := writeFile(t, c.body)
+		_, err := Load(p, nil, nil)
+		var cerr *Error
+		if !errors.As(err, &cerr) || !strings.Contains(cerr.Key, c.key) || !strings.Contains(cerr.Error(), c.reason) {
+			t.Errorf("%q: %v; want key %q and %q", c.body, err, c.key, c.reason)
+		}
+	}
+}

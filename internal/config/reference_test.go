@@ -69,6 +69,9 @@ func TestReferenceNamesEveryKey(t *testing.T) {
 			case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct && key == "tenants":
 				inRow(t, rows, "tenants.NAME.*", ft.Elem(), "allow_unknown_tenants")
 				documented["tenants.NAME.*"] = true
+			case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct && key == "plans":
+				inRow(t, rows, "plans.NAME.*", ft.Elem(), "allow_unknown_tenants", "plan")
+				documented["plans.NAME.*"] = true
 			case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
 				walk(key+".NAME.", ft.Elem())
 			case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:

@@ -17,6 +17,10 @@ const (
 // TenantSettings are the settings of one tenant, or the defaults of all.
 // A key a named tenant leaves out comes from tenant_defaults.
 type TenantSettings struct {
+	// Plan names a [plans.NAME] whose keys this one takes where it leaves
+	// them out (tenant_defaults and [tenants.NAME]; not a plan itself).
+	// Default none.
+	Plan string `toml:"plan"`
 	// Downstream names the target. Default: the only downstream configured.
 	Downstream string `toml:"downstream"`
 	// Mode is "leaky" (default) or "token".
@@ -84,7 +88,8 @@ func (c *Config) Tenant(name string) (TenantSettings, bool) {
 	if t, ok := c.Tenants[name]; ok {
 		return t, true
 	}
-	return c.TenantDefaults, *c.TenantDefaults.AllowUnknownTenants
+	allow := c.TenantDefaults.AllowUnknownTenants
+	return c.TenantDefaults, allow == nil || *allow // nil: not validated, the default
 }
 
 // ValidName reports whether s may name a tenant or downstream: 1 to 128
@@ -108,7 +113,18 @@ func ValidName(s string) bool {
 // checkTenantDefaults checks [tenant_defaults], naming the downstream when
 // only one is configured.
 func (c *Config) checkTenantDefaults() error {
+	if err := c.checkPlans(); err != nil {
+		return err
+	}
 	def := &c.TenantDefaults
+	if err := c.takePlan("tenant_defaults", def); err != nil {
+		return err
+	}
+	def.inherit(builtinTenantDefaults())
+	if def.AllowUnknownTenants == nil {
+		yes := true
+		def.AllowUnknownTenants = &yes
+	}
 	if def.Downstream == "" {
 		if len(c.Downstreams) != 1 {
 			return c.bad("tenant_defaults.downstream", "name the downstream tenants use (one of %s)", strings.Join(sortedKeys(c.Downstreams), ", "))
@@ -121,6 +137,9 @@ func (c *Config) checkTenantDefaults() error {
 // checkTenants checks every [tenants.NAME] and fills what each leaves out
 // from tenant_defaults.
 func (c *Config) checkTenants() error {
+	if err := c.checkPlansAlone(); err != nil {
+		return err
+	}
 	for _, name := range sortedKeys(c.Tenants) {
 		t := c.Tenants[name]
 		key := "tenants." + name
@@ -130,6 +149,9 @@ func (c *Config) checkTenants() error {
 		if t.AllowUnknownTenants != nil {
 			return c.bad(key+".allow_unknown_tenants", "belongs in [tenant_defaults] only")
 		}
+		if err := c.takePlan(key, &t); err != nil {
+			return err
+		}
 		t.inherit(c.TenantDefaults)
 		if err := c.checkTenant(key, &t); err != nil {
 			return err
@@ -137,6 +159,64 @@ func (c *Config) checkTenants() error {
 		c.Tenants[name] = t
 	}
 	return nil
+}
+
+// checkPlans checks each [plans.NAME]: a name, no key that only
+// tenant_defaults has, and no plan of its own. Its values are checked
+// where a tenant takes it (checkTenant), and each plan once as
+// tenant_defaults would make it (checkPlanAlone).
+func (c *Config) checkPlans() error {
+	for _, name := range sortedKeys(c.Plans) {
+		p := c.Plans[name]
+		key := "plans." + name
+		switch {
+		case !ValidName(name):
+			return c.bad(key, "plan name must be 1-128 letters, digits or . _ - + @")
+		case p.Plan != "":
+			return c.bad(key+".plan", "a plan cannot name another plan: give its keys here")
+		case p.AllowUnknownTenants != nil:
+			return c.bad(key+".allow_unknown_tenants", "belongs in [tenant_defaults] only")
+		}
+	}
+	return nil
+}
+
+// takePlan fills the keys t leaves out from the plan it names (key is
+// where t is: "tenant_defaults" or "tenants.NAME").
+func (c *Config) takePlan(key string, t *TenantSettings) error {
+	if t.Plan == "" {
+		return nil
+	}
+	p, ok := c.Plans[t.Plan]
+	if !ok {
+		return c.bad(key+".plan", "%q is not a plan (plans: %s)", t.Plan, orNone(sortedKeys(c.Plans)))
+	}
+	t.inherit(p)
+	return nil
+}
+
+// checkPlansAlone checks each plan as a tenant that names it would be
+// given it, with nothing of its own, so that a plan no tenant names yet
+// is refused for what it says now, not when a tenant first takes it.
+func (c *Config) checkPlansAlone() error {
+	for _, name := range sortedKeys(c.Plans) {
+		t := TenantSettings{Plan: name}
+		if err := c.takePlan("plans."+name, &t); err != nil {
+			return err
+		}
+		t.inherit(c.TenantDefaults)
+		if err := c.checkTenant("plans."+name, &t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func orNone(names []string) string {
+	if len(names) == 0 {
+		return "none configured"
+	}
+	return strings.Join(names, ", ")
 }
 
 // inherit fills the keys t leaves out from def.
