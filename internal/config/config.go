@@ -34,10 +34,10 @@ type Config struct {
 	// Plans name sets of tenant settings that tenant_defaults and
 	// [tenants.NAME] may take by name (plan = "pro"): a layer is its
 	// plan with its own keys over it (DESIGN.md 6f).
-	Plans map[string]TenantSettings `toml:"plans"`
-	Auth           Auth                      `toml:"auth"`
-	Log            Log                       `toml:"log"`
-	Callbacks      Callbacks                 `toml:"callbacks"`
+	Plans     map[string]TenantSettings `toml:"plans"`
+	Auth      Auth                      `toml:"auth"`
+	Log       Log                       `toml:"log"`
+	Callbacks Callbacks                 `toml:"callbacks"`
 
 	// File is where the config came from ("" for defaults only).
 	File string `toml:"-"`

@@ -347,6 +347,13 @@ rate = "3/s"
 	if d, _ := cfg.Tenant("someone"); d.Policy().Interval != 500*time.Millisecond {
 		t.Fatalf("tenant_defaults' own rate stays over its plan's: %v", d.Policy().Interval)
 	}
+	// A plan's keys are checked with its own keys, not with
+	// tenant_defaults': a window no longer than tenant_defaults' interval
+	// is fine in a plan only tenants with a faster rate take.
+	p = writeFile(t, "[plans.fast]\nwindows = [\"10/s\"]\n[tenants.x]\nplan = \"fast\"\nrate = \"100/s\"\n")
+	if _, err := Load(p, nil, nil); err != nil {
+		t.Fatalf("a plan with a 10/s window taken by a 100/s tenant: %v", err)
+	}
 }
 
 func TestBadPlansNameTheKey(t *testing.T) {

@@ -195,16 +195,21 @@ func (c *Config) takePlan(key string, t *TenantSettings) error {
 	return nil
 }
 
-// checkPlansAlone checks each plan as a tenant that names it would be
-// given it, with nothing of its own, so that a plan no tenant names yet
-// is refused for what it says now, not when a tenant first takes it.
+// checkPlansAlone checks the keys each plan gives, so that a plan no
+// tenant names yet is refused for what it says now, not when a tenant
+// first takes it. The keys it leaves out are taken as loose as they can
+// be (the fastest rate, no capacity), not as tenant_defaults has them: a
+// tenant that names the plan may give its own, and the keys a tenant ends
+// up with are checked with the tenant (checkTenant).
 func (c *Config) checkPlansAlone() error {
+	fastest, zero, one := leaky.MustParseRate("1000000/s"), 0, 1
+	loosest := TenantSettings{Downstream: c.TenantDefaults.Downstream, Mode: ModeLeaky, Rate: &fastest, Capacity: &zero, Burst: &one}
 	for _, name := range sortedKeys(c.Plans) {
 		t := TenantSettings{Plan: name}
 		if err := c.takePlan("plans."+name, &t); err != nil {
 			return err
 		}
-		t.inherit(c.TenantDefaults)
+		t.inherit(loosest)
 		if err := c.checkTenant("plans."+name, &t); err != nil {
 			return err
 		}

@@ -101,6 +101,9 @@ func fieldsExhausted(remaining, reset, resetAfter string, now time.Time) (time.D
 	if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
 		return 0, false
 	}
+	if v >= 1e10 { // past 2286 in Unix seconds: milliseconds, or noise
+		return 0, false
+	}
 	if v >= 1e9 { // a moment, not a wait
 		return max(0, time.Unix(0, int64(v*1e9)).Sub(now)), true
 	}

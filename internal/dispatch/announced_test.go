@@ -1,13 +1,16 @@
 package dispatch
 
 import (
+	"context"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue"
 )
 
 // The rate limit fields vendors send, in each style, read as the room
@@ -40,6 +43,7 @@ func TestAnnouncedRoomIsRead(t *testing.T) {
 		{"x, reset-after with fractions (Discord)", AnnounceXRate, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "0.25", "X-RateLimit-Reset": epoch(time.Hour)}, 250 * time.Millisecond, true},
 		{"x, room", AnnounceXRate, map[string]string{"X-RateLimit-Remaining": "1", "X-RateLimit-Reset": "20"}, 0, false},
 		{"x, no reset", AnnounceXRate, map[string]string{"X-RateLimit-Remaining": "0"}, 0, false},
+		{"x, reset in Unix milliseconds: unreadable", AnnounceXRate, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1772366400000"}, 0, false},
 		{"x, negative", AnnounceXRate, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "-5"}, 0, false},
 		{"off reads nothing", AnnounceOff, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "20", "RateLimit": `"d";r=0;t=9`}, 0, false},
 		{"no style reads nothing", "", map[string]string{"RateLimit": `"d";r=0;t=9`}, 0, false},
@@ -113,5 +117,61 @@ func TestAnnouncedHoldIsBounded(t *testing.T) {
 	}
 	if _, _, ok := announcedWait(r, &answer{wait: time.Second}); ok {
 		t.Error("an answer with room left held its tenant")
+	}
+}
+
+// What an answer that says no room is left holds: its tenant (and, with
+// the downstream scope, every tenant of the downstream), whatever its
+// status; a 429 without Retry-After waits for the announced reset; a 503
+// without Retry-After stays a failure.
+func TestAnnouncedRoomHoldsItsScope(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name       string
+		status     int
+		downstream bool
+		result     queue.Result
+		pause      bool // the answered job itself waits for the reset, not a backoff
+	}{
+		{"200, tenant", 200, false, queue.Succeeded, false},
+		{"200, downstream", 200, true, queue.Succeeded, false},
+		{"429 without Retry-After, downstream", 429, true, queue.Retry, true},
+		{"503 without Retry-After, tenant", 503, false, queue.Retry, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(&recorder{answer: func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("X-Throttler-Tenant") == "acme" {
+					w.Header().Set("X-RateLimit-Remaining", "0")
+					w.Header().Set("X-RateLimit-Reset-After", "3")
+					w.WriteHeader(c.status)
+					return
+				}
+				w.WriteHeader(200)
+			}})
+			defer srv.Close()
+			d := newDispatcher(t, srv.URL, Route{Announce: AnnounceXRate, AnnounceDownstream: c.downstream, MaxHold: time.Hour})
+			before := time.Now()
+			out := d.Handle(context.Background(), job(jobID, 1, before))
+			if out.Result != c.result || (!out.PauseUntil.IsZero()) != c.pause {
+				t.Fatalf("the answered job: %+v, want result %v, paused %v", out, c.result, c.pause)
+			}
+			if c.pause && out.PauseUntil.Sub(before) < 2900*time.Millisecond {
+				t.Fatalf("a 429 announcing a reset in 3 s paused until %v from now", out.PauseUntil.Sub(before))
+			}
+			next := job("01knb4s3vq5m8h7xkq2d9e4c1b", 1, time.Now())
+			if o := d.Handle(context.Background(), next); o.Result != queue.Released || o.PauseUntil.Sub(before) < 2900*time.Millisecond {
+				t.Fatalf("the tenant's next job: %+v, want it back in line until the reset", o)
+			}
+			other := job("01knb4s3vq5m8h7xkq2d9e4c1c", 1, time.Now())
+			other.Tenant = "other"
+			o := d.Handle(context.Background(), other)
+			if c.downstream && (o.Result != queue.Released || o.PauseUntil.Sub(before) < 2900*time.Millisecond) {
+				t.Fatalf("another tenant, the downstream held: %+v, want it back in line until the reset", o)
+			}
+			if !c.downstream && o.Result != queue.Succeeded {
+				t.Fatalf("another tenant, the tenant alone held: %+v, want it sent", o)
+			}
+		})
 	}
 }

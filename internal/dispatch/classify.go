@@ -65,22 +65,25 @@ func unsentOutcome(refused error) queue.Outcome {
 }
 
 // classifyAnswer classifies the downstream's answer (DESIGN.md invariant 6):
-// 2xx succeeded; 429, and 503 with Retry-After, push the tenant back; other
-// 5xx and 408 are failures, retried; redirects and other 4xx fail the job.
+// 2xx succeeded; 429, and 503 with Retry-After, push the tenant back (a 429
+// without Retry-After waits for the reset its rate limit fields announce,
+// if they are read); other 5xx and 408 are failures, retried; redirects
+// and other 4xx fail the job.
 func (d *Dispatcher) classifyAnswer(job queue.Job, r Route, br *breaker, probe bool, s sent, now time.Time) (queue.Outcome, string) {
 	st, body := s.answer.status, s.answer.body
 	out := queue.Outcome{SentAt: s.at, Status: st, Response: s.answer.kept}
 	wait, hasWait := retryAfter(s.answer.retryAfter, now)
-	announced, capped, ok := announcedWait(r, s.answer)
+	announced, capped, exhausted := announcedWait(r, s.answer)
 	switch {
-	case !ok:
-	case !hasWait && (st == http.StatusTooManyRequests || st == http.StatusServiceUnavailable):
+	case !exhausted:
+	case st == http.StatusTooManyRequests && !hasWait:
 		// A refusal that says when in its rate limit fields only.
 		wait, hasWait = announced, true
 		d.tellAnnounced(job, announced, capped)
 	case st != http.StatusTooManyRequests && !(st == http.StatusServiceUnavailable && hasWait):
-		// Taken, or refused for another reason, with no room left: the
-		// sends behind it wait for the reset instead of being refused.
+		// Taken, or refused for another reason (a 503 without
+		// Retry-After stays a failure), with no room left: the sends
+		// behind it wait for the reset instead of being refused.
 		until := now.Add(announced)
 		d.gate.Hold(tenantKey(job.Tenant), until)
 		d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
@@ -89,6 +92,9 @@ func (d *Dispatcher) classifyAnswer(job queue.Job, r Route, br *breaker, probe b
 		}
 		d.tellAnnounced(job, announced, capped)
 	}
+	// A pushback whose answer says the account has no room left holds
+	// every tenant of it when the announcements are scoped so.
+	accountOut := exhausted && r.AnnounceDownstream
 	switch {
 	case st >= 200 && st < 300:
 		br.report(now, probe, healthy)
@@ -103,7 +109,7 @@ func (d *Dispatcher) classifyAnswer(job queue.Job, r Route, br *breaker, probe b
 		if !hasWait {
 			wait = d.backoff(job.Attempts)
 		}
-		return d.pushback(job, r, out, now.Add(wait), statusError(st, body)), class
+		return d.pushback(job, r, out, now.Add(wait), statusError(st, body), accountOut), class
 	case st >= 500 || st == http.StatusRequestTimeout:
 		class := "5xx"
 		if st < 500 {
@@ -127,11 +133,14 @@ func (d *Dispatcher) classifyAnswer(job queue.Job, r Route, br *breaker, probe b
 // has a ceiling: its account-wide limit is what was hit): sends waiting at
 // the gate give up and go back in line; the job keeps its place, first when
 // the pause ends, and its attempts are not used up.
-func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until time.Time, msg string) queue.Outcome {
+func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until time.Time, msg string, downstreamToo bool) queue.Outcome {
 	// At least one interval: "Retry-After: 0" must not mean "again at once,
 	// and again".
 	until = clock.Later(until, d.clock.Now().Add(r.Policy.Interval))
 	d.hold(job, r, until)
+	if downstreamToo {
+		d.holdDownstream(r, until)
+	}
 	out.Result, out.Error, out.NotBefore, out.PauseUntil = queue.Retry, msg, until, until
 	out.PauseDownstream = r.Ceiling != nil
 	return out

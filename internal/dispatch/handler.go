@@ -207,7 +207,7 @@ func (d *Dispatcher) classifyReply(job queue.Job, r Route, br *breaker, probe bo
 		if wait <= 0 {
 			wait = d.backoff(job.Attempts)
 		}
-		return d.pushback(job, r, out, now.Add(wait), msg), "429"
+		return d.pushback(job, r, out, now.Add(wait), msg, false), "429"
 	case rep.Result == queue.Failed:
 		br.report(now, probe, healthy)
 		out.Result, out.Error = queue.Failed, msg

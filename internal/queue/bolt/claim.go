@@ -138,7 +138,8 @@ func (s *Store) pickFair(p *pick, ds string, q *fairQueue) {
 			}
 			return
 		}
-		if ok, shared, until := s.capRoom(s.caps(e.tenant), e.tenant, p.now); !ok {
+		caps := s.caps(e.tenant)
+		if ok, shared, until := s.capRoom(caps, e.tenant, p.now); !ok {
 			// Looked at again when an attempt of the scope ends (capRelease
 			// pokes), or when what a crash may have left open ends.
 			if !until.IsZero() {
@@ -168,6 +169,9 @@ func (s *Store) pickFair(p *pick, ds string, q *fairQueue) {
 		if slot.After(e.at) {
 			e.at = slot
 			e.held = true
+		}
+		if caps.Capped() {
+			e.held = true // it may have waited for a place: its start says nothing of the start lag
 		}
 		q.use(e.at, e.cost)
 		s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant}

@@ -51,12 +51,10 @@ type owned struct {
 	// places are the places under caps held, by job id (places.go).
 	places map[string]*place
 
-	// The claim loop's own: parked are due jobs refused a place under
-	// their caps, by tenant, in order (asked again when a place is given
-	// back here, and every parkPoll: another process may give one back);
-	// keptAt, when the places held were last kept.
+	// parked are due jobs refused a place under their caps, by tenant, in
+	// order (asked again when a place is given back here, and every
+	// parkPoll: another process may give one back): the claim loop's own.
 	parked map[string][]*entry
-	keptAt time.Time
 
 	// recountDue: the policies changed, and the claimed sets are to be
 	// brought to them before the next claim (recount).
@@ -99,9 +97,10 @@ func newOwned(c *consumer, f owner.Fence) *owned {
 }
 
 func (o *owned) start() {
-	o.c.running.Add(2)
+	o.c.running.Add(3)
 	go func() { defer o.c.running.Done(); defer close(o.loopDone); o.run() }()
 	go func() { defer o.c.running.Done(); defer close(o.written); o.writeOutcomes() }()
+	go func() { defer o.c.running.Done(); o.keepingPlaces() }()
 }
 
 // abandon ends a lost tenure: nothing more is claimed or sent; what is
@@ -180,7 +179,6 @@ func (o *owned) run() {
 		if o.recountDue.Swap(false) {
 			o.recount()
 		}
-		o.keepPlaces()
 		o.mu.Lock()
 		due := o.paced(o.sched.popDue(o.s.localNow().Add(o.c.lead), claimBatchMax))
 		next, any := o.sched.next()
@@ -200,11 +198,6 @@ func (o *owned) run() {
 			if len(o.parked) > 0 {
 				wait = min(wait, parkPoll)
 			}
-			o.mu.Lock()
-			if len(o.places) > 0 {
-				wait = min(wait, placeKeep)
-			}
-			o.mu.Unlock()
 			o.s.sleep(o.ctx, max(wait, 0), o.wake)
 			continue
 		}

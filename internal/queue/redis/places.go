@@ -258,25 +258,26 @@ func (o *owned) unplace(ids ...string) {
 	o.poke()
 }
 
-// keepPlaces moves the ends of the places held on, every placeKeep. The
-// claim loop's.
-func (o *owned) keepPlaces() {
-	now := o.s.localNow()
-	if now.Sub(o.keptAt) < placeKeep {
-		return
-	}
-	o.mu.Lock()
-	ps := make([]*place, 0, len(o.places))
-	for _, p := range o.places {
-		ps = append(ps, p)
-	}
-	o.mu.Unlock()
-	if len(ps) == 0 {
-		return
-	}
-	o.keptAt = now
-	if err := o.s.keepPlaces(context.WithoutCancel(o.ctx), ps); err != nil {
-		o.s.log.Warn("cannot keep the places held under a cap on jobs in flight: they lapse unless kept later", "partition", o.fence.Partition, "err", err)
+// keepingPlaces moves the ends of the places held on every placeKeep, in
+// a goroutine of its own (a claim loop held up by a slow round trip must
+// not let them lapse), until the tenure's outcomes are all written.
+func (o *owned) keepingPlaces() {
+	clk := o.s.Clock() // the clock the places' ends are in
+	for {
+		select {
+		case <-o.written:
+			return
+		case <-clk.After(placeKeep):
+		}
+		o.mu.Lock()
+		ps := make([]*place, 0, len(o.places))
+		for _, p := range o.places {
+			ps = append(ps, p)
+		}
+		o.mu.Unlock()
+		if err := o.s.keepPlaces(context.WithoutCancel(o.ctx), ps); err != nil {
+			o.s.log.Warn("cannot keep the places held under a cap on jobs in flight: they lapse unless kept later", "partition", o.fence.Partition, "err", err)
+		}
 	}
 }
 
