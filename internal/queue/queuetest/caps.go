@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,4 +241,47 @@ func (h *holding) isOpen(id string) bool {
 	defer h.mu.Unlock()
 	_, ok := h.open[id]
 	return ok
+}
+
+// A cap a reload sets counts the attempts already in flight: with two of
+// a tenant open when it is capped at 2, nothing more of it goes until one
+// of them ends.
+func testCapsSetByAReloadCountWhatIsInFlight(t *testing.T, d Driver) {
+	var capped atomic.Bool
+	caps := func(tenant string) queue.Caps {
+		if capped.Load() {
+			return queue.Caps{Downstream: "sms", Tenant: 2, Timeout: time.Second}
+		}
+		return queue.Caps{Downstream: "sms"}
+	}
+	clk, s, _ := d.startWith(t, Config{Policy: Leaky20(10), Caps: caps,
+		Ceiling: func(string) (string, *leaky.Policy) { return "sms", nil }})
+	acme := EnqueueN(t, s, "acme", 5)
+	h := newHolding(clk)
+	got, _ := HandOver(t, s, clk, 10*time.Millisecond, 64, h.handle)
+	runClock(t, clk, got, 10*time.Millisecond, "acme's first two handed over, uncapped", func() bool { return len(h.handedOf("acme")) >= 2 })
+	capped.Store(true)
+	if pl, ok := s.(queue.PolicyListener); ok {
+		pl.PoliciesChanged() // as the service does at a reload
+	}
+	for range 20 { // every slot comes: nothing more may go while two are open
+		clk.Advance(50 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
+	}
+	if n := len(h.handedOf("acme")); n != 2 {
+		t.Fatalf("capped at 2 by a reload with 2 open, %d of acme's were handed over", n)
+	}
+	for i := 2; i < len(acme); i++ {
+		h.end(t, acme[i-2], Succeed(clk)(context.Background(), queue.Job{}))
+		runClock(t, clk, got, 10*time.Millisecond, fmt.Sprintf("acme's job %d once one ended", i), func() bool { return len(h.handedOf("acme")) >= i+1 })
+	}
+	for _, id := range acme[len(acme)-2:] {
+		h.end(t, id, Succeed(clk)(context.Background(), queue.Job{}))
+	}
+	for _, id := range acme {
+		WaitState(t, s, id, queue.StateSucceeded)
+	}
+	if m := h.mostOpen("tenant:acme"); m != 2 {
+		t.Fatalf("most of acme's open at once: %d, want 2", m)
+	}
 }

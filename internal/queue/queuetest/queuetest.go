@@ -77,6 +77,7 @@ func Run(t *testing.T, d Driver) {
 		{"RetryCountsTheCeiling", testRetryCountsTheCeiling},
 		{"CapsHoldAttemptsInFlight", testCapsHoldAttemptsInFlight},
 		{"CapsCountRetries", testCapsCountRetries},
+		{"CapsSetByAReloadCountWhatIsInFlight", testCapsSetByAReloadCountWhatIsInFlight},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
 		{"TypesAndHandlerCancels", testTypesAndHandlerCancels},

@@ -178,6 +178,7 @@ func (o *owned) run() {
 	for o.ctx.Err() == nil {
 		if o.recountDue.Swap(false) {
 			o.recount()
+			o.placeHanded()
 		}
 		o.mu.Lock()
 		due := o.paced(o.sched.popDue(o.s.localNow().Add(o.c.lead), claimBatchMax))
@@ -575,14 +576,14 @@ func (o *owned) record(j queue.Job, out queue.Outcome) {
 		if err != nil {
 			return err
 		}
+		o.mu.Lock()
+		delete(o.handed, j.ID) // it waits again, or it is done; no longer sent, so placeHanded leaves it
+		o.mu.Unlock()
 		o.unplace(j.ID)
 		if !ok || cur.State.Finished() {
 			o.forget(j.ID)
 			return nil
 		}
-		o.mu.Lock()
-		delete(o.handed, j.ID) // it waits again
-		o.mu.Unlock()
 		if paused {
 			o.holdSharedLanes(ctx, j.Tenant, out)
 			o.expireMissed(ctx, j.Tenant)

@@ -70,14 +70,14 @@ func lapse(now time.Time, timeout time.Duration) int64 {
 // takePlaces asks for the places of jobs of one downstream, in order (a
 // tenant refused once is refused its later jobs too), and returns the
 // places taken, nil for each job refused. holder names the tenure that
-// holds them.
-func (s *Store) takePlaces(ctx context.Context, downstream string, shared int, asks []placeAsk, holder string) ([]*place, error) {
+// holds them; force takes them whatever the counts.
+func (s *Store) takePlaces(ctx context.Context, downstream string, shared int, asks []placeAsk, holder string, force bool) ([]*place, error) {
 	dsKey, _ := placeKeys(downstream, "")
 	keys := []string{dsKey}
 	index := map[string]int{}
 	now := s.localNow()
 	var timeout time.Duration
-	args := []any{micros(now), 0, shared}
+	args := []any{micros(now), 0, shared, flag(force)}
 	for _, a := range asks {
 		i, ok := index[a.e.tenant]
 		if !ok {
@@ -100,7 +100,7 @@ func (s *Store) takePlaces(ctx context.Context, downstream string, shared int, a
 	out := make([]*place, len(asks))
 	for i, a := range asks {
 		if r[i] {
-			out[i] = &place{downstream: downstream, tenant: a.e.tenant, name: args[5+3*i].(string), timeout: timeout}
+			out[i] = &place{downstream: downstream, tenant: a.e.tenant, name: args[6+3*i].(string), timeout: timeout}
 		}
 	}
 	return out, nil
@@ -213,7 +213,7 @@ func (o *owned) place(due []*entry) []*entry {
 				break
 			}
 		}
-		got, err := o.s.takePlaces(context.WithoutCancel(o.ctx), ds, g.shared, asks, o.fence.Token())
+		got, err := o.s.takePlaces(context.WithoutCancel(o.ctx), ds, g.shared, asks, o.fence.Token(), false)
 		if err != nil {
 			o.s.log.Warn("cannot take places under a cap on jobs in flight; asking again", "downstream", ds, "err", err)
 			got = make([]*place, len(asks))
@@ -234,6 +234,47 @@ func (o *owned) place(due []*entry) []*entry {
 		}
 	}
 	return ready
+}
+
+// placeHanded takes the places of the jobs being sent that have none but
+// whose tenant is capped now (a reload set a cap, or moved the tenant to a
+// capped downstream): they are open at the vendor, so they are counted,
+// over the cap if they are more, and the next claims wait for them. The
+// claim loop's, after a reload.
+func (o *owned) placeHanded() {
+	asks := map[string][]placeAsk{}
+	shared := map[string]int{}
+	o.mu.Lock()
+	for id, h := range o.handed {
+		if _, ok := o.places[id]; ok {
+			continue
+		}
+		if c := o.s.caps(h.tenant); c.Capped() {
+			asks[c.Downstream] = append(asks[c.Downstream], placeAsk{e: &entry{id: id, tenant: h.tenant}, caps: c})
+			shared[c.Downstream] = c.Shared
+		}
+	}
+	o.mu.Unlock()
+	for ds, a := range asks {
+		got, err := o.s.takePlaces(context.WithoutCancel(o.ctx), ds, shared[ds], a, o.fence.Token(), true)
+		if err != nil {
+			o.s.log.Warn("cannot count the jobs being sent under a cap a reload set: the cap counts the attempts begun after it", "downstream", ds, "err", err)
+			continue
+		}
+		var ended []*place
+		o.mu.Lock()
+		for i, ask := range a {
+			if _, sending := o.handed[ask.e.id]; sending && got[i] != nil {
+				o.places[ask.e.id] = got[i]
+			} else if got[i] != nil {
+				ended = append(ended, got[i]) // its outcome was recorded meanwhile
+			}
+		}
+		o.mu.Unlock()
+		if err := o.s.unplace(context.WithoutCancel(o.ctx), ended); err != nil {
+			o.s.log.Warn("cannot give back places under a cap on jobs in flight: they lapse", "partition", o.fence.Partition, "err", err)
+		}
+	}
 }
 
 // unplace gives back the places of jobs ids (their outcomes are

@@ -12,7 +12,9 @@
 -- ARGV[1]    now
 -- ARGV[2]    when a place taken now lapses
 -- ARGV[3]    the downstream's cap (0: none)
--- ARGV[4..]  per job, in the order its places are asked for: the index
+-- ARGV[4]    '1': take them whatever the counts (jobs already being sent
+--            when a reload capped them: they are open, counted or not)
+-- ARGV[5..]  per job, in the order its places are asked for: the index
 --            in KEYS of its tenant's places, its tenant's cap (0: none),
 --            and its place's name (its id and its owner's tenure: a
 --            place a dead owner left for the same job still counts)
@@ -21,16 +23,16 @@
 -- tenant refused once is refused for the rest of the call: its jobs go in
 -- order.
 
-local now, lapse, dcap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, lapse, dcap, force = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local counts = {}
 for i = 1, #KEYS do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
   counts[i] = redis.call('ZCARD', KEYS[i])
 end
 local out, refused = {}, {}
-for a = 4, #ARGV, 3 do
+for a = 5, #ARGV, 3 do
   local ti, tcap, id = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
-  local ok = not refused[ti] and (dcap == 0 or counts[1] < dcap) and (tcap == 0 or counts[ti] < tcap)
+  local ok = force or (not refused[ti] and (dcap == 0 or counts[1] < dcap) and (tcap == 0 or counts[ti] < tcap))
   if ok then
     if dcap > 0 then
       redis.call('ZADD', KEYS[1], lapse, id)
