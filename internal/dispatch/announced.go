@@ -97,8 +97,8 @@ func fieldsExhausted(remaining, reset, resetAfter string, now time.Time) (time.D
 	if d, ok := seconds(strings.TrimSpace(resetAfter)); ok {
 		return d, true
 	}
-	v, err := strconv.ParseFloat(strings.TrimSpace(reset), 64)
-	if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+	v, ok := nonNegative(strings.TrimSpace(reset))
+	if !ok {
 		return 0, false
 	}
 	if v >= 1e10 { // past 2286 in Unix seconds: milliseconds, or noise
@@ -116,13 +116,20 @@ func wholeNumber(s string) (int64, bool) {
 	return n, err == nil && n >= 0
 }
 
-// seconds reads a non-negative number of seconds (fractions allowed).
+// seconds reads a non-negative number of seconds (fractions allowed),
+// short of a Unix time.
 func seconds(s string) (time.Duration, bool) {
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) || v >= 1e9 {
+	v, ok := nonNegative(s)
+	if !ok || v >= 1e9 {
 		return 0, false
 	}
 	return secondsOf(v), true
+}
+
+// nonNegative reads a finite number, zero or more.
+func nonNegative(s string) (float64, bool) {
+	v, err := strconv.ParseFloat(s, 64)
+	return v, err == nil && v >= 0 && !math.IsInf(v, 0) && !math.IsNaN(v)
 }
 
 func secondsOf(v float64) time.Duration { return time.Duration(math.Ceil(v * float64(time.Second))) }

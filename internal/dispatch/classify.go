@@ -85,8 +85,7 @@ func (d *Dispatcher) classifyAnswer(job queue.Job, r Route, br *breaker, probe b
 		// Retry-After stays a failure), with no room left: the sends
 		// behind it wait for the reset instead of being refused.
 		until := now.Add(announced)
-		d.gate.Hold(tenantKey(job.Tenant), until)
-		d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
+		d.holdTenant(job, r, until)
 		if r.AnnounceDownstream {
 			d.holdDownstream(r, until)
 		}
@@ -152,11 +151,17 @@ func (d *Dispatcher) pushback(job queue.Job, r Route, out queue.Outcome, until t
 // their tenant paused until then (unsentOutcome), and after it one goes
 // at once and the rest one interval apart.
 func (d *Dispatcher) hold(job queue.Job, r Route, until time.Time) {
-	d.gate.Hold(tenantKey(job.Tenant), until)
-	d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
+	d.holdTenant(job, r, until)
 	if r.Ceiling != nil {
 		d.holdDownstream(r, until)
 	}
+}
+
+// holdTenant stops the sends of job's tenant until until; after it one
+// goes at once and the rest one interval apart.
+func (d *Dispatcher) holdTenant(job queue.Job, r Route, until time.Time) {
+	d.gate.Hold(tenantKey(job.Tenant), until)
+	d.gate.Space(tenantKey(job.Tenant), until.Add(r.Policy.Tolerance()))
 }
 
 // holdDownstream stops the sends of every tenant of r's downstream until

@@ -33,9 +33,9 @@ type openAtCrash struct {
 
 func noCaps(string) queue.Caps { return queue.Caps{} }
 
-// capHold counts claim id of tenant in flight (s.mu held).
-func (s *Store) capHold(id, tenant string) {
-	k := capKeysOf(s.caps(tenant), tenant)
+// capHold counts claim id of tenant, under caps c, in flight (s.mu held).
+func (s *Store) capHold(id, tenant string, c queue.Caps) {
+	k := capKeysOf(c, tenant)
 	s.capHeld[id] = k
 	s.open[k.tenant]++
 	s.open[k.shared]++

@@ -99,7 +99,8 @@ func (s *Store) pickDue(p *pick) {
 			break
 		}
 		s.sched.pop()
-		if ds, ceiling := s.ceiling(e.tenant); ceiling != nil || s.caps(e.tenant).Capped() {
+		caps := s.caps(e.tenant)
+		if ds, ceiling := s.ceiling(e.tenant); ceiling != nil || caps.Capped() {
 			// Still waiting: it takes its turn for the ceiling, or for
 			// room under its caps, below.
 			var policy leaky.Policy // no ceiling: the zero policy paces nothing
@@ -111,7 +112,7 @@ func (s *Store) pickDue(p *pick) {
 		}
 		s.sched.remove(e.id)
 		s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant} // held while read
-		s.capHold(e.id, e.tenant)
+		s.capHold(e.id, e.tenant, caps)
 		p.chosen = append(p.chosen, e)
 	}
 	if p.full() {
@@ -175,7 +176,7 @@ func (s *Store) pickFair(p *pick, ds string, q *fairQueue) {
 		}
 		q.use(e.at, e.cost)
 		s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant}
-		s.capHold(e.id, e.tenant)
+		s.capHold(e.id, e.tenant, caps)
 		p.chosen = append(p.chosen, e)
 	}
 }
