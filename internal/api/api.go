@@ -27,6 +27,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/metrics"
 	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/policies"
 	"github.com/throttler-dev/throttler/internal/queue"
 )
 
@@ -57,6 +58,10 @@ type Options struct {
 	// admission refuses a job no handler can ever take (422 unknown_type).
 	// Nil: types are not checked.
 	HandlesType func(handler, downstream, typ string) bool
+	// Policies sets and drops tenants' policies (PUT and DELETE
+	// /v1/tenants/{t}/policy). Default: kept in Store (which keeps them:
+	// queue.Policies) and put in force in Config.
+	Policies PolicyEditor
 }
 
 type server struct {
@@ -74,6 +79,7 @@ type server struct {
 	outbound func(downstream string) *outbound.Downstream
 	// handlesType is Options.HandlesType (nil: none checked).
 	handlesType func(handler, downstream, typ string) bool
+	policies    PolicyEditor // Options.Policies
 }
 
 // MaxBatchJobs is the most jobs one jobs:batch request may carry.
@@ -87,9 +93,12 @@ func New(opts Options) http.Handler {
 	s := &server{store: opts.Store, config: opts.Config, ready: opts.Ready, log: opts.Logger,
 		slots:   make(chan struct{}, opts.Config().Server.MaxConcurrentRequests),
 		waiters: make(chan struct{}, waitersPerSlot*opts.Config().Server.MaxConcurrentRequests), metrics: opts.Metrics,
-		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{}), outbound: opts.Outbound, handlesType: opts.HandlesType}
+		clock: cmp.Or[clock.Clock](opts.Clock, clock.Real{}), outbound: opts.Outbound, handlesType: opts.HandlesType, policies: opts.Policies}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	if kept, ok := opts.Store.(queue.Policies); ok && s.policies == nil {
+		s.policies = policies.New(policies.Options{Store: kept, Live: opts.Config, Logger: s.log})
 	}
 	if s.ready == nil {
 		s.ready = func() error { return nil }
@@ -137,6 +146,9 @@ func (s *server) routes(rt *routes) {
 	rt.handle("GET", "/v1/tenants/{tenant}/jobs", s.failedJobs)
 	rt.handle("POST", "/v1/tenants/{tenant}/pause", s.hold(true))
 	rt.handle("POST", "/v1/tenants/{tenant}/resume", s.hold(false))
+	rt.handle("GET", "/v1/tenants/{tenant}/policy", s.policy)
+	rt.handle("PUT", "/v1/tenants/{tenant}/policy", s.setPolicy)
+	rt.handle("DELETE", "/v1/tenants/{tenant}/policy", s.dropPolicy)
 	s.statusRoutes(rt) // overview.go: whoami, downstreams, history
 	rt.handle("GET", "/openapi.json", s.openAPIDocument)
 	rt.handle("GET", "/{$}", s.page)

@@ -16,7 +16,7 @@ type access int
 const (
 	read    access = iota // any role
 	write                 // producer or admin
-	operate               // admin: pause and resume tenants
+	operate               // admin: hold and resume tenants, set their policies
 )
 
 type principalKey struct{}
@@ -79,7 +79,7 @@ func authorize(r *http.Request, tenant string, a access) error {
 		return errorf(http.StatusForbidden, "forbidden", "token %q is a viewer: it cannot change anything", t.Name)
 	}
 	if a == operate && t.Role != config.RoleAdmin {
-		return errorf(http.StatusForbidden, "forbidden", "token %q is a %s: only an admin token can pause or resume a tenant", t.Name, t.Role)
+		return errorf(http.StatusForbidden, "forbidden", "token %q is a %s: only an admin token can hold, resume or set the policy of a tenant", t.Name, t.Role)
 	}
 	if tenant != "" && !t.Reaches(tenant) {
 		return errorf(http.StatusForbidden, "forbidden", "token %q may not reach tenant %q", t.Name, tenant)

@@ -41,6 +41,14 @@ type Config struct {
 
 	// File is where the config came from ("" for defaults only).
 	File string `toml:"-"`
+
+	// rawDefaults and rawTenants are tenant_defaults and [tenants.X] as the
+	// file says them (before plans and defaults fill them): where a key
+	// comes from (PolicyOf).
+	rawDefaults TenantSettings
+	rawTenants  map[string]TenantSettings
+	// api is the API's layer of tenants' policies (policy.go).
+	api *apiPolicies
 }
 
 // Server is the HTTP API.

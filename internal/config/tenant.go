@@ -85,6 +85,9 @@ func (t TenantSettings) Policy() leaky.Policy {
 // Tenant is the settings of one tenant and whether it may be used at all
 // (false: unknown while allow_unknown_tenants is false).
 func (c *Config) Tenant(name string) (TenantSettings, bool) {
+	if t, ok := c.api.get(name); ok {
+		return t, true // a tenant given a policy by the API is known
+	}
 	if t, ok := c.Tenants[name]; ok {
 		return t, true
 	}
@@ -117,6 +120,7 @@ func (c *Config) checkTenantDefaults() error {
 		return err
 	}
 	def := &c.TenantDefaults
+	c.rawDefaults = *def
 	if err := c.takePlan("tenant_defaults", def); err != nil {
 		return err
 	}
@@ -140,8 +144,11 @@ func (c *Config) checkTenants() error {
 	if err := c.checkPlansAlone(); err != nil {
 		return err
 	}
+	c.rawTenants = make(map[string]TenantSettings, len(c.Tenants))
+	c.api = newAPIPolicies()
 	for _, name := range sortedKeys(c.Tenants) {
 		t := c.Tenants[name]
+		c.rawTenants[name] = t
 		key := "tenants." + name
 		if !ValidName(name) {
 			return c.bad(key, "tenant name must be 1-128 letters, digits or . _ - + @")

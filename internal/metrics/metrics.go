@@ -33,6 +33,7 @@ type Metrics struct {
 	accepted, rejected, delivered, failed, retried *prometheus.CounterVec
 	expired                                        *prometheus.CounterVec
 	attempts, pushbacks, announced                 *prometheus.CounterVec
+	policyChanges                                  *prometheus.CounterVec
 	callbacks                                      *prometheus.CounterVec
 	dispatchError, queueWait, latency              *prometheus.HistogramVec
 	labels                                         Labels
@@ -114,6 +115,8 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 			Help: "Requests to downstreams, by answer class (2xx, 3xx, 4xx, 429, 5xx, timeout, connection_error)."}, []string{"downstream", "class"}),
 		announced: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "announced_holds_total",
 			Help: "Answers whose rate limit fields said no room was left until a reset (rate_limit_headers): the tenant was held until then."}, []string{"downstream"}),
+		policyChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "policy_changes_total",
+			Help: "Tenants' policies set (set) or dropped (drop) through this process's API (PUT and DELETE /v1/tenants/{t}/policy)."}, []string{"change"}),
 		pushbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "pushbacks_total",
 			Help: "Answers that paused a tenant to wait as the downstream asked (429, or 503 with Retry-After)."}, []string{"downstream"}),
 		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "throttler", Name: "callbacks_total",
@@ -122,7 +125,7 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 		queueWait:     hist("queue_wait_seconds", "When a job's first attempt was written, minus when it was accepted."),
 		latency:       hist("downstream_latency_seconds", "From writing a request to its answer (or error)."),
 	}
-	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.pushbacks, m.announced, m.callbacks, m.dispatchError, m.queueWait, m.latency,
+	reg.MustRegister(m.accepted, m.rejected, m.delivered, m.failed, m.retried, m.expired, m.attempts, m.pushbacks, m.announced, m.policyChanges, m.callbacks, m.dispatchError, m.queueWait, m.latency,
 		&queueCollector{store: store, labels: labels, named: named}, breakerCollector{m})
 	if sp, ok := store.(queue.Space); ok {
 		reg.MustRegister(spaceCollector{sp})
@@ -145,6 +148,8 @@ func New(store TenantReader, labels Labels, named func() []string) *Metrics {
 	for _, outcome := range []string{"delivered", "retry", "failed"} {
 		m.callbacks.WithLabelValues(outcome)
 	}
+	m.policyChanges.WithLabelValues("set")
+	m.policyChanges.WithLabelValues("drop")
 	for _, name := range named() {
 		ds, tl := labels(name)
 		m.expired.WithLabelValues(ds, tl)
@@ -233,6 +238,10 @@ func (m *Metrics) Announced(j queue.Job) {
 	ds, _ := m.labels(j.Tenant)
 	m.announced.WithLabelValues(ds).Inc()
 }
+
+// PolicyChanged counts a tenant's policy set ("set") or dropped ("drop")
+// through the API.
+func (m *Metrics) PolicyChanged(change string) { m.policyChanges.WithLabelValues(change).Inc() }
 
 // pushedBack reports an answer that asked the tenant to wait: the job is
 // retried and its tenant paused (a failed probe of an open breaker pauses

@@ -351,3 +351,23 @@ type Store interface {
 // faster rate or a larger burst lets them go when the new policy does,
 // not when the old one would have.
 type PolicyListener interface{ PoliciesChanged() }
+
+// Policies keeps tenants' policies as the API sets them (config.PolicyLayer,
+// as JSON), so that they survive restarts and, on Redis, reach every
+// process. Both stores keep them.
+type Policies interface {
+	// PutPolicy keeps tenant's layer; it returns once it is durable.
+	PutPolicy(ctx context.Context, tenant string, layer []byte) error
+	// DropPolicy forgets tenant's layer (false: it had none).
+	DropPolicy(ctx context.Context, tenant string) (bool, error)
+	// AllPolicies is every layer kept, by tenant, and the change it is
+	// as of (PolicyChanges' since).
+	AllPolicies(ctx context.Context) (map[string][]byte, uint64, error)
+}
+
+// PolicyChanges is what a store many processes share tells of the policies
+// other processes set: the layers changed after since (nil: dropped), and
+// the change they are as of.
+type PolicyChanges interface {
+	PolicyChanges(ctx context.Context, since uint64) (map[string][]byte, uint64, error)
+}

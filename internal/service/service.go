@@ -22,6 +22,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/metrics"
 	"github.com/throttler-dev/throttler/internal/outbound"
+	"github.com/throttler-dev/throttler/internal/policies"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/bolt"
 	"github.com/throttler-dev/throttler/internal/queue/redis"
@@ -89,12 +90,19 @@ func Run(ctx context.Context, opts Options) error {
 	if err := r.openStore(ctx); err != nil {
 		return err
 	}
+	r.policies = policies.New(policies.Options{Store: r.store.(queue.Policies), Live: r.live.Load, Changed: r.policiesChanged,
+		Counted: r.metrics.PolicyChanged, Logger: r.log})
+	if err := r.policies.Start(ctx); err != nil {
+		r.store.Close()
+		return err
+	}
 	r.startDispatcher()
 	r.keepRecent(ctx)
 	defer r.dispatcher.CloseIdleConnections()
 	ln, err := r.listen()
 	if err != nil {
 		r.stopRecent()
+		r.policies.Stop()
 		r.store.Close()
 		return err
 	}
@@ -134,6 +142,7 @@ type running struct {
 	serveErr                 chan error // the HTTP server's end
 	consumeDone              chan error // the dispatcher's end (closed at once for --role api)
 	stopConsume              context.CancelFunc
+	policies                 *policies.Keeper // tenants' policies set by the API
 }
 
 // checkRole is the process's role (default RoleAll), if the store allows it.
@@ -251,9 +260,10 @@ func (r *running) listen() (net.Listener, error) {
 				f := r.types[handler]
 				return f == nil || f(downstream, typ)
 			},
-			Logger:  r.log,
-			Metrics: r.metrics,
-			Ready:   r.ready,
+			Logger:   r.log,
+			Metrics:  r.metrics,
+			Ready:    r.ready,
+			Policies: r.policies,
 		}),
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.Std(),
 		ReadTimeout:       time.Minute,
@@ -383,6 +393,7 @@ func (r *running) stop() {
 		r.callbacks.Stop()
 	}
 	r.stopRecent()
+	r.policies.Stop()
 	select {
 	case <-r.consumeDone:
 		if err := r.store.Close(); err != nil {
@@ -423,13 +434,23 @@ func (r *running) reload(next *config.Config) {
 		log.Warn("config reloaded, but these sections need a restart and keep their running values", "sections", keys)
 		merged.Server, merged.Store, merged.Dispatch, merged.Auth, merged.Log = cur.Server, cur.Store, cur.Dispatch, cur.Auth, cur.Log
 	}
-	r.out.Store(out)
-	r.live.Store(&merged)
-	if pl, ok := r.store.(queue.PolicyListener); ok {
-		pl.PoliciesChanged()
+	err = r.policies.Adopt(&merged, cur, func() {
+		r.out.Store(out)
+		r.live.Store(&merged)
+	})
+	if err != nil {
+		log.Error("config reload refused; the running config is kept", "err", err)
+		return
 	}
 	r.dispatcher.UseTLS(out.all())
 	log.Info("config reloaded", "config", next.File, "tenants", len(next.Tenants), "downstreams", len(next.Downstreams))
+}
+
+// policiesChanged tells the store the policies in force changed.
+func (r *running) policiesChanged() {
+	if pl, ok := r.store.(queue.PolicyListener); ok {
+		pl.PoliciesChanged()
+	}
 }
 
 // holdingStore is the store as the API sees it: its Pause and Resume also
@@ -485,7 +506,8 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger, live *
 	if cfg.Store.Backend != "redis" {
 		return bolt.Open(cfg.Store.Path, bolt.Options{
 			OnExpired: onExpired, Policy: policy, Ceiling: ceiling, Caps: caps,
-			Retention: cfg.Store.Retention.Std(), Logger: log,
+			PoliciesRead: func(all map[string][]byte) error { return policies.Load(live.Load(), all) },
+			Retention:    cfg.Store.Retention.Std(), Logger: log,
 			Reserve: cmp.Or(int64(cfg.Store.Reserve), -1), // 0: not enforced
 			// A first guess at how long a send takes to start, measured
 			// from then on: a commit, a hand-over and a connection.

@@ -61,6 +61,10 @@ type Options struct {
 	Ceiling queue.CeilingFunc
 	// Caps gives a tenant's caps on attempts in flight (default: none).
 	Caps queue.CapsFunc
+	// PoliciesRead, if set, is given the policies the API set (PutPolicy)
+	// before the store recovers, so that the backlog is respaced by the
+	// policies in force; an error refuses the open.
+	PoliciesRead func(map[string][]byte) error
 	// OnExpired, if set, is told of each job that expires while waiting.
 	OnExpired func(queue.Job)
 	// Retention is how long finished jobs are kept. Default 72h.
@@ -249,6 +253,17 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 		// The open writes the log's admissions into the file: on a full
 		// disk, the ballast is what makes room for them.
 		s.space.releaseBallast()
+	}
+	if opts.PoliciesRead != nil {
+		all, err := readPolicies(db)
+		if err == nil {
+			err = opts.PoliciesRead(all)
+		}
+		if err != nil {
+			w.close()
+			db.Close()
+			return nil, fmt.Errorf("embedded store %s: tenants' policies: %w", path, err)
+		}
 	}
 	if err := s.recover(); err != nil {
 		w.close()

@@ -1,0 +1,148 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+
+	"github.com/throttler-dev/throttler/internal/config"
+)
+
+// PolicyEditor sets and drops tenants' policies (DESIGN.md 6f): it keeps
+// them in the store and puts them in force (the service).
+type PolicyEditor interface {
+	SetPolicy(ctx context.Context, tenant string, layer config.PolicyLayer) (config.Policy, error)
+	DropPolicy(ctx context.Context, tenant string) (bool, error)
+}
+
+// policyBytes bounds a policy's body: its keys, a few windows and a URL.
+const policyBytes = 64 << 10
+
+// tenantForPolicy is the {tenant} of a policy route, checked for a. A
+// tenant need not be known to be given a policy: the policy makes it so.
+func (s *server) tenantForPolicy(r *http.Request, a access) (string, error) {
+	name := r.PathValue("tenant")
+	if !config.ValidName(name) {
+		return "", errorf(http.StatusBadRequest, "invalid_tenant",
+			"tenant name %q is not valid: use 1 to 128 ASCII letters, digits or . _ - + @", truncate(name, 140))
+	}
+	return name, authorize(r, name, a)
+}
+
+func (s *server) policy(w http.ResponseWriter, r *http.Request) {
+	tenant, err := s.tenantForPolicy(r, read)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	cfg := s.config()
+	if _, known := cfg.Tenant(tenant); !known {
+		s.fail(w, r, errorf(http.StatusNotFound, "unknown_tenant", "tenant %q is not configured and allow_unknown_tenants is false (an admin can give it a policy: PUT /v1/tenants/%s/policy)", tenant, tenant))
+		return
+	}
+	writeJSON(w, http.StatusOK, policyJSON(tenant, cfg.PolicyOf(tenant)))
+}
+
+func (s *server) setPolicy(w http.ResponseWriter, r *http.Request) {
+	tenant, err := s.tenantForPolicy(r, operate)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, policyBytes))
+	if err != nil {
+		s.fail(w, r, decodeError(err))
+		return
+	}
+	if !json.Valid(raw) {
+		s.fail(w, r, errorf(http.StatusBadRequest, "invalid_json", "the body is not JSON: send a policy such as {\"plan\": \"pro\"} or {\"rate\": \"20/s\", \"capacity\": 500}"))
+		return
+	}
+	layer, err := config.ParsePolicyLayer(raw)
+	var p config.Policy
+	if err == nil {
+		p, err = s.policies.SetPolicy(r.Context(), tenant, layer)
+	}
+	if err != nil {
+		s.fail(w, r, policyError(err))
+		return
+	}
+	// The keys set, not their values: a callback_url may carry a token.
+	s.log.Info("audit: tenant policy set", "tenant", tenant, "by", who(r), "keys", layer.Keys(), "plan", p.Plan, "rate", p.Settings.Rate.String(), "capacity", *p.Settings.Capacity)
+	writeJSON(w, http.StatusOK, policyJSON(tenant, p))
+}
+
+func (s *server) dropPolicy(w http.ResponseWriter, r *http.Request) {
+	tenant, err := s.tenantForPolicy(r, operate)
+	if err == nil {
+		err = readNothing(w, r)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	had, err := s.policies.DropPolicy(r.Context(), tenant)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !had {
+		s.fail(w, r, errorf(http.StatusNotFound, "no_policy", "tenant %q has no policy set by the API: its policy is the file's", tenant))
+		return
+	}
+	s.log.Info("audit: tenant policy dropped", "tenant", tenant, "by", who(r))
+	writeJSON(w, http.StatusOK, policyJSON(tenant, s.config().PolicyOf(tenant)))
+}
+
+// policyError is a refused policy's answer: 422 invalid_policy naming the
+// key; a store's failure as any.
+func policyError(err error) error {
+	var ce *config.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	return &apiError{status: http.StatusUnprocessableEntity, code: "invalid_policy", message: ce.Key + ": " + ce.Reason,
+		fields: map[string]any{"field": ce.Key}}
+}
+
+// policyJSON is a tenant's policy as GET, PUT and DELETE answer it: in
+// force, where each key comes from, and the API's layer (null: none).
+func policyJSON(tenant string, p config.Policy) map[string]any {
+	ts := p.Settings
+	windows := ts.Windows
+	if windows == nil {
+		windows = []string{}
+	}
+	var plan, planFrom, api any
+	if p.Plan != "" {
+		plan, planFrom = p.Plan, p.PlanFrom
+	}
+	if p.HasAPI {
+		api = p.API
+	}
+	var maxAttempts any // null: the downstream's
+	if ts.MaxAttempts != nil {
+		maxAttempts = *ts.MaxAttempts
+	}
+	return map[string]any{
+		"tenant":    tenant,
+		"plan":      plan,
+		"plan_from": planFrom,
+		"policy": map[string]any{
+			"downstream":    ts.Downstream,
+			"mode":          ts.Mode,
+			"rate":          ts.Rate.String(),
+			"capacity":      *ts.Capacity,
+			"burst":         *ts.Burst,
+			"windows":       slices.Clone(windows),
+			"max_attempts":  maxAttempts,
+			"max_in_flight": ts.InFlightCap(),
+			"callback_url":  ts.CallbackURL,
+		},
+		"from": p.From,
+		"api":  api,
+	}
+}

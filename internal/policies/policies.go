@@ -1,0 +1,212 @@
+// Package policies owns tenants' policies as the API sets them (DESIGN.md
+// 6f): kept in the store (queue.Policies), put in force in the live
+// config's API layer (config.SetPolicy), and, on a store many processes
+// share, followed every Poll from what the other processes set.
+package policies
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/queue"
+)
+
+// Poll is how often a process asks a shared store which policies changed:
+// a change is in force in every process within this and a read.
+const Poll = 250 * time.Millisecond
+
+// Options configure a Keeper.
+type Options struct {
+	Store queue.Policies
+	// Live is the config in force (a reload swaps it; Adopt carries the
+	// policies over).
+	Live func() *config.Config
+	// Changed is told after the policies in force changed (the store's
+	// queue.PolicyListener, when it has one). Optional.
+	Changed func()
+	// Counted counts a change made here: "set" or "drop". Optional.
+	Counted func(change string)
+	Logger  *slog.Logger
+}
+
+// Keeper sets, drops and follows tenants' policies. Its methods are safe
+// for concurrent use; changes and reloads (Adopt) go one at a time.
+type Keeper struct {
+	opts  Options
+	mu    sync.Mutex
+	since uint64 // the store's last change taken
+	stop  func() // stops following (nil: not followed)
+}
+
+// New is a Keeper; Start reads what the store keeps.
+func New(opts Options) *Keeper {
+	if opts.Changed == nil {
+		opts.Changed = func() {}
+	}
+	if opts.Counted == nil {
+		opts.Counted = func(string) {}
+	}
+	opts.Logger = cmp.Or(opts.Logger, slog.Default())
+	return &Keeper{opts: opts}
+}
+
+// Load puts stored policies in force in cfg. A policy cfg refuses (a plan
+// its file no longer has) refuses the load: serving the tenant by another
+// policy than the one set would be a change nobody asked for.
+func Load(cfg *config.Config, stored map[string][]byte) error {
+	for _, tenant := range slices.Sorted(maps.Keys(stored)) {
+		layer, err := config.ParsePolicyLayer(stored[tenant])
+		if err == nil {
+			_, err = cfg.SetPolicy(tenant, layer)
+		}
+		if err != nil {
+			return fmt.Errorf("tenant %q's policy, kept in the store, does not hold with this config: %w; give the file what it needs, or drop the policy from a running process (throttler tenant reset %s)", tenant, err, tenant)
+		}
+	}
+	return nil
+}
+
+// Start reads the policies a shared store keeps and follows their changes
+// until Stop. The embedded store gives its own at its open, before it
+// recovers (bolt.Options.PoliciesRead with Load): there is nothing to read
+// or follow here.
+func (k *Keeper) Start(ctx context.Context) error {
+	shared, ok := k.opts.Store.(queue.PolicyChanges)
+	if !ok {
+		return nil
+	}
+	all, since, err := k.opts.Store.AllPolicies(ctx)
+	if err != nil {
+		return fmt.Errorf("reading tenants' policies from the store: %w", err)
+	}
+	if err := Load(k.opts.Live(), all); err != nil {
+		return err
+	}
+	k.since = since
+	k.follow(shared)
+	return nil
+}
+
+// Stop stops following changes.
+func (k *Keeper) Stop() {
+	if k.stop != nil {
+		k.stop()
+	}
+}
+
+// follow takes, every Poll, the policies other processes set.
+func (k *Keeper) follow(shared queue.PolicyChanges) {
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	k.stop = func() { stop(); <-done }
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(Poll)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			k.mu.Lock()
+			changed, since, err := shared.PolicyChanges(ctx, k.since)
+			if err == nil {
+				k.take(changed)
+				k.since = since
+			}
+			k.mu.Unlock()
+			if err != nil && ctx.Err() == nil {
+				k.opts.Logger.Warn("cannot read tenants' policy changes from the store; retrying", "err", err)
+			}
+		}
+	}()
+}
+
+// take puts policies another process set in force here. One this
+// process's config refuses is logged and not taken: the tenant keeps
+// what it had.
+func (k *Keeper) take(changed map[string][]byte) {
+	if len(changed) == 0 {
+		return
+	}
+	cfg := k.opts.Live()
+	for _, tenant := range slices.Sorted(maps.Keys(changed)) {
+		raw := changed[tenant]
+		if raw == nil {
+			cfg.DropPolicy(tenant)
+			continue
+		}
+		layer, err := config.ParsePolicyLayer(raw)
+		if err == nil {
+			_, err = cfg.SetPolicy(tenant, layer)
+		}
+		if err != nil {
+			k.opts.Logger.Error("a tenant's policy set through another process does not hold with this process's config: the tenant keeps its policy here", "tenant", tenant, "err", err)
+		}
+	}
+	k.opts.Changed()
+}
+
+// SetPolicy checks layer against the live config, keeps it in the store,
+// then puts it in force (api.PolicyEditor). A refusal is a *config.Error
+// naming the key; nothing changes.
+func (k *Keeper) SetPolicy(ctx context.Context, tenant string, layer config.PolicyLayer) (config.Policy, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	cfg := k.opts.Live()
+	if err := cfg.CheckPolicy(tenant, layer); err != nil {
+		return config.Policy{}, err
+	}
+	raw, err := json.Marshal(layer)
+	if err != nil {
+		return config.Policy{}, err
+	}
+	if err := k.opts.Store.PutPolicy(ctx, tenant, raw); err != nil {
+		return config.Policy{}, err
+	}
+	if _, err := cfg.SetPolicy(tenant, layer); err != nil {
+		return config.Policy{}, err // checked above
+	}
+	k.opts.Changed()
+	k.opts.Counted("set")
+	return cfg.PolicyOf(tenant), nil
+}
+
+// DropPolicy drops tenant's API layer, back to the file's policy
+// (api.PolicyEditor); false if it had none.
+func (k *Keeper) DropPolicy(ctx context.Context, tenant string) (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	had, err := k.opts.Store.DropPolicy(ctx, tenant)
+	if err != nil {
+		return false, err
+	}
+	if k.opts.Live().DropPolicy(tenant) || had {
+		k.opts.Changed()
+		k.opts.Counted("drop")
+	}
+	return had, nil
+}
+
+// Adopt carries the policies in force in cur over to next (a reload) and
+// runs swap, one with the changes: none is lost between the two. An error
+// (a policy next's file refuses) leaves cur in force.
+func (k *Keeper) Adopt(next, cur *config.Config, swap func()) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := next.AdoptPolicies(cur); err != nil {
+		return err
+	}
+	swap()
+	k.opts.Changed()
+	return nil
+}
