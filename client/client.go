@@ -301,6 +301,33 @@ func (c *Client) hold(ctx context.Context, tenant, verb string) (Tenant, error) 
 	return t, forTenant(err, tenant)
 }
 
+// Policy is a tenant's policy, where each key comes from, and the API's
+// layer.
+func (c *Client) Policy(ctx context.Context, tenant string) (Policy, error) {
+	var p Policy
+	_, err := c.do(ctx, http.MethodGet, tenantPath(tenant)+"/policy", nil, &p)
+	return p, forTenant(err, tenant)
+}
+
+// SetPolicy sets a tenant's policy over the file's (admin tokens only): in
+// force at once, in every process within a second, kept across restarts.
+// A policy that does not hold is a 422 invalid_policy *APIError naming the
+// key, and changes nothing.
+func (c *Client) SetPolicy(ctx context.Context, tenant string, keys PolicyKeys) (Policy, error) {
+	var p Policy
+	_, err := c.do(ctx, http.MethodPut, tenantPath(tenant)+"/policy", keys, &p)
+	return p, forTenant(err, tenant)
+}
+
+// ResetPolicy drops the policy the API set for a tenant (admin tokens
+// only): its policy is the file's again. A tenant with none is a 404
+// no_policy *APIError.
+func (c *Client) ResetPolicy(ctx context.Context, tenant string) (Policy, error) {
+	var p Policy
+	_, err := c.do(ctx, http.MethodDelete, tenantPath(tenant)+"/policy", nil, &p)
+	return p, forTenant(err, tenant)
+}
+
 // Ready reports whether the service takes work: nil, or an
 // *UnavailableError (503) saying why not.
 func (c *Client) Ready(ctx context.Context) error {

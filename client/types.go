@@ -228,3 +228,49 @@ func (t Tenant) ExpectedDelay() time.Duration { return millis(t.ExpectedDelayMS)
 
 // millis is a duration the API gives in milliseconds.
 func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// PolicyKeys are a tenant's policy keys as the API sets them (PUT
+// /v1/tenants/{t}/policy): a key left nil (or empty) is not said, and is
+// the file's. Plan names a [plans.NAME]; it says all of that plan's keys,
+// and the keys given here say themselves over it.
+type PolicyKeys struct {
+	Plan       string `json:"plan,omitempty"`
+	Downstream string `json:"downstream,omitempty"`
+	Mode       string `json:"mode,omitempty"`
+	Rate       string `json:"rate,omitempty"` // such as "20/s"
+	Capacity   *int   `json:"capacity,omitempty"`
+	Burst      *int   `json:"burst,omitempty"`
+	// Windows: nil is not said; an empty, non-nil slice is "no windows".
+	Windows     []string `json:"windows"`
+	MaxAttempts *int     `json:"max_attempts,omitempty"`
+	MaxInFlight *int     `json:"max_in_flight,omitempty"`
+	CallbackURL string   `json:"callback_url,omitempty"`
+}
+
+// Policy is a tenant's policy as GET /v1/tenants/{t}/policy shows it: in
+// force, where each key comes from ("api", "plan", "file", "default"),
+// and the API's layer (nil: none, the policy is the file's).
+type Policy struct {
+	Tenant string `json:"tenant"`
+	// Plan is the plan of the highest layer that names one ("" none), and
+	// PlanFrom that layer ("api", "file", "default").
+	Plan     string            `json:"plan"`
+	PlanFrom string            `json:"plan_from"`
+	InForce  PolicyInForce     `json:"policy"`
+	From     map[string]string `json:"from"`
+	API      *PolicyKeys       `json:"api"`
+}
+
+// PolicyInForce is a tenant's policy in force, every key given.
+type PolicyInForce struct {
+	Downstream string   `json:"downstream"`
+	Mode       string   `json:"mode"`
+	Rate       string   `json:"rate"`
+	Capacity   int      `json:"capacity"`
+	Burst      int      `json:"burst"`
+	Windows    []string `json:"windows"`
+	// MaxAttempts is nil when the downstream's max_attempts holds.
+	MaxAttempts *int   `json:"max_attempts"`
+	MaxInFlight int    `json:"max_in_flight"`
+	CallbackURL string `json:"callback_url"`
+}

@@ -68,6 +68,7 @@ func newRootCommand(stdout, stderr io.Writer, env []string) *cobra.Command {
 	root.PersistentPostRun = nil
 	root.AddCommand(newServeCommand(env), newConfigCommand(env), newStatusCommand(env), newTokenCommand(), newSimulateCommand(env))
 	root.AddCommand(newHoldCommands(env)...)
+	root.AddCommand(newTenantCommand(env))
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%w (see %s --help)", err, c.CommandPath())
 	})

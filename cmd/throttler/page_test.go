@@ -185,6 +185,9 @@ func TestStatusPageOperator(t *testing.T) {
 	base := startServer(t, operatorConfig(t, ds))
 	failed := busy(t, base)
 	admin := bearer(tokAdmin)
+	if st, _, body := call(t, "PUT", base+"/v1/tenants/beta/policy", `{"capacity":250}`, admin...); st != 200 {
+		t.Fatalf("PUT beta's policy: %d %v", st, body)
+	}
 
 	look := []map[string]any{{"do": "token", "value": tokAdmin, "role": "admin"}, {"do": "select", "tenant": "beta"}, {"do": "wait", "ms": 2500}}
 	shots := pageProxy(t, base, look, nil)
@@ -207,6 +210,10 @@ func TestStatusPageOperator(t *testing.T) {
 		{"do": "present", "sel": `#downstreams .ds[data-downstream="sms"] .announced[data-holds="0"]`},
 		{"do": "absent", "sel": `#downstreams .ds[data-downstream="test"] .announced`},
 		{"do": "select", "tenant": "beta"},
+		// Where beta's policy comes from: its capacity set by the API, its
+		// rate the file's.
+		{"do": "present", "sel": `#policy[data-set="api"] .key[data-key="capacity"][data-from="api"]`},
+		{"do": "present", "sel": `#policy .key[data-key="rate"][data-from="file"]`},
 		{"do": "lookup", "job": job, "expect": "400 Bad Request"},
 		{"do": "retry", "job": job},
 		{"do": "pause", "tenant": "beta"},

@@ -69,17 +69,18 @@ function oldestSample(histories) {
 async function loadDetail(hist) {
   const name = state.selected;
   if (!name) return renderDetail(null);
-  let t, failed;
+  let t, failed, policy;
   try {
-    [t, failed] = await Promise.all([
+    [t, failed, policy] = await Promise.all([
       api("GET", "/v1/tenants/" + encodeURIComponent(name)),
       api("GET", "/v1/tenants/" + encodeURIComponent(name) + "/jobs?state=failed&limit=20").then((b) => b.jobs || []),
+      api("GET", "/v1/tenants/" + encodeURIComponent(name) + "/policy"),
     ]);
   } catch (e) {
     if (e instanceof ApiError) return renderDetail(null, null, null, null, name + ": " + e.message);
     throw e;
   }
-  renderDetail(t, hist[name], failed, state.who);
+  renderDetail(t, hist[name], failed, state.who, null, policy);
 }
 
 // refreshOnce reads everything shown and redraws it; it runs every 2 s,

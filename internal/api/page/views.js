@@ -117,7 +117,7 @@ function renderTenants(list, hist, note) {
   }
 }
 
-function renderDetail(t, h, failed, who, err) {
+function renderDetail(t, h, failed, who, err, policy) {
   const box = $("detailBody");
   $("detail").dataset.tenant = t ? t.tenant : "";
   if (!t) {
@@ -130,6 +130,7 @@ function renderDetail(t, h, failed, who, err) {
   const kids = [el("div", { className: "kv" }, t.mode + " · rate " + fmtRate(t.rate_per_second) + " · burst " + t.burst + " · capacity " + t.capacity +
     " · downstream " + t.downstream + " · in flight " + t.in_flight + (t.max_in_flight ? " of at most " + t.max_in_flight : "") +
     " · limited by " + limitText(t))];
+  if (policy) kids.push(policyLine(policy));
   if (who && who.can_hold) {
     kids.push(el("div", { className: "actions" },
       el("button", { id: "pauseBtn", type: "button", className: "danger", disabled: !!t.held, textContent: "Pause", on: { click: () => hold(t.tenant, true) } }),
@@ -141,6 +142,21 @@ function renderDetail(t, h, failed, who, err) {
   kids.push(failedTable(failed, who));
   kids.push(detailCharts(t, h));
   box.replaceChildren(...kids);
+}
+
+// policyLine says where the tenant's policy comes from: its plan and each
+// key not left to tenant_defaults, with its source (api, plan, file).
+function policyLine(p) {
+  const set = p.api ? "api" : "file";
+  const parts = [p.plan ? "plan " + p.plan + " (" + ({ api: "set by the API", file: "the file's", default: "tenant_defaults'" }[p.plan_from] || p.plan_from) + ")" : "no plan"];
+  const keys = [];
+  for (const k of Object.keys(p.from).sort()) {
+    if (p.from[k] === "default") continue;
+    const v = p.policy[k];
+    keys.push(el("span", { className: "key", dataset: { key: k, from: p.from[k] } }, " · " + k + " " + (Array.isArray(v) ? (v.join(", ") || "none") : v) + " (" + p.from[k] + ")"));
+  }
+  return el("div", { id: "policy", className: "kv", dataset: { set, plan: p.plan || "" }, title: "where each key of the policy comes from: api (throttler tenant set), plan, file ([tenants.X]); the rest is tenant_defaults'" },
+    "policy: " + parts[0] + (p.api ? "; set by the API" : ""), ...keys);
 }
 
 function detailCharts(t, h) {
