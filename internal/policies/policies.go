@@ -29,9 +29,9 @@ type Options struct {
 	// Live is the config in force (a reload swaps it; Adopt carries the
 	// policies over).
 	Live func() *config.Config
-	// Changed is told after the policies in force changed (the store's
-	// queue.PolicyListener, when it has one). Optional.
-	Changed func()
+	// Changed is told the tenants whose policies in force changed (nil:
+	// any tenant's, a reload). Optional.
+	Changed func(tenants []string)
 	// Counted counts a change made here: "set" or "drop". Optional.
 	Counted func(change string)
 	Logger  *slog.Logger
@@ -49,7 +49,7 @@ type Keeper struct {
 // New is a Keeper; Start reads what the store keeps.
 func New(opts Options) *Keeper {
 	if opts.Changed == nil {
-		opts.Changed = func() {}
+		opts.Changed = func([]string) {}
 	}
 	if opts.Counted == nil {
 		opts.Counted = func(string) {}
@@ -139,7 +139,8 @@ func (k *Keeper) take(changed map[string][]byte) {
 		return
 	}
 	cfg := k.opts.Live()
-	for _, tenant := range slices.Sorted(maps.Keys(changed)) {
+	tenants := slices.Sorted(maps.Keys(changed))
+	for _, tenant := range tenants {
 		raw := changed[tenant]
 		if raw == nil {
 			cfg.DropPolicy(tenant)
@@ -153,7 +154,7 @@ func (k *Keeper) take(changed map[string][]byte) {
 			k.opts.Logger.Error("a tenant's policy set through another process does not hold with this process's config: the tenant keeps its policy here", "tenant", tenant, "err", err)
 		}
 	}
-	k.opts.Changed()
+	k.opts.Changed(tenants)
 }
 
 // SetPolicy checks layer against the live config, keeps it in the store,
@@ -176,7 +177,7 @@ func (k *Keeper) SetPolicy(ctx context.Context, tenant string, layer config.Poli
 	if _, err := cfg.SetPolicy(tenant, layer); err != nil {
 		return config.Policy{}, err // checked above
 	}
-	k.opts.Changed()
+	k.opts.Changed([]string{tenant})
 	k.opts.Counted("set")
 	return cfg.PolicyOf(tenant), nil
 }
@@ -191,7 +192,7 @@ func (k *Keeper) DropPolicy(ctx context.Context, tenant string) (bool, error) {
 		return false, err
 	}
 	if k.opts.Live().DropPolicy(tenant) || had {
-		k.opts.Changed()
+		k.opts.Changed([]string{tenant})
 		k.opts.Counted("drop")
 	}
 	return had, nil
@@ -207,6 +208,6 @@ func (k *Keeper) Adopt(next, cur *config.Config, swap func()) error {
 		return err
 	}
 	swap()
-	k.opts.Changed()
+	k.opts.Changed(nil)
 	return nil
 }

@@ -371,3 +371,11 @@ type Policies interface {
 type PolicyChanges interface {
 	PolicyChanges(ctx context.Context, since uint64) (map[string][]byte, uint64, error)
 }
+
+// Repacer places a tenant's waiting jobs anew by the policy in force now
+// (rules.Repace), after its policy changed (set by the API): a faster one
+// brings its backlog forward, a slower one moves it back. On Redis the
+// partition's owner does it, in whichever process that is.
+type Repacer interface {
+	Repace(ctx context.Context, tenant string) error
+}

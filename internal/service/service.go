@@ -446,10 +446,22 @@ func (r *running) reload(next *config.Config) {
 	log.Info("config reloaded", "config", next.File, "tenants", len(next.Tenants), "downstreams", len(next.Downstreams))
 }
 
-// policiesChanged tells the store the policies in force changed.
-func (r *running) policiesChanged() {
+// policiesChanged tells the store the policies in force changed: those of
+// tenants (nil: any tenant's, a reload), whose backlogs it places anew
+// (queue.Repacer). A reload of the file moves no backlog: its jobs keep
+// their slots, and the gate spaces them by the new policy.
+func (r *running) policiesChanged(tenants []string) {
 	if pl, ok := r.store.(queue.PolicyListener); ok {
 		pl.PoliciesChanged()
+	}
+	rp, ok := r.store.(queue.Repacer)
+	if !ok {
+		return
+	}
+	for _, tenant := range tenants {
+		if err := rp.Repace(context.Background(), tenant); err != nil {
+			r.log.Warn("cannot re-pace a tenant's backlog for its new policy: its jobs keep their slots, and the gate spaces them by the new policy", "tenant", tenant, "err", err)
+		}
 	}
 }
 

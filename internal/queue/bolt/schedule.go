@@ -378,6 +378,17 @@ func (sc *schedule) tenantSlots(tenant string, f func(slot time.Time)) {
 	}
 }
 
+// tenantEntries calls f with each of a tenant's waiting jobs' entries.
+func (sc *schedule) tenantEntries(tenant string, f func(e dueEntry)) {
+	n, ok := sc.names.byName[tenant]
+	if !ok {
+		return
+	}
+	for k := range sc.byTenant[n] {
+		f(sc.fat(sc.waiting[k]))
+	}
+}
+
 // retime moves a tenant's waiting jobs to their real times under p: O(jobs
 // waiting in memory), nothing written.
 func (sc *schedule) retime(tenant string, p leaky.Pause) {

@@ -78,6 +78,7 @@ func Run(t *testing.T, d Driver) {
 		{"CapsHoldAttemptsInFlight", testCapsHoldAttemptsInFlight},
 		{"CapsCountRetries", testCapsCountRetries},
 		{"CapsSetByAReloadCountWhatIsInFlight", testCapsSetByAReloadCountWhatIsInFlight},
+		{"PolicyChangeRepacesTheBacklog", testPolicyChangeRepacesTheBacklog},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
 		{"TypesAndHandlerCancels", testTypesAndHandlerCancels},

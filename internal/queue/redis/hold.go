@@ -86,7 +86,7 @@ func (s *Store) PoliciesChanged() {
 	defer s.consumersMu.Unlock()
 	for c := range s.consumers {
 		for _, o := range c.owned() {
-			o.repace()
+			o.repaceHeld()
 		}
 	}
 }

@@ -59,6 +59,9 @@ type owned struct {
 	// recountDue: the policies changed, and the claimed sets are to be
 	// brought to them before the next claim (recount).
 	recountDue atomic.Bool
+	// repaceDue: tenants whose policies changed, whose backlogs are to be
+	// placed anew before the next claim (repace.go). o.mu.
+	repaceDue map[string]bool
 
 	// recording counts attempts that did not end their job and whose
 	// outcome is being written: the job is back in the schedule after.
@@ -180,6 +183,7 @@ func (o *owned) run() {
 			o.recount()
 			o.placeHanded()
 		}
+		o.repace()
 		o.mu.Lock()
 		due := o.paced(o.sched.popDue(o.s.localNow().Add(o.c.lead), claimBatchMax))
 		next, any := o.sched.next()
@@ -267,11 +271,11 @@ func (o *owned) paced(due []*entry) []*entry {
 	return ready
 }
 
-// repace brings the entries held back for their tenants' pace to that
+// repaceHeld brings the entries held back for their tenants' pace to that
 // pace by the policies in force now (Store.PoliciesChanged): the pace
 // itself stands (the gate keeps each send's step at the interval it went
 // at), the tolerance is the new policy's.
-func (o *owned) repace() {
+func (o *owned) repaceHeld() {
 	o.recountDue.Store(true)
 	o.mu.Lock()
 	o.sched.repace(func(tenant string) time.Time {

@@ -26,7 +26,7 @@ type entry struct {
 	// tenant's pace does not hold it.
 	expiry bool
 	// paced: held back past due, its time before, for its tenant's pace
-	// (owned.paced), which a reload may bring sooner (owned.repace).
+	// (owned.paced), which a reload may bring sooner (owned.repaceHeld).
 	paced bool
 	due   time.Time
 	index int // in the heap

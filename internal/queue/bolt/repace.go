@@ -1,0 +1,89 @@
+package bolt
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/rules"
+)
+
+// Repace places tenant's waiting jobs anew by the policy in force now
+// (rules.Repace; queue.Repacer): the jobs not handed over yet, after those
+// that are. The new slots hold in memory at once; they are written with
+// the tenant's record in one transaction. Should that write fail, the
+// jobs go at their new slots all the same, and a restart before the next
+// write of them finds their old ones (a faster policy's jobs then go
+// later than promised; never sooner).
+func (s *Store) Repace(_ context.Context, tenant string) error {
+	s.mu.Lock()
+	tm, err := s.loadTenant(tenant)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	p, now := s.policy(tenant), s.clock.Now()
+	var entries []dueEntry
+	s.sched.tenantEntries(tenant, func(e dueEntry) { entries = append(entries, e) })
+	slices.SortFunc(entries, func(a, b dueEntry) int { return cmp.Or(a.slot.Compare(b.slot), cmp.Compare(a.id, b.id)) })
+	var after time.Time // the jobs handed over keep their places
+	for _, j := range s.claims {
+		if j.Tenant == tenant && !j.Slot.IsZero() {
+			if end := rules.RealAt(tm.rec.Pause, j.EffectiveSlot()).Add(time.Duration(j.EffectiveCost()) * p.Interval); end.After(after) {
+				after = end
+			}
+		}
+	}
+	placed := make([]rules.Placed, len(entries))
+	for i, e := range entries {
+		placed[i] = rules.Placed{Slot: e.slot, Cost: e.cost, ID: e.id}
+	}
+	if rules.Repace(&tm.rec, placed, p, now, after) == 0 {
+		tm.dirty = true // its schedule may have moved all the same (no credit)
+		s.mu.Unlock()
+		return nil
+	}
+	moved := map[string]time.Time{}
+	for i, w := range placed {
+		if w.Moved {
+			e := entries[i]
+			s.sched.remove(e.id)
+			e.slot, e.at = w.Slot, rules.RealAt(tm.rec.Pause, w.Slot)
+			s.sched.add(e)
+			moved[e.id] = w.Slot
+		}
+	}
+	pz := tm.rec.Pause
+	tm.pending++
+	s.mu.Unlock()
+	s.poke()
+
+	err = s.commit(func(tx *bbolt.Tx) error {
+		for id, slot := range moved {
+			j, found, err := getJob(tx, id, false)
+			if err != nil {
+				return err
+			}
+			if !found || !j.State.Waiting() {
+				continue // sent or ended meanwhile: its slot is history
+			}
+			j.Slot, j.DispatchAt = slot, rules.DispatchAt(pz, slot, now)
+			if err := putJob(tx, j); err != nil {
+				return err
+			}
+		}
+		return s.putTenant(tx, tenant)
+	})
+	s.mu.Lock()
+	tm.pending--
+	s.mu.Unlock()
+	if err != nil {
+		s.log.Warn("a tenant's backlog was re-paced for its new policy, but its new slots could not be written: they hold until a restart, which would send the jobs at their old ones", "tenant", tenant, "jobs", len(moved), "err", err)
+		return queue.Unavailable(err)
+	}
+	return nil
+}

@@ -1,0 +1,142 @@
+package redis
+
+import (
+	"container/heap"
+	"context"
+	_ "embed"
+	"errors"
+	"time"
+
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/luascript"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+)
+
+// A tenant's backlog placed anew after its policy changed (rules.Repace,
+// repace.lua): by the owner of its partition, in whichever process that
+// is, between two of its claims.
+
+var (
+	//go:embed repace.lua
+	repaceLua    string
+	repaceScript = newScript("repace.lua", owner.FenceLua+repaceLua, true)
+)
+
+// Repace asks the owner of tenant's partition, if this process has it, to
+// place the tenant's waiting jobs anew by the policy in force now
+// (queue.Repacer). Every process is told of a policy change (the API's
+// process at once, the others within policies.Poll): the owner acts.
+func (s *Store) Repace(_ context.Context, tenant string) error {
+	s.consumersMu.Lock()
+	defer s.consumersMu.Unlock()
+	for c := range s.consumers {
+		c.mu.Lock()
+		o := c.parts[s.partOf(tenant)]
+		c.mu.Unlock()
+		if o != nil {
+			o.askRepace(tenant)
+		}
+	}
+	return nil
+}
+
+// askRepace has tenant's backlog placed anew before the next claim.
+func (o *owned) askRepace(tenant string) {
+	o.mu.Lock()
+	if o.repaceDue == nil {
+		o.repaceDue = map[string]bool{}
+	}
+	o.repaceDue[tenant] = true
+	o.mu.Unlock()
+	o.poke()
+}
+
+// repaceMoved is repace.lua's answer: the jobs moved.
+type repaceMoved struct {
+	now   time.Time
+	moved []movedJob
+}
+
+type movedJob struct {
+	id             string
+	slot, dispatch time.Time
+}
+
+func (r *repaceMoved) Decode(rep *luascript.Reply) {
+	r.now = rep.Time()
+	for rep.More() {
+		r.moved = append(r.moved, movedJob{id: rep.Str(), slot: rep.Time(), dispatch: rep.Time()})
+	}
+}
+
+// repace places the backlogs asked for anew (repace.lua) and moves their
+// entries to their new times. A tenant that cannot be done now is asked
+// again at the next turn; one whose lease is gone is not.
+func (o *owned) repace() {
+	o.mu.Lock()
+	due := o.repaceDue
+	o.repaceDue = nil
+	o.mu.Unlock()
+	for tenant := range due {
+		moved, err := o.repaceTenant(tenant)
+		if err != nil {
+			if !errors.Is(err, owner.ErrFenced) {
+				o.s.log.Warn("cannot re-pace a tenant's backlog for its new policy; trying again", "partition", o.fence.Partition, "tenant", tenant, "err", err)
+				o.askRepace(tenant)
+			}
+			continue
+		}
+		if len(moved) == 0 {
+			continue
+		}
+		at := make(map[string]time.Time, len(moved))
+		first := moved[0].dispatch
+		for _, m := range moved {
+			at[m.id] = m.dispatch
+			first = clock.Earliest(first, m.dispatch)
+		}
+		o.mu.Lock()
+		// The claims' pace, read ahead of the gate, was the old policy's:
+		// the first job moved may go at its new time (the gate still
+		// spaces the write from the send before).
+		if pace := first.Add(o.s.policy(tenant).Tolerance()); o.pace[tenant].After(pace) {
+			o.pace[tenant] = pace
+		}
+		for _, e := range o.sched {
+			if d, ok := at[e.id]; ok && !e.expiry && !e.held {
+				e.at, e.place, e.paced = d, d, false
+			}
+		}
+		heap.Init(&o.sched)
+		o.mu.Unlock()
+	}
+}
+
+func (o *owned) repaceTenant(tenant string) ([]movedJob, error) {
+	p := o.s.policy(tenant)
+	var handedEnd time.Time // tenant time: the jobs handed over keep their places
+	o.mu.Lock()
+	for _, h := range o.handed {
+		if h.tenant == tenant && !h.slot.IsZero() {
+			if end := h.slot.Add(p.Interval); end.After(handedEnd) {
+				handedEnd = end
+			}
+		}
+	}
+	o.mu.Unlock()
+	args := repaceArgs(o.fence, o.s.now(), o.k, tenant, p, handedEnd, o.s.idle)
+	var r repaceMoved
+	err := o.fence.Err(repaceScript.Run(context.WithoutCancel(o.ctx), o.s.rdb, o.fence.Keys(), args, &r))
+	return r.moved, err
+}
+
+// repaceArgs is ARGV of a run of repace.lua under fence f at now
+// (microseconds, 0: Redis's TIME).
+func repaceArgs(f owner.Fence, now int64, k partKeys, tenant string, p leaky.Policy, handedEnd time.Time, idle time.Duration) []any {
+	args := []any{f.Token(), now, k.tag, tenant, usCeil(p.Interval), usCeil(p.Tolerance()), p.Capacity, microsOf(handedEnd), idle.Milliseconds(), len(p.Windows)}
+	for _, w := range p.Windows {
+		args = append(args, w.String(), w.N, usCeil(w.Length))
+	}
+	return args
+}

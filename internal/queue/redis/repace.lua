@@ -1,0 +1,114 @@
+-- Places a tenant's waiting jobs anew by its new policy (set by the API),
+-- as rules.Repace does (TestLuaRepaceAgreesWithRules holds the two
+-- together): in their order, each as the schedule's next place from the
+-- later of now, the jobs handed over and the next send by the last claim,
+-- within the windows, with no burst credit. Their old places leave each
+-- window's list that is not full first. A booked retry keeps its booking
+-- and the others go around it (Record.Absorb, as admit.lua). A paused or
+-- held tenant is left as it is. Fenced (owner.FenceLua is put in front).
+-- Run by owned.repace (repace.go). Microseconds.
+--
+-- KEYS[1]  the partition's lease (the fence)
+-- ARGV[1]  the owner's token (the fence)
+-- ARGV[2]  now (0: the server's TIME)
+-- ARGV[3]  the partition's key prefix (partKeys.tag)
+-- ARGV[4]  the tenant
+-- ARGV[5]  its interval
+-- ARGV[6]  its tolerance ((burst - 1) intervals)
+-- ARGV[7]  its capacity
+-- ARGV[8]  the end of the jobs handed over (their last slot plus its cost
+--          in intervals, tenant time; 0: none)
+-- ARGV[9]  idle ttl (ms)
+-- ARGV[10] its number of windows, then per window its key's suffix
+--          (leaky.Window.String), N and length
+--
+-- Returns {now, id, slot, dispatch, ...}: the jobs moved, each with its
+-- new slot (tenant time) and dispatch time.
+
+local now = server_now(ARGV[2])
+local prefix, name = ARGV[3], ARGV[4]
+local T, tau, capacity = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local handed_end, idle_ms = tonumber(ARGV[8]), tonumber(ARGV[9])
+local windows = {}
+for w = 1, tonumber(ARGV[10]) do
+  local at = 11 + (w - 1) * 3
+  windows[w] = {key = prefix .. 'window:' .. name .. ':' .. ARGV[at], n = tonumber(ARGV[at + 1]), len = tonumber(ARGV[at + 2])}
+end
+
+local out = {now}
+local tk = prefix .. 'tenant:' .. name
+local h = redis.call('HMGET', tk, 'shift', 'until', 'held', 'last', 'lastcost', 'booked')
+local shift, untl, held = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0
+if held > 0 or untl > now then return out end
+local waiting = redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')
+if #waiting == 0 then return out end
+
+local floor = now
+if handed_end > 0 then floor = at_least(floor, handed_end + shift) end
+local last = tonumber(h[4]) or 0
+if last > 0 then floor = at_least(floor, last + T * at_least(tonumber(h[5]) or 1, 1)) end
+floor = floor - shift -- tenant time
+
+local booked = booked_parse(h[6])
+local is_booked = {}
+for _, b in ipairs(booked) do is_booked[b.id] = true end
+local costs = {}
+for i = 1, #waiting, 2 do
+  costs[i] = at_least(tonumber(redis.call('HGET', prefix .. 'job:' .. waiting[i], 'cost')) or 1, 1)
+end
+
+-- Their old places leave the windows that are not full: they were not sent.
+for _, w in ipairs(windows) do
+  if redis.call('LLEN', w.key) < w.n then
+    for i = 1, #waiting, 2 do
+      if not is_booked[waiting[i]] then redis.call('LREM', w.key, costs[i], waiting[i + 1]) end
+    end
+  end
+end
+
+local tat = floor + tau -- the next place is at floor, with no burst credit
+local absorbed = 0
+local moved_any = false
+for i = 1, #waiting, 2 do
+  local id, cost = waiting[i], costs[i]
+  if not is_booked[id] then
+    -- Record.Absorb
+    while absorbed < #booked do
+      local b = booked[absorbed + 1]
+      local s = at_least(floor, tat - tau)
+      local after = at_least(tat, floor) + cost * T
+      if #windows > 0 and capacity > 0 then
+        s = windows_slot(windows, s, cost)
+        after = at_least(after, s + cost * T)
+      end
+      if s < b.slot and b.slot >= after - tau then break end
+      tat = at_least(tat, b.slot) + b.cost * T
+      absorbed = absorbed + 1
+    end
+    -- Record.Reserve: the next place, within the windows.
+    local slot = at_least(floor, tat - tau)
+    tat = at_least(tat, floor) + cost * T
+    if #windows > 0 then
+      slot = windows_slot(windows, slot, cost)
+      windows_record(windows, slot, cost)
+      if slot + cost * T > tat then tat = slot + cost * T end
+    end
+    if slot ~= tonumber(waiting[i + 1]) then
+      redis.call('ZADD', prefix .. 'waiting:' .. name, slot, id)
+      redis.call('HSET', prefix .. 'job:' .. id, 'slot', slot, 'dispatch', slot + shift)
+      out[#out + 1] = id
+      out[#out + 1] = slot
+      out[#out + 1] = slot + shift
+      moved_any = true
+    end
+  end
+end
+if absorbed > 0 then booked_write(tk, booked, absorbed + 1) end
+redis.call('HSET', tk, 'tat', tat)
+redis.call('HDEL', tk, 'behind')
+-- The windows' lists live as long as they count the jobs placed, plus the
+-- idle time, as admission keeps them.
+if moved_any then
+  for _, w in ipairs(windows) do keep(w.key, math.floor((tat + shift - now + w.len) / 1000) + idle_ms) end
+end
+return out

@@ -1,0 +1,142 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/throttler-dev/throttler/internal/leaky"
+	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/rules"
+)
+
+// repace.lua and rules.Repace agree on a tenant's moved slots, dispatch
+// times, schedule, windows and bookings, on random sequences: the states
+// the takeover test's tenants go through (pauses and holds, costs, jobs
+// due or ahead, retries booked past their places, windows), each changed
+// to another rate and burst, with or without jobs handed over ahead. The
+// Go is the rule; the Lua is its port.
+func TestLuaRepaceAgreesWithRules(t *testing.T) {
+	rdb := redisClient(t, 0)
+	seqs, steps := 200, 12
+	if testing.Short() {
+		seqs = 30
+	}
+	f := owner.Fence{Partition: 0, Worker: "owner", Epoch: 1}
+	holdLease(t, rdb, f)
+	ctx := context.Background()
+	k := keysOf(f.Partition)
+	var tenants, moved, inWindows, booked, left, handed int
+	for seq := range seqs {
+		rng := rand.New(rand.NewPCG(uint64(seq), 17))
+		tn := &tkTenant{name: fmt.Sprintf("r%d", seq), p: randomAdmitPolicy(rng)}
+		if tn.p.Capacity == 0 {
+			tn.p.Capacity = 1 + rng.IntN(8) // a backlog waits: leaky mode
+		}
+		// Two windows written alike are one window's list.
+		tn.p.Windows = slices.CompactFunc(tn.p.Windows, func(a, b leaky.Window) bool { return a.String() == b.String() })
+		now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+		ids := 0
+		for step := range steps {
+			now = now.Add(us(rng.Int64N(400_000)))
+			tn.evolve(rng, now, &ids, uint64(seq))
+			// The jobs claimed are handed over: their end is where the
+			// backlog starts, at the latest.
+			var handedEnd time.Time
+			for _, j := range tn.sending {
+				handedEnd = later(handedEnd, j.slot.Add(tn.p.Interval))
+			}
+			tn.sending = nil
+			if err := writeTakeoverState(ctx, rdb, k, []*tkTenant{tn}); err != nil {
+				t.Fatal(err)
+			}
+			p := tn.p
+			p.Interval, p.Burst = us(1000+rng.Int64N(200_000)), 1+rng.IntN(4)
+			// The rule.
+			w := tkWant{rec: tn.rec, lost: tn.lost, back: map[string]bool{}}
+			w.rec.Booked = slices.Clone(tn.rec.Booked)
+			w.rec.Windows = cloneWindows(tn.rec.Windows)
+			placed := make([]rules.Placed, len(tn.waiting))
+			for i, j := range tn.waiting {
+				placed[i] = rules.Placed{Slot: j.slot, Cost: j.cost, ID: j.id}
+			}
+			var after time.Time
+			if !handedEnd.IsZero() {
+				after = handedEnd.Add(tn.rec.Pause.Shift)
+			}
+			n := rules.Repace(&w.rec, placed, p, now, after)
+			for i, j := range tn.waiting {
+				j.slot = placed[i].Slot
+				w.jobs = append(w.jobs, j)
+				w.moved = append(w.moved, placed[i].Moved)
+			}
+			// The port.
+			var r repaceMoved
+			if err := repaceScript.Run(ctx, rdb, []string{f.Key()}, repaceArgs(f, micros(now), k, tn.name, p, handedEnd, time.Hour), &r); err != nil {
+				t.Fatal(err)
+			}
+			where := fmt.Sprintf("seed %d step %d (policy %+v to interval %v burst %d; handed end %v; %s)", seq, step, tn.p, p.Interval, p.Burst, handedEnd, tn.describe(now))
+			if len(r.moved) != n {
+				t.Fatalf("%s: Lua moved %d jobs, rule %d", where, len(r.moved), n)
+			}
+			for _, m := range r.moved {
+				i := slices.IndexFunc(w.jobs, func(j tkJob) bool { return j.id == m.id })
+				if i < 0 || !w.moved[i] || !m.slot.Equal(w.jobs[i].slot) || !m.dispatch.Equal(rules.DispatchAt(w.rec.Pause, w.jobs[i].slot, now)) {
+					t.Fatalf("%s: Lua moved %s to %v, rule %+v", where, m.id, m.slot.Sub(now), w.jobs)
+				}
+			}
+			tn.p = p // the windows are the same: their lists are read by p's
+			pipe := rdb.Pipeline()
+			read := readTakeover(ctx, pipe, k, tn, w)
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if msg := takeoverRecordDiff(read, tn, w, now); msg != "" {
+				t.Fatalf("%s: %s", where, msg)
+			}
+			tenants++
+			switch {
+			case n > 0 && len(p.Windows) > 0:
+				inWindows++
+			case n > 0 && len(tn.rec.Booked) > 0:
+				booked++
+			case n == 0 && len(w.jobs) > 0:
+				left++
+			}
+			if n > 0 {
+				moved++
+			}
+			if !handedEnd.IsZero() && n > 0 {
+				handed++
+			}
+			tn.take(w)
+		}
+	}
+	t.Logf("%d tenants changed: %d moved (%d in windows, %d around a booking, %d after jobs handed over), %d left", tenants, moved, inWindows, booked, handed, left)
+	for name, n := range map[string]int{"moved": moved, "in windows": inWindows, "booked": booked, "left": left, "handed over": handed} {
+		if n == 0 {
+			t.Errorf("no sequence reached %q", name)
+		}
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func cloneWindows(w map[string][]int64) map[string][]int64 {
+	if w == nil {
+		return nil
+	}
+	out := make(map[string][]int64, len(w))
+	for k, v := range w {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}

@@ -1,0 +1,79 @@
+package rules
+
+import (
+	"slices"
+	"time"
+
+	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
+)
+
+// Repace places a tenant's waiting jobs anew by p after a change of its
+// policy (set by the API): in their order (jobs: slot order, then id),
+// each as the schedule's next place from the later of now, after (real
+// time: the jobs already handed over, which keep their slots) and the next
+// send by its last attempt, within the windows, with no burst credit (the
+// sends just before may have used it). A faster policy brings the backlog
+// forward, a slower one moves it back, so that each job says when it goes.
+//
+// The jobs' old places leave the windows' bookkeeping first, as they were
+// not sent; but a window whose list is full keeps them (the sends before
+// them have left it, and would be forgotten with them), and the jobs are
+// placed after them as far as that window asks. A booked retry keeps its
+// booking, and the others are placed around it as admissions are
+// (Absorb). A paused or held tenant is left as it is: its jobs go at the
+// pause's end, paced at the gate by the policy in force then. It returns
+// how many jobs moved.
+func Repace(rec *Record, jobs []Placed, p leaky.Policy, now, after time.Time) int {
+	pz := rec.Pause
+	if !pz.Held.IsZero() || pz.Until.After(now) || len(jobs) == 0 {
+		return 0
+	}
+	booked := map[string]bool{}
+	for _, b := range rec.Booked {
+		booked[b.Job] = true
+	}
+	floor := clock.Later(clock.Later(now, after), rec.NextAfterLastAttempt(p)).Add(-pz.Shift) // tenant time
+	if len(p.Windows) > 0 {
+		recent := rec.Recent(p)
+		for i, w := range p.Windows {
+			if len(recent[i]) >= w.N {
+				continue // full: the sends before the jobs have left it
+			}
+			for _, j := range jobs {
+				if !booked[j.ID] {
+					recent[i] = forget(recent[i], j.Slot, j.cost())
+				}
+			}
+		}
+		rec.SetRecent(p, recent)
+	}
+	rec.TAT = floor.Add(p.Tolerance()) // the next place is at floor, with no burst credit
+	rec.Behind = time.Time{}
+	moved := 0
+	for i := range jobs {
+		j := &jobs[i]
+		if booked[j.ID] {
+			continue
+		}
+		slot := rec.Reserve(p, floor, time.Time{}, j.cost(), j.ID)
+		if !slot.Equal(j.Slot) {
+			j.Slot, j.Moved = slot, true
+			moved++
+		}
+	}
+	return moved
+}
+
+// forget takes cost sends counted at slot out of a window's list (those
+// there are).
+func forget(r leaky.Recent, slot time.Time, cost int) leaky.Recent {
+	for range cost {
+		i := slices.IndexFunc(r, func(t time.Time) bool { return t.Equal(slot) })
+		if i < 0 {
+			break
+		}
+		r = slices.Delete(r, i, i+1)
+	}
+	return r
+}

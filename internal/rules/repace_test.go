@@ -1,0 +1,92 @@
+package rules
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/throttler-dev/throttler/internal/leaky"
+)
+
+// A change of policy places the waiting backlog anew: from now (or the
+// next send by the last attempt, or after the jobs handed over), one
+// interval of the new rate apart, with no burst credit; faster brings it
+// forward, slower moves it back; a job admitted after goes behind it; a
+// booked retry keeps its booking; a paused tenant is left as it is.
+func TestRepace(t *testing.T) {
+	fast := leaky.Policy{Interval: 100 * ms, Burst: 3, Capacity: 100}
+	// Four jobs admitted under slow, the first due now.
+	backlog := func() []Placed {
+		var jobs []Placed
+		for i := range 4 {
+			jobs = append(jobs, Placed{Slot: t0.Add(time.Duration(i) * 500 * ms), ID: fmt.Sprint("j", i)})
+		}
+		return jobs
+	}
+	slowRec := func() Record { return Record{TAT: t0.Add(2 * time.Second)} }
+	for _, tc := range []struct {
+		name  string
+		rec   Record
+		p     leaky.Policy
+		after time.Time
+		want  []time.Duration // from t0
+		moved int
+		tat   time.Duration // the next admission's slot, from t0
+	}{
+		{"faster", slowRec(), fast, time.Time{}, []time.Duration{0, 100 * ms, 200 * ms, 300 * ms}, 3, 400 * ms},
+		{"faster, after a job handed over", slowRec(), fast, t0.Add(100 * ms), []time.Duration{100 * ms, 200 * ms, 300 * ms, 400 * ms}, 4, 500 * ms},
+		{"faster, a send just made", Record{TAT: t0.Add(2 * time.Second), LastAttemptAt: t0.Add(-50 * ms)}, fast, time.Time{}, []time.Duration{50 * ms, 150 * ms, 250 * ms, 350 * ms}, 4, 450 * ms},
+		{"slower", Record{TAT: t0.Add(400 * ms)}, leaky.Policy{Interval: time.Second, Burst: 1, Capacity: 100}, time.Time{}, []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second}, 3, 4 * time.Second},
+		{"paused", Record{TAT: t0.Add(2 * time.Second), Pause: leaky.Pause{}.PauseUntil(t0, t0.Add(time.Second), time.Time{})}, fast, time.Time{}, []time.Duration{0, 500 * ms, time.Second, 1500 * ms}, 0, -1},
+		// j1 is a retry booked at its backoff's end: it stays there, and the
+		// others go around it.
+		{"a booked retry", Record{TAT: t0.Add(2 * time.Second), Booked: []Booking{{Slot: t0.Add(500 * ms).UnixNano(), Job: "j1"}}}, fast, time.Time{}, []time.Duration{0, 500 * ms, 100 * ms, 200 * ms}, 2, 300 * ms},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, jobs := tc.rec, backlog()
+			moved := Repace(&rec, jobs, tc.p, t0, tc.after)
+			var got []time.Duration
+			for _, j := range jobs {
+				got = append(got, j.Slot.Sub(t0))
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) || moved != tc.moved {
+				t.Fatalf("slots %v, %d moved; want %v, %d", got, moved, tc.want, tc.moved)
+			}
+			if tc.tat < 0 {
+				return
+			}
+			q := &slots{}
+			for _, j := range jobs {
+				q.scheduled = append(q.scheduled, j.Slot)
+			}
+			d := Admit(&rec, q, Call{Now: t0, Arrival: t0, Policy: tc.p})
+			if next := d.Slot.Sub(t0); next != tc.tat {
+				t.Errorf("a job admitted after goes at %v; want %v, behind the backlog", next, tc.tat)
+			}
+		})
+	}
+}
+
+// The backlog's old places leave a window's list, so that a faster
+// policy brings it forward within the window; a full list keeps them (the
+// sends before have left it), so that no window holds more than it allows.
+func TestRepaceKeepsTheWindows(t *testing.T) {
+	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 100, Windows: []leaky.Window{mustWindow(t, "3/s")}}
+	jobs := []Placed{{Slot: t0, ID: "a"}, {Slot: t0.Add(500 * ms), ID: "b"}}
+	rec := Record{TAT: t0.Add(time.Second)}
+	rec.SetRecent(p, []leaky.Recent{{t0, t0.Add(500 * ms)}})
+	Repace(&rec, jobs, p, t0, time.Time{})
+	if jobs[1].Slot.Sub(t0) != 100*ms {
+		t.Errorf("b at %v; want 100ms: its old place left the window", jobs[1].Slot.Sub(t0))
+	}
+	// Full: three sends in the last second, the latest two the backlog's.
+	full := Record{TAT: t0.Add(time.Second)}
+	full.SetRecent(p, []leaky.Recent{{t0.Add(-800 * ms), t0, t0.Add(500 * ms)}})
+	jobs = []Placed{{Slot: t0, ID: "a"}, {Slot: t0.Add(500 * ms), ID: "b"}}
+	Repace(&full, jobs, p, t0, time.Time{})
+	for _, j := range jobs {
+		if j.Slot.Before(t0.Add(200 * ms)) {
+			t.Errorf("%s at %v: a full window's list cannot tell the sends before from the backlog's", j.ID, j.Slot.Sub(t0))
+		}
+	}
+}
