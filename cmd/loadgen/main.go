@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,7 +28,7 @@ import (
 
 func main() {
 	root := &cobra.Command{Use: "loadgen", Short: "Measure a running throttler", SilenceUsage: true}
-	root.AddCommand(admitCommand(), ceilingCommand(), fillCommand(), deliverCommand(), sinkCommand(), timersCommand())
+	root.AddCommand(admitCommand(), policiesCommand(), ceilingCommand(), fillCommand(), deliverCommand(), sinkCommand(), timersCommand())
 	if err := root.Execute(); err != nil {
 		os.Exit(1)
 	}
@@ -97,16 +98,16 @@ with less noise than alternating them. Start both on fresh stores.`,
 				return nil
 			}
 			if ceiling == "" {
-				r := admitRun(client, server, clients, tenants, duration)
+				r := admitRun(client, server, "t", clients, tenants, duration)
 				r.print(out, "server")
 				return nil
 			}
 			ceilingClient := newClient(clients)
 			var ratios []string
 			for i := 1; i <= rounds; i++ {
-				s := admitRun(client, server, clients, tenants, duration)
+				s := admitRun(client, server, "t", clients, tenants, duration)
 				s.print(out, fmt.Sprintf("round %d server ", i))
-				c := admitRun(ceilingClient, ceiling, clients, tenants, duration)
+				c := admitRun(ceilingClient, ceiling, "t", clients, tenants, duration)
 				c.print(out, fmt.Sprintf("round %d ceiling", i))
 				if c.rate() > 0 {
 					ratios = append(ratios, fmt.Sprintf("%.2f", s.rate()/c.rate()))
@@ -133,8 +134,8 @@ func admitBeside(out io.Writer, client, besideClient *http.Client, server, besid
 	for i := 1; i <= rounds; i++ {
 		var a, b admitResult
 		var wg sync.WaitGroup
-		wg.Go(func() { a = admitRun(client, server, clients, tenants, duration) })
-		wg.Go(func() { b = admitRun(besideClient, beside, clients, tenants, duration) })
+		wg.Go(func() { a = admitRun(client, server, "t", clients, tenants, duration) })
+		wg.Go(func() { b = admitRun(besideClient, beside, "t", clients, tenants, duration) })
 		wg.Wait()
 		a.print(out, fmt.Sprintf("round %d server", i))
 		b.print(out, fmt.Sprintf("round %d beside", i))
@@ -164,8 +165,9 @@ func (r admitResult) print(out io.Writer, label string) {
 	fmt.Fprintln(out)
 }
 
-// admitRun posts single jobs to server from clients goroutines for duration.
-func admitRun(client *http.Client, server string, clients, tenants int, duration time.Duration) admitResult {
+// admitRun posts single jobs to server from clients goroutines for
+// duration, to tenants prefix0 to prefix(tenants-1).
+func admitRun(client *http.Client, server, prefix string, clients, tenants int, duration time.Duration) admitResult {
 	var counts [600]atomic.Int64
 	var mu sync.Mutex
 	var lat []time.Duration
@@ -177,7 +179,7 @@ func admitRun(client *http.Client, server string, clients, tenants int, duration
 			defer wg.Done()
 			var mine []time.Duration
 			for i := 0; time.Now().Before(deadline); i++ {
-				tenant := fmt.Sprintf("t%d", rand.IntN(tenants))
+				tenant := prefix + strconv.Itoa(rand.IntN(tenants))
 				body := fmt.Sprintf(`{"payload":{"worker":%d,"n":%d,"text":"your code is 123456"}}`, w, i)
 				start := time.Now()
 				resp, err := client.Post(server+"/v1/tenants/"+tenant+"/jobs", "application/json", strings.NewReader(body))

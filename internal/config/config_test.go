@@ -14,7 +14,7 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 )
 
-func writeFile(t *testing.T, body string) string {
+func writeFile(t testing.TB, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -166,4 +167,27 @@ func TestPolicyLayerHasEveryTenantKey(t *testing.T) {
 			t.Errorf("%s: %v", key, err)
 		}
 	}
+}
+
+// BenchmarkPolicyHeap measures the live heap a tenant's policy set by the
+// API costs (b.N tenants each given {"plan": "pro", "capacity": N}), after
+// a collection: go test -run '^$' -bench PolicyHeap -benchtime 100000x ./internal/config
+func BenchmarkPolicyHeap(b *testing.B) {
+	cfg, err := Load(writeFile(b, plansFile), nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range b.N {
+		capacity := 50 + i%1000
+		if _, err := cfg.SetPolicy(fmt.Sprint("tenant-", i), PolicyLayer{Plan: "pro", Capacity: &capacity}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(b.N), "heap-B/policy")
+	runtime.KeepAlive(cfg)
 }

@@ -10,10 +10,11 @@ import (
 // bucketPolicies: tenant -> its policy as the API set it (JSON).
 var bucketPolicies = []byte("policies")
 
-// PutPolicy keeps tenant's policy layer (queue.Policies).
+// PutPolicy keeps tenant's policy layer (queue.Policies), in the next
+// group write: many set at once share its sync.
 func (s *Store) PutPolicy(_ context.Context, tenant string, layer []byte) error {
 	layer = bytes.Clone(layer)
-	return s.update(func(tx *bbolt.Tx) error {
+	return s.commit(func(tx *bbolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketPolicies)
 		if err != nil {
 			return err
@@ -25,7 +26,7 @@ func (s *Store) PutPolicy(_ context.Context, tenant string, layer []byte) error 
 // DropPolicy forgets tenant's policy layer (queue.Policies).
 func (s *Store) DropPolicy(_ context.Context, tenant string) (bool, error) {
 	had := false
-	err := s.update(func(tx *bbolt.Tx) error {
+	err := s.commit(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketPolicies)
 		if b == nil || b.Get([]byte(tenant)) == nil {
 			had = false
