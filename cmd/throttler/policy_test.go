@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,7 +30,8 @@ plan = "free"
 // at pro's rate within a second, its waiting jobs brought forward; pro
 // outlives a kill -9 of every process (on Redis, the other worker paces it
 // at pro after a kill -9 of the one sending); DELETE gives the file's rate
-// back within a second. Every job arrives, a repeat only with its key, and
+// back within a second (after two reloads of the file: one that keeps the
+// policy, one refused for the plan it lacks). Every job arrives, a repeat only with its key, and
 // no two arrivals are closer than pro's interval.
 func TestPolicyMovesATenantAtOnce(t *testing.T) {
 	testutil.SkipShort(t, "process test: a tenant's policy set by the API, across kill -9s")
@@ -101,6 +104,21 @@ func policyRun(t *testing.T, redisURL string) {
 	}
 	testutil.WaitFor(t, 10*time.Second, "an arrival after the restart", func() bool { return len(after(ds.Of("t0"), restarted)) > 0 })
 	pacedAt(t, ds, "after a kill -9 and restart of every process", after(ds.Of("t0"), restarted)[0].At, pro)
+
+	// A reload keeps the API's layer; one whose file lacks the plan a
+	// policy names is refused, and the running config kept.
+	original, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.reload(t, file, string(original)+"[tenants.other]\nrate = \"3/s\"\n", "config reloaded")
+	api.reload(t, file, strings.Replace(string(original), "[plans.pro]", "[plans.team]", 1), "config reload refused")
+	if _, _, body := call(t, "GET", api.base+"/v1/tenants/t0/policy", ""); body["plan"] != "pro" || body["plan_from"] != "api" {
+		t.Fatalf("after two reloads, the policy is %v", body)
+	}
+	if !strings.Contains(api.logs(), `tenant \"t0\"'s policy, set by the API`) {
+		t.Errorf("the refused reload does not name the tenant whose policy needs the plan:\n%s", api.logs())
+	}
 
 	dropped := time.Now()
 	if st, _, body := call(t, "DELETE", api.base+"/v1/tenants/t0/policy", ""); st != 200 || body["plan"] != "free" || body["api"] != nil {
