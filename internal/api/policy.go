@@ -43,7 +43,7 @@ func (s *server) policy(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errorf(http.StatusNotFound, "unknown_tenant", "tenant %q is not configured and allow_unknown_tenants is false (an admin can give it a policy: PUT /v1/tenants/%s/policy)", tenant, tenant))
 		return
 	}
-	writeJSON(w, http.StatusOK, policyJSON(tenant, cfg.PolicyOf(tenant)))
+	writeJSON(w, http.StatusOK, policyJSON(tenant, cfg.PolicyOf(tenant), canSeeURLs(r)))
 }
 
 func (s *server) setPolicy(w http.ResponseWriter, r *http.Request) {
@@ -72,7 +72,7 @@ func (s *server) setPolicy(w http.ResponseWriter, r *http.Request) {
 	}
 	// The keys set, not their values: a callback_url may carry a token.
 	s.log.Info("audit: tenant policy set", "tenant", tenant, "by", who(r), "keys", layer.Keys(), "plan", p.Plan, "rate", p.Settings.Rate.String(), "capacity", *p.Settings.Capacity)
-	writeJSON(w, http.StatusOK, policyJSON(tenant, p))
+	writeJSON(w, http.StatusOK, policyJSON(tenant, p, true))
 }
 
 func (s *server) dropPolicy(w http.ResponseWriter, r *http.Request) {
@@ -84,6 +84,18 @@ func (s *server) dropPolicy(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if !s.config().KnownByFile(tenant) {
+		st, err := s.store.Tenant(r.Context(), tenant)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if n := st.QueueDepth + st.InFlight; n > 0 {
+			s.fail(w, r, errorf(http.StatusConflict, "tenant_has_jobs",
+				"tenant %q is known only by its policy (allow_unknown_tenants is false), and %d of its jobs wait or are being sent: without the policy they could no longer be read, held or cancelled; cancel them or let them go first, or name the tenant in the file", tenant, n))
+			return
+		}
+	}
 	had, err := s.policies.DropPolicy(r.Context(), tenant)
 	if err != nil {
 		s.fail(w, r, err)
@@ -94,11 +106,18 @@ func (s *server) dropPolicy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("audit: tenant policy dropped", "tenant", tenant, "by", who(r))
-	writeJSON(w, http.StatusOK, policyJSON(tenant, s.config().PolicyOf(tenant)))
+	writeJSON(w, http.StatusOK, policyJSON(tenant, s.config().PolicyOf(tenant), true))
 }
 
 // policyError is a refused policy's answer: 422 invalid_policy naming the
 // key; a store's failure as any.
+func redactedURL(u string) string {
+	if u == "" {
+		return ""
+	}
+	return config.RedactURL(u)
+}
+
 func policyError(err error) error {
 	var ce *config.Error
 	if !errors.As(err, &ce) {
@@ -108,10 +127,23 @@ func policyError(err error) error {
 		fields: map[string]any{"field": ce.Key}}
 }
 
+// canSeeURLs reports whether the request's token may see a tenant's
+// callback_url whole (an admin's, or no auth): its query may carry a
+// token, which a viewer or a producer is not shown.
+func canSeeURLs(r *http.Request) bool {
+	t := principal(r)
+	return t == nil || t.Role == config.RoleAdmin
+}
+
 // policyJSON is a tenant's policy as GET, PUT and DELETE answer it: in
-// force, where each key comes from, and the API's layer (null: none).
-func policyJSON(tenant string, p config.Policy) map[string]any {
+// force, where each key comes from, and the API's layer (null: none);
+// callback_url cut to its scheme, host and path unless whole.
+func policyJSON(tenant string, p config.Policy, whole bool) map[string]any {
 	ts := p.Settings
+	if !whole {
+		ts.CallbackURL = redactedURL(ts.CallbackURL)
+		p.API.CallbackURL = redactedURL(p.API.CallbackURL)
+	}
 	windows := ts.Windows
 	if windows == nil {
 		windows = []string{}

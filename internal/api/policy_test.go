@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/throttler-dev/throttler/internal/queue/bolt"
@@ -81,4 +82,46 @@ func TestPolicyByAPI(t *testing.T) {
 	if kept, _, _ := store.AllPolicies(t.Context()); kept["acme"] != nil {
 		t.Errorf("the store still keeps acme's policy: %s", kept["acme"])
 	}
+}
+
+// A tenant's callback_url may carry a token in its query: a viewer is
+// shown its scheme, host and path only, an admin the whole; a refusal of
+// one outside callbacks.allow does not repeat it.
+func TestPolicyCallbackURLIsNotShownWhole(t *testing.T) {
+	t.Parallel()
+	const admin, viewer = "admin-token", "viewer-token"
+	cfg := loadConfig(t, tourConfig+callbackConfig(t))
+	h, _ := tourHandler(t, cfg, openStore(t, t.TempDir(), cfg, bolt.Options{}))
+	const secret = "s3cret-in-the-query"
+	call{"PUT", "/v1/tenants/acme/policy", `{"callback_url":"https://app.example/hooks/acme?token=` + secret + `"}`, admin, 200, ""}.run(t, h, nil)
+	seen := call{"GET", "/v1/tenants/acme/policy", "", viewer, 200, ""}.run(t, h, nil)
+	if got := fmt.Sprint(seen); strings.Contains(got, secret) || !strings.Contains(got, "https://app.example/hooks/acme…") {
+		t.Errorf("a viewer is shown %s", got)
+	}
+	whole := call{"GET", "/v1/tenants/acme/policy", "", admin, 200, ""}.run(t, h, nil)
+	if !strings.Contains(fmt.Sprint(whole), secret) {
+		t.Errorf("an admin is not shown the whole callback_url: %v", whole)
+	}
+	refused := call{"PUT", "/v1/tenants/acme/policy", `{"callback_url":"https://evil.example/x?token=` + secret + `"}`, admin, 422, "invalid_policy"}.run(t, h, nil)
+	if strings.Contains(fmt.Sprint(refused), secret) || refused["field"] != "policy.callback_url" {
+		t.Errorf("the refusal: %v", refused)
+	}
+}
+
+// A tenant the file does not name, with allow_unknown_tenants false, is
+// known by its policy alone: its policy cannot be dropped while it has
+// jobs (they could no longer be read, held or cancelled), and can once
+// they are gone.
+func TestPolicyOfATenantKnownByItAloneIsKeptWhileItHasJobs(t *testing.T) {
+	t.Parallel()
+	const admin = "admin-token"
+	cfg := loadConfig(t, tourConfig)
+	h, _ := tourHandler(t, cfg, openStore(t, t.TempDir(), cfg, bolt.Options{}))
+	call{"PUT", "/v1/tenants/newco/policy", `{"rate":"1/h"}`, admin, 200, ""}.run(t, h, nil)
+	call{"POST", "/v1/tenants/newco/pause", "", admin, 200, ""}.run(t, h, nil)
+	job := call{"POST", "/v1/tenants/newco/jobs", `{"payload":1}`, admin, 202, ""}.run(t, h, nil)
+	call{"DELETE", "/v1/tenants/newco/policy", "", admin, 409, "tenant_has_jobs"}.run(t, h, nil)
+	call{"DELETE", "/v1/jobs/" + fmt.Sprint(job["id"]), "", admin, 200, ""}.run(t, h, nil)
+	call{"DELETE", "/v1/tenants/newco/policy", "", admin, 200, ""}.run(t, h, nil)
+	call{"GET", "/v1/tenants/newco", "", admin, 404, "unknown_tenant"}.run(t, h, nil)
 }

@@ -129,7 +129,26 @@ func (c *Config) checkCallbackURL(key, u string) error {
 		return c.bad(key, "callbacks are not configured: add a [callbacks] section with signing_secret_env and allow")
 	}
 	if !c.Callbacks.Allowed(u) {
-		return c.bad(key, "%q does not start with any of callbacks.allow %q", u, c.Callbacks.Allow)
+		// The URL itself is not repeated: its query may carry a token.
+		return c.bad(key, "%s does not start with any of callbacks.allow %q", redactURL(u), c.Callbacks.Allow)
 	}
 	return nil
+}
+
+// RedactURL is u as it may be shown to anyone: its scheme, host and path,
+// without user info, query or fragment (where tokens ride), "…" marking
+// what was cut. Not a URL at all: "(a URL that does not parse)".
+func RedactURL(u string) string { return redactURL(u) }
+
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(a URL that does not parse)"
+	}
+	cut := u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery
+	u.User, u.RawQuery, u.Fragment, u.ForceQuery = nil, "", "", false
+	if cut {
+		return u.String() + "…"
+	}
+	return u.String()
 }

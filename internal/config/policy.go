@@ -217,6 +217,16 @@ func (c *Config) CheckPolicy(tenant string, layer PolicyLayer) error {
 	return err
 }
 
+// KnownByFile reports whether the file lets tenant be used whatever the
+// API sets: it names it, or allow_unknown_tenants lets it in.
+func (c *Config) KnownByFile(tenant string) bool {
+	if _, ok := c.Tenants[tenant]; ok {
+		return true
+	}
+	allow := c.TenantDefaults.AllowUnknownTenants
+	return allow == nil || *allow
+}
+
 // DropPolicy takes tenant's API layer out of force (false: it had none).
 func (c *Config) DropPolicy(tenant string) bool { return c.api.drop(tenant) }
 
@@ -233,8 +243,8 @@ func (c *Config) AdoptPolicies(from *Config) error {
 	return nil
 }
 
-// PolicyCount is how many tenants have an API layer.
-func (c *Config) PolicyCount() int { return c.api.count() }
+// PolicyLayers is every API layer in force, by tenant.
+func (c *Config) PolicyLayers() map[string]PolicyLayer { return c.api.all() }
 
 // apiPolicies are the API layers in force and the settings each makes.
 // One is made per config (at validation) and shared by its copies; a nil
@@ -297,13 +307,4 @@ func (a *apiPolicies) all() map[string]PolicyLayer {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	return maps.Clone(a.layers)
-}
-
-func (a *apiPolicies) count() int {
-	if a == nil {
-		return 0
-	}
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	return len(a.layers)
 }

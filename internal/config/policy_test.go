@@ -102,6 +102,8 @@ func TestBadPoliciesNameTheKey(t *testing.T) {
 		{`{"rate":"-1/s"}`, "policy.rate", "-1/s"},
 		{`{"rate":5}`, "policy.rate", "want a"},
 		{`{"windows":["5/fortnight"]}`, "policy.windows[0]", "fortnight"},
+		{`{"windows":["100/h","100/h"]}`, "policy.windows[1]", "given twice"},
+		{`{"windows":["1/h","2/h","3/h","4/h","5/h","6/h","7/h","8/h","9/h","10/h","11/h"]}`, "policy.windows", "at most 10"},
 		{`{"capacity":-1}`, "policy.capacity", "from 0 to 10000000"},
 		{`{"max_in_flight":-2}`, "policy.max_in_flight", "from 0"},
 		{`{"downstream":"nowhere"}`, "policy.downstream", `"nowhere" is not configured`},

@@ -3,6 +3,7 @@ package config
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/throttler-dev/throttler/internal/leaky"
@@ -64,6 +65,10 @@ func (c *Config) Attempts(t TenantSettings) int {
 // maxInFlightLimit bounds a max_in_flight: more attempts at once than a
 // process could hold open is a typo.
 const maxInFlightLimit = 100_000
+
+// maxWindows bounds a tenant's windows: each is looked at on every
+// admission and every send.
+const maxWindows = 10
 
 // InFlightCap is the tenant's max_in_flight (0: no cap).
 func (t TenantSettings) InFlightCap() int {
@@ -275,10 +280,16 @@ func (c *Config) checkTenant(key string, t *TenantSettings) error {
 		return bad("max_in_flight", "must be from 0 (no cap) to %d, got %d", maxInFlightLimit, *t.MaxInFlight)
 	}
 	t.windows = nil
+	if len(t.Windows) > maxWindows {
+		return bad("windows", "at most %d windows, got %d", maxWindows, len(t.Windows))
+	}
 	for i, text := range t.Windows {
 		w, err := leaky.ParseWindow(text)
 		if err != nil {
 			return bad(fmt.Sprintf("windows[%d]", i), "%v", err)
+		}
+		if slices.ContainsFunc(t.windows, func(o leaky.Window) bool { return o.String() == w.String() }) {
+			return bad(fmt.Sprintf("windows[%d]", i), "window %q is given twice: give each once", text)
 		}
 		if w.Length <= t.Rate.Interval() {
 			return bad(fmt.Sprintf("windows[%d]", i), "window %q is no longer than one interval of the rate %s: it limits nothing the rate does not", text, t.Rate)

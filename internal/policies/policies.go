@@ -43,7 +43,15 @@ type Keeper struct {
 	opts  Options
 	mu    sync.Mutex
 	since uint64 // the store's last change taken
-	stop  func() // stops following (nil: not followed)
+	// mine are the changes this process made, by tenant: when one comes
+	// back from the store it is in force here already (taking it again
+	// would place the tenant's backlog anew from a later now).
+	mine map[string]uint64
+	// refused are the layers other processes set that this process's
+	// config refuses (a plan its file lacks), by tenant: taken at the
+	// reload that makes them hold.
+	refused map[string][]byte
+	stop    func() // stops following (nil: not followed)
 }
 
 // New is a Keeper; Start reads what the store keeps.
@@ -55,7 +63,7 @@ func New(opts Options) *Keeper {
 		opts.Counted = func(string) {}
 	}
 	opts.Logger = cmp.Or(opts.Logger, slog.Default())
-	return &Keeper{opts: opts}
+	return &Keeper{opts: opts, mine: map[string]uint64{}, refused: map[string][]byte{}}
 }
 
 // Load puts stored policies in force in cfg. A policy cfg refuses (a plan
@@ -63,15 +71,20 @@ func New(opts Options) *Keeper {
 // policy than the one set would be a change nobody asked for.
 func Load(cfg *config.Config, stored map[string][]byte) error {
 	for _, tenant := range slices.Sorted(maps.Keys(stored)) {
-		layer, err := config.ParsePolicyLayer(stored[tenant])
-		if err == nil {
-			_, err = cfg.SetPolicy(tenant, layer)
-		}
-		if err != nil {
+		if err := set(cfg, tenant, stored[tenant]); err != nil {
 			return fmt.Errorf("tenant %q's policy, kept in the store, does not hold with this config: %w; give the file what it needs, or drop the policy from a running process (throttler tenant reset %s)", tenant, err, tenant)
 		}
 	}
 	return nil
+}
+
+// set puts a stored layer in force in cfg.
+func set(cfg *config.Config, tenant string, raw []byte) error {
+	layer, err := config.ParsePolicyLayer(raw)
+	if err == nil {
+		_, err = cfg.SetPolicy(tenant, layer)
+	}
+	return err
 }
 
 // Start reads the policies a shared store keeps and follows their changes
@@ -117,44 +130,80 @@ func (k *Keeper) follow(shared queue.PolicyChanges) {
 				return
 			case <-tick.C:
 			}
-			k.mu.Lock()
-			changed, since, err := shared.PolicyChanges(ctx, k.since)
-			if err == nil {
-				k.take(changed)
-				k.since = since
-			}
-			k.mu.Unlock()
-			if err != nil && ctx.Err() == nil {
+			if err := k.poll(ctx, shared); err != nil && ctx.Err() == nil {
 				k.opts.Logger.Warn("cannot read tenants' policy changes from the store; retrying", "err", err)
 			}
 		}
 	}()
 }
 
-// take puts policies another process set in force here. One this
-// process's config refuses is logged and not taken: the tenant keeps
-// what it had.
-func (k *Keeper) take(changed map[string][]byte) {
-	if len(changed) == 0 {
-		return
+// poll takes what changed since the last poll; all of it again when the
+// store's count of changes went back.
+func (k *Keeper) poll(ctx context.Context, shared queue.PolicyChanges) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	changed, since, err := shared.PolicyChanges(ctx, k.since)
+	if err != nil {
+		return err
 	}
+	if since < k.since {
+		return k.resync(ctx)
+	}
+	k.take(changed)
+	k.since = since
+	return nil
+}
+
+// resync makes the policies in force the store's, all of them: it lost
+// changes this process took (its data, or a failover to a replica behind).
+func (k *Keeper) resync(ctx context.Context) error {
+	all, since, err := k.opts.Store.AllPolicies(ctx)
+	if err != nil {
+		return err
+	}
+	k.opts.Logger.Warn("the store's count of policy changes went back (it lost data, or failed over): taking every tenant's policy from it again", "was", k.since, "now", since, "policies", len(all))
+	changed := map[string]queue.PolicyChange{}
+	for tenant := range k.opts.Live().PolicyLayers() {
+		changed[tenant] = queue.PolicyChange{} // dropped, unless the store has it
+	}
+	for tenant, raw := range all {
+		changed[tenant] = queue.PolicyChange{Layer: raw}
+	}
+	clear(k.mine)
+	k.take(changed)
+	k.since = since
+	return nil
+}
+
+// take puts policies another process set in force here. One this
+// process's config refuses is logged and kept aside (refused): the tenant
+// keeps what it had until a reload makes it hold. k.mu held.
+func (k *Keeper) take(changed map[string]queue.PolicyChange) {
 	cfg := k.opts.Live()
-	tenants := slices.Sorted(maps.Keys(changed))
-	for _, tenant := range tenants {
-		raw := changed[tenant]
-		if raw == nil {
-			cfg.DropPolicy(tenant)
+	var tenants []string
+	for _, tenant := range slices.Sorted(maps.Keys(changed)) {
+		c := changed[tenant]
+		if mine, ok := k.mine[tenant]; ok && c.Change != 0 && mine >= c.Change {
+			delete(k.mine, tenant) // this process's own change: in force already
 			continue
 		}
-		layer, err := config.ParsePolicyLayer(raw)
-		if err == nil {
-			_, err = cfg.SetPolicy(tenant, layer)
+		delete(k.refused, tenant)
+		if c.Layer == nil {
+			if cfg.DropPolicy(tenant) {
+				tenants = append(tenants, tenant)
+			}
+			continue
 		}
-		if err != nil {
-			k.opts.Logger.Error("a tenant's policy set through another process does not hold with this process's config: the tenant keeps its policy here", "tenant", tenant, "err", err)
+		if err := set(cfg, tenant, c.Layer); err != nil {
+			k.refused[tenant] = c.Layer
+			k.opts.Logger.Error("a tenant's policy set through another process does not hold with this process's config: the tenant keeps its policy here until a reload makes it hold", "tenant", tenant, "err", err)
+			continue
 		}
+		tenants = append(tenants, tenant)
 	}
-	k.opts.Changed(tenants)
+	if len(tenants) > 0 {
+		k.opts.Changed(tenants)
+	}
 }
 
 // SetPolicy checks layer against the live config, keeps it in the store,
@@ -171,9 +220,14 @@ func (k *Keeper) SetPolicy(ctx context.Context, tenant string, layer config.Poli
 	if err != nil {
 		return config.Policy{}, err
 	}
-	if err := k.opts.Store.PutPolicy(ctx, tenant, raw); err != nil {
+	change, err := k.opts.Store.PutPolicy(ctx, tenant, raw)
+	if err != nil {
 		return config.Policy{}, err
 	}
+	if change > 0 {
+		k.mine[tenant] = change
+	}
+	delete(k.refused, tenant)
 	if _, err := cfg.SetPolicy(tenant, layer); err != nil {
 		return config.Policy{}, err // checked above
 	}
@@ -187,10 +241,14 @@ func (k *Keeper) SetPolicy(ctx context.Context, tenant string, layer config.Poli
 func (k *Keeper) DropPolicy(ctx context.Context, tenant string) (bool, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	had, err := k.opts.Store.DropPolicy(ctx, tenant)
+	had, change, err := k.opts.Store.DropPolicy(ctx, tenant)
 	if err != nil {
 		return false, err
 	}
+	if change > 0 {
+		k.mine[tenant] = change
+	}
+	delete(k.refused, tenant)
 	if k.opts.Live().DropPolicy(tenant) || had {
 		k.opts.Changed([]string{tenant})
 		k.opts.Counted("drop")
@@ -200,14 +258,26 @@ func (k *Keeper) DropPolicy(ctx context.Context, tenant string) (bool, error) {
 
 // Adopt carries the policies in force in cur over to next (a reload) and
 // runs swap, one with the changes: none is lost between the two. An error
-// (a policy next's file refuses) leaves cur in force.
+// (a policy next's file refuses) leaves cur in force. The policies other
+// processes set that cur's file refused are taken where next's holds them.
 func (k *Keeper) Adopt(next, cur *config.Config, swap func()) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if err := next.AdoptPolicies(cur); err != nil {
 		return err
 	}
+	var taken []string
+	for _, tenant := range slices.Sorted(maps.Keys(k.refused)) {
+		if set(next, tenant, k.refused[tenant]) == nil {
+			delete(k.refused, tenant)
+			taken = append(taken, tenant)
+		}
+	}
 	swap()
 	k.opts.Changed(nil)
+	if len(taken) > 0 {
+		k.opts.Logger.Info("tenants' policies set through other processes hold with the reloaded config: taken", "tenants", taken)
+		k.opts.Changed(taken)
+	}
 	return nil
 }

@@ -356,20 +356,30 @@ type PolicyListener interface{ PoliciesChanged() }
 // as JSON), so that they survive restarts and, on Redis, reach every
 // process. Both stores keep them.
 type Policies interface {
-	// PutPolicy keeps tenant's layer; it returns once it is durable.
-	PutPolicy(ctx context.Context, tenant string, layer []byte) error
-	// DropPolicy forgets tenant's layer (false: it had none).
-	DropPolicy(ctx context.Context, tenant string) (bool, error)
+	// PutPolicy keeps tenant's layer; it returns once it is durable, with
+	// the change it is (PolicyChanges; 0 on a store one process uses).
+	PutPolicy(ctx context.Context, tenant string, layer []byte) (uint64, error)
+	// DropPolicy forgets tenant's layer (false: it had none), and says
+	// which change that is.
+	DropPolicy(ctx context.Context, tenant string) (bool, uint64, error)
 	// AllPolicies is every layer kept, by tenant, and the change it is
 	// as of (PolicyChanges' since).
 	AllPolicies(ctx context.Context) (map[string][]byte, uint64, error)
 }
 
+// PolicyChange is a tenant's layer as a change left it (nil: dropped), and
+// which change that was.
+type PolicyChange struct {
+	Layer  []byte
+	Change uint64
+}
+
 // PolicyChanges is what a store many processes share tells of the policies
-// other processes set: the layers changed after since (nil: dropped), and
-// the change they are as of.
+// other processes set: the tenants changed after since, and the change
+// they are as of. A store whose count of changes went back (a Redis that
+// lost its data) answers one below since: read them all again.
 type PolicyChanges interface {
-	PolicyChanges(ctx context.Context, since uint64) (map[string][]byte, uint64, error)
+	PolicyChanges(ctx context.Context, since uint64) (map[string]PolicyChange, uint64, error)
 }
 
 // Repacer places a tenant's waiting jobs anew by the policy in force now

@@ -12,9 +12,9 @@ var bucketPolicies = []byte("policies")
 
 // PutPolicy keeps tenant's policy layer (queue.Policies), in the next
 // group write: many set at once share its sync.
-func (s *Store) PutPolicy(_ context.Context, tenant string, layer []byte) error {
+func (s *Store) PutPolicy(_ context.Context, tenant string, layer []byte) (uint64, error) {
 	layer = bytes.Clone(layer)
-	return s.commit(func(tx *bbolt.Tx) error {
+	return 0, s.commit(func(tx *bbolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketPolicies)
 		if err != nil {
 			return err
@@ -24,7 +24,7 @@ func (s *Store) PutPolicy(_ context.Context, tenant string, layer []byte) error 
 }
 
 // DropPolicy forgets tenant's policy layer (queue.Policies).
-func (s *Store) DropPolicy(_ context.Context, tenant string) (bool, error) {
+func (s *Store) DropPolicy(_ context.Context, tenant string) (bool, uint64, error) {
 	had := false
 	err := s.commit(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketPolicies)
@@ -35,7 +35,7 @@ func (s *Store) DropPolicy(_ context.Context, tenant string) (bool, error) {
 		had = true
 		return b.Delete([]byte(tenant))
 	})
-	return had, err
+	return had, 0, err
 }
 
 // AllPolicies is every policy layer kept (queue.Policies); one process

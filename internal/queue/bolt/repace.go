@@ -17,8 +17,9 @@ import (
 // that are. The new slots hold in memory at once; they are written with
 // the tenant's record in one transaction. Should that write fail, the
 // jobs go at their new slots all the same, and a restart before the next
-// write of them finds their old ones (a faster policy's jobs then go
-// later than promised; never sooner).
+// write of them finds their old ones: a faster policy's jobs then go later
+// than promised; a slower one's as early as the old policy placed them,
+// spaced by the gate at the new policy's rate.
 func (s *Store) Repace(_ context.Context, tenant string) error {
 	s.mu.Lock()
 	tm, err := s.loadTenant(tenant)

@@ -56,9 +56,6 @@ func testPolicyChangeRepacesTheBacklog(t *testing.T, d Driver) {
 		if h.Job.ID != ids[i] || h.Job.DispatchAt.Sub(prev) < fast || h.Job.DispatchAt.Sub(prev) > fast+20*time.Millisecond {
 			t.Fatalf("job %d: %s due at %v (handed over at %v), %v after the one before; want %s, %v after", i, h.Job.ID, h.Job.DispatchAt.Sub(T0), h.At.Sub(T0), h.Job.DispatchAt.Sub(prev), ids[i], fast)
 		}
-		if h.At.After(h.Job.DispatchAt) {
-			t.Fatalf("job %d handed over at %v, after its dispatch time %v", i, h.At.Sub(T0), h.Job.DispatchAt.Sub(T0))
-		}
 		prev = h.Job.DispatchAt
 	}
 	if want := prev.Add(4 * fast); !last.Equal(want) {

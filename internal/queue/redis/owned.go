@@ -62,6 +62,9 @@ type owned struct {
 	// repaceDue: tenants whose policies changed, whose backlogs are to be
 	// placed anew before the next claim (repace.go). o.mu.
 	repaceDue map[string]bool
+	// repaced: the new dispatch times of jobs a repace moved before this
+	// owner read their arrivals, whose lines have their old ones. o.mu.
+	repaced map[string]time.Time
 
 	// recording counts attempts that did not end their job and whose
 	// outcome is being written: the job is back in the schedule after.
@@ -79,6 +82,7 @@ type owned struct {
 type handedJob struct {
 	tenant  string
 	slot    time.Time
+	cost    int
 	written bool
 }
 
@@ -90,7 +94,7 @@ type ended struct {
 
 func newOwned(c *consumer, f owner.Fence) *owned {
 	o := &owned{c: c, s: c.s, k: keysOf(f.Partition), fence: f,
-		known: map[string]bool{}, handed: map[string]handedJob{}, places: map[string]*place{}, parked: map[string][]*entry{}, pace: map[string]time.Time{}, floors: map[string]time.Time{}, wake: make(chan struct{}, 1),
+		known: map[string]bool{}, repaced: map[string]time.Time{}, handed: map[string]handedJob{}, places: map[string]*place{}, parked: map[string][]*entry{}, pace: map[string]time.Time{}, floors: map[string]time.Time{}, wake: make(chan struct{}, 1),
 		outcomes: make(chan ended, 1024), loopDone: make(chan struct{}), written: make(chan struct{})}
 	o.lastHanded = make(chan struct{})
 	close(o.lastHanded)
@@ -406,6 +410,10 @@ func (o *owned) arrive(lines []string) {
 			continue
 		}
 		if !o.known[id] {
+			if moved, ok := o.repaced[id]; ok {
+				at = moved
+				delete(o.repaced, id)
+			}
 			o.addLocked(&entry{at: at, place: at, id: id, tenant: tenant})
 		}
 	}
@@ -516,7 +524,7 @@ func (o *owned) claim(due []*entry) error {
 			o.mu.Lock()
 			floor := o.floors[j.ID]
 			delete(o.floors, j.ID)
-			o.handed[j.ID] = handedJob{tenant: j.Tenant, slot: j.Slot}
+			o.handed[j.ID] = handedJob{tenant: j.Tenant, slot: j.Slot, cost: j.EffectiveCost()}
 			// Claimed a lead before its tenant's pace let it (paced): it is
 			// handed over for then, as the gate will let it go, not for its
 			// slot, which the pace has passed.

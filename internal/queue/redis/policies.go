@@ -7,6 +7,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/throttler-dev/throttler/internal/luascript"
 	"github.com/throttler-dev/throttler/internal/queue"
 )
 
@@ -28,16 +29,28 @@ const (
 	policyChangesKey = "throttler:{policies}:changes"
 )
 
+// policyWrite is policies.lua's answer.
+type policyWrite struct {
+	had    bool
+	change uint64
+}
+
+func (w *policyWrite) Decode(r *luascript.Reply) {
+	w.had, w.change = r.Flag(), uint64(r.Int())
+}
+
 // PutPolicy keeps tenant's policy layer.
-func (s *Store) PutPolicy(ctx context.Context, tenant string, layer []byte) error {
-	_, err := policiesScript.RunInt(ctx, s.rdb, []string{policyLayersKey, policyCounterKey, policyChangesKey}, []any{tenant, layer})
-	return err
+func (s *Store) PutPolicy(ctx context.Context, tenant string, layer []byte) (uint64, error) {
+	var w policyWrite
+	err := policiesScript.Run(ctx, s.rdb, []string{policyLayersKey, policyCounterKey, policyChangesKey}, []any{tenant, layer}, &w)
+	return w.change, err
 }
 
 // DropPolicy forgets tenant's policy layer.
-func (s *Store) DropPolicy(ctx context.Context, tenant string) (bool, error) {
-	had, err := policiesScript.RunInt(ctx, s.rdb, []string{policyLayersKey, policyCounterKey, policyChangesKey}, []any{tenant, ""})
-	return had == 1, err
+func (s *Store) DropPolicy(ctx context.Context, tenant string) (bool, uint64, error) {
+	var w policyWrite
+	err := policiesScript.Run(ctx, s.rdb, []string{policyLayersKey, policyCounterKey, policyChangesKey}, []any{tenant, ""}, &w)
+	return w.had, w.change, err
 }
 
 // AllPolicies is every layer kept and the change they are as of.
@@ -63,33 +76,43 @@ func (s *Store) AllPolicies(ctx context.Context) (map[string][]byte, uint64, err
 	return all, change, nil
 }
 
-// PolicyChanges is the layers changed after since (nil: dropped) and the
-// change they are as of. A layer changed again while it is read is read
-// as it is then, and again at the next call: taking a layer twice does no
-// harm.
-func (s *Store) PolicyChanges(ctx context.Context, since uint64) (map[string][]byte, uint64, error) {
+// PolicyChanges is the tenants changed after since, each with its layer
+// (nil: dropped) and the change that last touched it, and the change they
+// are as of. A layer changed again while it is read is read as it is
+// then, and again at the next call: taking a layer twice does no harm. A
+// counter below since (Redis lost its data, or failed over to a replica
+// that had not seen the last changes) is answered as it is: the caller
+// reads them all again.
+func (s *Store) PolicyChanges(ctx context.Context, since uint64) (map[string]queue.PolicyChange, uint64, error) {
 	change, err := changeOf(s.rdb.Get(ctx, policyCounterKey))
-	if err != nil || change <= since {
+	if err != nil || change == since {
 		return nil, since, err
 	}
-	tenants, err := s.rdb.ZRangeByScore(ctx, policyChangesKey, &goredis.ZRangeBy{Min: "(" + strconv.FormatUint(since, 10), Max: "+inf"}).Result()
+	if change < since {
+		return nil, change, nil
+	}
+	zs, err := s.rdb.ZRangeByScoreWithScores(ctx, policyChangesKey, &goredis.ZRangeBy{Min: "(" + strconv.FormatUint(since, 10), Max: "+inf"}).Result()
 	if err != nil {
 		return nil, since, queue.Unavailable(err)
 	}
-	out := make(map[string][]byte, len(tenants))
-	if len(tenants) == 0 {
+	out := make(map[string]queue.PolicyChange, len(zs))
+	if len(zs) == 0 {
 		return out, change, nil
+	}
+	tenants := make([]string, len(zs))
+	for i, z := range zs {
+		tenants[i], _ = z.Member.(string)
 	}
 	layers, err := s.rdb.HMGet(ctx, policyLayersKey, tenants...).Result()
 	if err != nil {
 		return nil, since, queue.Unavailable(err)
 	}
 	for i, t := range tenants {
+		c := queue.PolicyChange{Change: uint64(zs[i].Score)}
 		if l, ok := layers[i].(string); ok {
-			out[t] = []byte(l)
-		} else {
-			out[t] = nil
+			c.Layer = []byte(l)
 		}
+		out[t] = c
 	}
 	return out, change, nil
 }

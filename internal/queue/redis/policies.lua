@@ -8,15 +8,16 @@
 -- ARGV[1]  the tenant
 -- ARGV[2]  its layer ('' drops it)
 --
--- Returns 1 if the tenant had a layer before, 0 if not.
+-- Returns {had, change}: had 1 if the tenant had a layer before (0: not),
+-- and the change this is (0: none, a drop of nothing).
 
 local had = redis.call('HEXISTS', KEYS[1], ARGV[1])
 if ARGV[2] == '' then
-  if had == 0 then return 0 end
+  if had == 0 then return {0, 0} end
   redis.call('HDEL', KEYS[1], ARGV[1])
 else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 end
 local change = redis.call('INCR', KEYS[2])
 redis.call('ZADD', KEYS[3], change, ARGV[1])
-return had
+return {had, change}

@@ -41,6 +41,9 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 	return nil
 }
 
+// maxRepacedAhead bounds owned.repaced.
+const maxRepacedAhead = 100_000
+
 // askRepace has tenant's backlog placed anew before the next claim.
 func (o *owned) askRepace(tenant string) {
 	o.mu.Lock()
@@ -109,6 +112,18 @@ func (o *owned) repace() {
 			}
 		}
 		heap.Init(&o.sched)
+		// A job admitted before the repace whose arrival this owner has
+		// not read yet: its line has its old time (arrive).
+		for id, d := range at {
+			if !o.known[id] {
+				if o.repaced == nil || len(o.repaced) >= maxRepacedAhead {
+					// Anew: what is left are jobs cancelled before their
+					// arrival was read.
+					o.repaced = map[string]time.Time{}
+				}
+				o.repaced[id] = d
+			}
+		}
 		o.mu.Unlock()
 	}
 }
@@ -119,7 +134,7 @@ func (o *owned) repaceTenant(tenant string) ([]movedJob, error) {
 	o.mu.Lock()
 	for _, h := range o.handed {
 		if h.tenant == tenant && !h.slot.IsZero() {
-			if end := h.slot.Add(p.Interval); end.After(handedEnd) {
+			if end := h.slot.Add(time.Duration(h.cost) * p.Interval); end.After(handedEnd) {
 				handedEnd = end
 			}
 		}

@@ -17,7 +17,8 @@ import (
 // times, schedule, windows and bookings, on random sequences: the states
 // the takeover test's tenants go through (pauses and holds, costs, jobs
 // due or ahead, retries booked past their places, windows), each changed
-// to another rate and burst, with or without jobs handed over ahead. The
+// to another rate, burst and capacity, with or without jobs handed over
+// ahead (of any cost). The
 // Go is the rule; the Lua is its port.
 func TestLuaRepaceAgreesWithRules(t *testing.T) {
 	rdb := redisClient(t, 0)
@@ -43,18 +44,22 @@ func TestLuaRepaceAgreesWithRules(t *testing.T) {
 		for step := range steps {
 			now = now.Add(us(rng.Int64N(400_000)))
 			tn.evolve(rng, now, &ids, uint64(seq))
-			// The jobs claimed are handed over: their end is where the
-			// backlog starts, at the latest.
+			p := tn.p
+			p.Interval, p.Burst = us(1000+rng.Int64N(200_000)), 1+rng.IntN(4)
+			if rng.IntN(3) == 0 {
+				p.Capacity = rng.IntN(8) // 0: no bound by count, as in token mode
+			}
+			// The jobs claimed are handed over: their end, by the new
+			// interval and their costs, is where the backlog starts at the
+			// latest.
 			var handedEnd time.Time
 			for _, j := range tn.sending {
-				handedEnd = later(handedEnd, j.slot.Add(tn.p.Interval))
+				handedEnd = later(handedEnd, j.slot.Add(time.Duration(j.cost)*p.Interval))
 			}
 			tn.sending = nil
 			if err := writeTakeoverState(ctx, rdb, k, []*tkTenant{tn}); err != nil {
 				t.Fatal(err)
 			}
-			p := tn.p
-			p.Interval, p.Burst = us(1000+rng.Int64N(200_000)), 1+rng.IntN(4)
 			// The rule.
 			w := tkWant{rec: tn.rec, lost: tn.lost, back: map[string]bool{}}
 			w.rec.Booked = slices.Clone(tn.rec.Booked)
