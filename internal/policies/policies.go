@@ -183,9 +183,11 @@ func (k *Keeper) take(changed map[string]queue.PolicyChange) {
 	var tenants []string
 	for _, tenant := range slices.Sorted(maps.Keys(changed)) {
 		c := changed[tenant]
-		if mine, ok := k.mine[tenant]; ok && c.Change != 0 && mine >= c.Change {
-			delete(k.mine, tenant) // this process's own change: in force already
-			continue
+		if mine, ok := k.mine[tenant]; ok {
+			delete(k.mine, tenant)
+			if c.Change != 0 && mine >= c.Change {
+				continue // this process's own change: in force already
+			}
 		}
 		delete(k.refused, tenant)
 		if c.Layer == nil {

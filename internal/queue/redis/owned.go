@@ -207,6 +207,11 @@ func (o *owned) run() {
 			if len(o.parked) > 0 {
 				wait = min(wait, parkPoll)
 			}
+			o.mu.Lock()
+			if len(o.repaceDue) > 0 { // a repace that failed: again in a second
+				wait = min(wait, time.Second)
+			}
+			o.mu.Unlock()
 			o.s.sleep(o.ctx, max(wait, 0), o.wake)
 			continue
 		}

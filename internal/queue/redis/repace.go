@@ -35,7 +35,7 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 		o := c.parts[s.partOf(tenant)]
 		c.mu.Unlock()
 		if o != nil {
-			o.askRepace(tenant)
+			o.askRepace(tenant, true)
 		}
 	}
 	return nil
@@ -44,15 +44,18 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 // maxRepacedAhead bounds owned.repaced.
 const maxRepacedAhead = 100_000
 
-// askRepace has tenant's backlog placed anew before the next claim.
-func (o *owned) askRepace(tenant string) {
+// askRepace has tenant's backlog placed anew before the next claim (at
+// once, if wake).
+func (o *owned) askRepace(tenant string, wake bool) {
 	o.mu.Lock()
 	if o.repaceDue == nil {
 		o.repaceDue = map[string]bool{}
 	}
 	o.repaceDue[tenant] = true
 	o.mu.Unlock()
-	o.poke()
+	if wake {
+		o.poke()
+	}
 }
 
 // repaceMoved is repace.lua's answer: the jobs moved.
@@ -74,8 +77,9 @@ func (r *repaceMoved) Decode(rep *luascript.Reply) {
 }
 
 // repace places the backlogs asked for anew (repace.lua) and moves their
-// entries to their new times. A tenant that cannot be done now is asked
-// again at the next turn; one whose lease is gone is not.
+// entries to their new times. A tenant that cannot be done now is tried
+// again at the claim loop's next turn (which backs off while Redis is
+// away); one whose lease is gone is not.
 func (o *owned) repace() {
 	o.mu.Lock()
 	due := o.repaceDue
@@ -86,7 +90,7 @@ func (o *owned) repace() {
 		if err != nil {
 			if !errors.Is(err, owner.ErrFenced) {
 				o.s.log.Warn("cannot re-pace a tenant's backlog for its new policy; trying again", "partition", o.fence.Partition, "tenant", tenant, "err", err)
-				o.askRepace(tenant)
+				o.askRepace(tenant, false)
 			}
 			continue
 		}
