@@ -70,7 +70,8 @@ func (s *server) setPolicy(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, policyError(err))
 		return
 	}
-	// The keys set, not their values: a callback_url may carry a token.
+	// The keys set, and not callback_url's value: its query may carry a
+	// token.
 	s.log.Info("audit: tenant policy set", "tenant", tenant, "by", who(r), "keys", layer.Keys(), "plan", p.Plan, "rate", p.Settings.Rate.String(), "capacity", *p.Settings.Capacity)
 	writeJSON(w, http.StatusOK, policyJSON(tenant, p, true))
 }
@@ -109,8 +110,7 @@ func (s *server) dropPolicy(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, policyJSON(tenant, s.config().PolicyOf(tenant), true))
 }
 
-// policyError is a refused policy's answer: 422 invalid_policy naming the
-// key; a store's failure as any.
+// redactedURL is config.RedactURL, none kept as none.
 func redactedURL(u string) string {
 	if u == "" {
 		return ""
@@ -118,6 +118,8 @@ func redactedURL(u string) string {
 	return config.RedactURL(u)
 }
 
+// policyError is a refused policy's answer: 422 invalid_policy naming the
+// key; a store's failure as any.
 func policyError(err error) error {
 	var ce *config.Error
 	if !errors.As(err, &ce) {
