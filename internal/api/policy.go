@@ -21,33 +21,17 @@ type PolicyEditor interface {
 // policyBytes bounds a policy's body: its keys, a few windows and a URL.
 const policyBytes = 64 << 10
 
-// tenantForPolicy is the {tenant} of a policy route, checked for a. A
-// tenant need not be known to be given a policy: the policy makes it so.
-func (s *server) tenantForPolicy(r *http.Request, a access) (string, error) {
-	name := r.PathValue("tenant")
-	if !config.ValidName(name) {
-		return "", errorf(http.StatusBadRequest, "invalid_tenant",
-			"tenant name %q is not valid: use 1 to 128 ASCII letters, digits or . _ - + @", truncate(name, 140))
-	}
-	return name, authorize(r, name, a)
-}
-
 func (s *server) policy(w http.ResponseWriter, r *http.Request) {
-	tenant, err := s.tenantForPolicy(r, read)
+	tenant, _, err := s.tenantFromPath(r, read)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	cfg := s.config()
-	if _, known := cfg.Tenant(tenant); !known {
-		s.fail(w, r, errorf(http.StatusNotFound, "unknown_tenant", "tenant %q is not configured and allow_unknown_tenants is false (an admin can give it a policy: PUT /v1/tenants/%s/policy)", tenant, tenant))
-		return
-	}
-	writeJSON(w, http.StatusOK, policyJSON(tenant, cfg.PolicyOf(tenant), canSeeURLs(r)))
+	writeJSON(w, http.StatusOK, policyJSON(tenant, s.config().PolicyOf(tenant), canSeeURLs(r)))
 }
 
 func (s *server) setPolicy(w http.ResponseWriter, r *http.Request) {
-	tenant, err := s.tenantForPolicy(r, operate)
+	tenant, err := tenantName(r, operate)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -77,7 +61,7 @@ func (s *server) setPolicy(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) dropPolicy(w http.ResponseWriter, r *http.Request) {
-	tenant, err := s.tenantForPolicy(r, operate)
+	tenant, err := tenantName(r, operate)
 	if err == nil {
 		err = readNothing(w, r)
 	}
@@ -110,14 +94,6 @@ func (s *server) dropPolicy(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, policyJSON(tenant, s.config().PolicyOf(tenant), true))
 }
 
-// redactedURL is config.RedactURL, none kept as none.
-func redactedURL(u string) string {
-	if u == "" {
-		return ""
-	}
-	return config.RedactURL(u)
-}
-
 // policyError is a refused policy's answer: 422 invalid_policy naming the
 // key; a store's failure as any.
 func policyError(err error) error {
@@ -143,8 +119,8 @@ func canSeeURLs(r *http.Request) bool {
 func policyJSON(tenant string, p config.Policy, whole bool) map[string]any {
 	ts := p.Settings
 	if !whole {
-		ts.CallbackURL = redactedURL(ts.CallbackURL)
-		p.API.CallbackURL = redactedURL(p.API.CallbackURL)
+		ts.CallbackURL = config.RedactURL(ts.CallbackURL)
+		p.API.CallbackURL = config.RedactURL(p.API.CallbackURL)
 	}
 	windows := ts.Windows
 	if windows == nil {

@@ -17,20 +17,28 @@ import (
 // tenantFromPath validates the {tenant} path segment, checks that the
 // request's token may do a to it, and finds its settings.
 func (s *server) tenantFromPath(r *http.Request, a access) (string, config.TenantSettings, error) {
-	name := r.PathValue("tenant")
-	if !config.ValidName(name) {
-		return "", config.TenantSettings{}, errorf(http.StatusBadRequest, "invalid_tenant",
-			"tenant name %q is not valid: use 1 to 128 ASCII letters, digits or . _ - + @", truncate(name, 140))
-	}
-	if err := authorize(r, name, a); err != nil {
+	name, err := tenantName(r, a)
+	if err != nil {
 		return "", config.TenantSettings{}, err
 	}
 	ts, ok := s.config().Tenant(name)
 	if !ok {
 		return "", config.TenantSettings{}, errorf(http.StatusNotFound, "unknown_tenant",
-			"tenant %q is not configured and allow_unknown_tenants is false", name)
+			"tenant %q is not configured and allow_unknown_tenants is false (an admin can give it a policy: PUT /v1/tenants/%s/policy)", name, name)
 	}
 	return name, ts, nil
+}
+
+// tenantName is the {tenant} path segment, validated, once the request's
+// token may do a to it. The tenant need not be known (a policy may make
+// it so).
+func tenantName(r *http.Request, a access) (string, error) {
+	name := r.PathValue("tenant")
+	if !config.ValidName(name) {
+		return "", errorf(http.StatusBadRequest, "invalid_tenant",
+			"tenant name %q is not valid: use 1 to 128 ASCII letters, digits or . _ - + @", truncate(name, 140))
+	}
+	return name, authorize(r, name, a)
 }
 
 // tenantPaths refuses a path under /v1/tenants/ with a "." or ".." segment

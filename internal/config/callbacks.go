@@ -130,17 +130,19 @@ func (c *Config) checkCallbackURL(key, u string) error {
 	}
 	if !c.Callbacks.Allowed(u) {
 		// The URL itself is not repeated: its query may carry a token.
-		return c.bad(key, "%s does not start with any of callbacks.allow %q", redactURL(u), c.Callbacks.Allow)
+		return c.bad(key, "%s does not start with any of callbacks.allow %q", RedactURL(u), c.Callbacks.Allow)
 	}
 	return nil
 }
 
-// RedactURL is u as it may be shown to anyone: its scheme, host and path,
-// without user info, query or fragment (where tokens ride), "…" marking
-// what was cut. Not a URL at all: "(a URL that does not parse)".
-func RedactURL(u string) string { return redactURL(u) }
-
-func redactURL(raw string) string {
+// RedactURL is a URL as it may be shown to anyone: its scheme, host and
+// path, without user info, query or fragment (where tokens ride), "…"
+// marking what was cut; "" stays "". Not a URL at all: "(a URL that does
+// not parse)".
+func RedactURL(raw string) string {
+	if raw == "" {
+		return ""
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "(a URL that does not parse)"

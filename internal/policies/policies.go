@@ -17,6 +17,7 @@ import (
 
 	"github.com/throttler-dev/throttler/internal/config"
 	"github.com/throttler-dev/throttler/internal/queue"
+	"github.com/throttler-dev/throttler/internal/startstop"
 )
 
 // Poll is how often a process asks a shared store which policies changed:
@@ -50,8 +51,8 @@ type Keeper struct {
 	// refused are the layers other processes set that this process's
 	// config refuses (a plan its file lacks), by tenant: taken at the
 	// reload that makes them hold.
-	refused map[string][]byte
-	stop    func() // stops following (nil: not followed)
+	refused  map[string][]byte
+	follower *startstop.Periodic // nil: not followed
 }
 
 // New is a Keeper; Start reads what the store keeps.
@@ -110,31 +111,19 @@ func (k *Keeper) Start(ctx context.Context) error {
 
 // Stop stops following changes.
 func (k *Keeper) Stop() {
-	if k.stop != nil {
-		k.stop()
+	if k.follower != nil {
+		k.follower.Stop()
 	}
 }
 
 // follow takes, every Poll, the policies other processes set.
 func (k *Keeper) follow(shared queue.PolicyChanges) {
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	k.stop = func() { stop(); <-done }
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(Poll)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if err := k.poll(ctx, shared); err != nil && ctx.Err() == nil {
-				k.opts.Logger.Warn("cannot read tenants' policy changes from the store; retrying", "err", err)
-			}
+	k.follower = &startstop.Periodic{Name: "policy follower", Every: Poll, Run: func(ctx context.Context) {
+		if err := k.poll(ctx, shared); err != nil && ctx.Err() == nil {
+			k.opts.Logger.Warn("cannot read tenants' policy changes from the store; retrying", "err", err)
 		}
-	}()
+	}}
+	k.follower.Start(context.Background())
 }
 
 // poll takes what changed since the last poll; all of it again when the

@@ -148,19 +148,8 @@ local function window_slot(at) return windows_slot(windows, at, cost) end
 -- booked ahead (their backoff ends past their place); each booking it
 -- would pass or crowd joins the schedule first. An admission keeps that.
 local booked = booked_parse(h[6])
-local absorbed = 0
-while absorbed < #booked do
-  local b = booked[absorbed + 1]
-  local s = at_least(arrival, tat - tau)
-  local after = at_least(tat, arrival) + cost * T
-  if #windows > 0 and capacity > 0 then
-    s = window_slot(s)
-    after = at_least(after, s + cost * T)
-  end
-  if s < b.slot and b.slot >= after - tau then break end
-  tat = at_least(tat, b.slot) + b.cost * T
-  absorbed = absorbed + 1
-end
+local absorbed
+tat, absorbed = absorb(booked, 0, arrival, tat, tau, T, cost, windows, #windows > 0 and capacity > 0)
 
 -- leaky.Decide.
 local admitted, slot, retry, newtat = false, 0, 0, tat

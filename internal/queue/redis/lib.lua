@@ -164,6 +164,28 @@ local function windows_record(windows, slot, cost)
   end
 end
 
+-- rules.Record.Absorb: a job of cost placed at arrival (tenant time) goes
+-- around the retries booked ahead (booked, soonest first: booked_parse);
+-- each booking from absorbed + 1 on that it would pass or crowd joins the
+-- schedule first. Returns the schedule's tat and how many bookings it
+-- absorbed in all. counted: the tenant's admission counts its waiting
+-- jobs by slot (rules.CountsWaiting: windows and a capacity).
+local function absorb(booked, absorbed, arrival, tat, tau, T, cost, windows, counted)
+  while absorbed < #booked do
+    local b = booked[absorbed + 1]
+    local s = at_least(arrival, tat - tau)
+    local after = at_least(tat, arrival) + cost * T
+    if counted then
+      s = windows_slot(windows, s, cost)
+      after = at_least(after, s + cost * T)
+    end
+    if s < b.slot and b.slot >= after - tau then break end
+    tat = at_least(tat, b.slot) + b.cost * T
+    absorbed = absorbed + 1
+  end
+  return tat, absorbed
+end
+
 -- Moves a send of cost counted at slot in every window of windows to at,
 -- if later: the windows count it where it may really have been written
 -- (leaky.Written).

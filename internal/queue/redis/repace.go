@@ -11,11 +11,15 @@ import (
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/luascript"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
+	"github.com/throttler-dev/throttler/internal/rules"
 )
 
-// A tenant's backlog placed anew after its policy changed (rules.Repace,
-// repace.lua): by the owner of its partition, in whichever process that
-// is, between two of its claims.
+// What an owner does when policies change. At a reload (any tenant's):
+// the entries held back for their tenants' pace go by the new tolerance
+// (repaceHeld), and the claimed sets follow the new bounds (recount). At
+// a change of one tenant's policy by the API: its backlog is placed anew
+// (rules.Repace, repace.lua), by the owner of its partition, in whichever
+// process that is, between two of its claims.
 
 var (
 	//go:embed repace.lua
@@ -158,4 +162,51 @@ func repaceArgs(f owner.Fence, now int64, k partKeys, tenant string, p leaky.Pol
 		args = append(args, w.String(), w.N, usCeil(w.Length))
 	}
 	return args
+}
+
+// repaceHeld brings the entries held back for their tenants' pace to that
+// pace by the policies in force now (Store.PoliciesChanged): the pace
+// itself stands (the gate keeps each send's step at the interval it went
+// at), the tolerance is the new policy's.
+func (o *owned) repaceHeld() {
+	o.recountDue.Store(true)
+	o.mu.Lock()
+	o.sched.repace(func(tenant string) time.Time {
+		return o.pace[tenant].Add(-o.s.policy(tenant).Tolerance())
+	})
+	o.mu.Unlock()
+	o.poke()
+}
+
+// recount brings the claimed sets of the tenants this owner is sending
+// to to the policies in force now (recount.lua), between two claims: the
+// claims and outcomes keep a tenant's set only where its admission counts
+// the jobs being sent by slot (rules.CountsWaiting), and a reload may
+// change that while its jobs are in flight. A job that ended before the
+// reload with its slot still ahead (a lead at most) is not put back.
+func (o *owned) recount() {
+	by := map[string][]any{}
+	o.mu.Lock()
+	for id, h := range o.handed {
+		by[h.tenant] = append(by[h.tenant], micros(h.slot), id)
+	}
+	o.mu.Unlock()
+	if len(by) == 0 {
+		return
+	}
+	args := []any{o.k.tag}
+	for tenant, jobs := range by {
+		if !rules.CountsWaiting(o.s.policy(tenant)) {
+			jobs = nil
+			args = append(args, tenant, "0", 0)
+		} else {
+			args = append(args, tenant, "1", len(jobs)/2)
+		}
+		args = append(args, jobs...)
+	}
+	err := o.fence.Err(recountScript.Run(context.WithoutCancel(o.ctx), o.s.rdb, o.fence.Keys(), o.fence.Args(args...), nil))
+	if err != nil && !errors.Is(err, owner.ErrFenced) {
+		o.s.log.Warn("cannot bring the jobs being sent to the policies reloaded; trying again before the next claim", "partition", o.fence.Partition, "err", err)
+		o.recountDue.Store(true)
+	}
 }

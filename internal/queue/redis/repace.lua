@@ -72,19 +72,7 @@ local moved_any = false
 for i = 1, #waiting, 2 do
   local id, cost = waiting[i], costs[i]
   if not is_booked[id] then
-    -- Record.Absorb
-    while absorbed < #booked do
-      local b = booked[absorbed + 1]
-      local s = at_least(floor, tat - tau)
-      local after = at_least(tat, floor) + cost * T
-      if #windows > 0 and capacity > 0 then
-        s = windows_slot(windows, s, cost)
-        after = at_least(after, s + cost * T)
-      end
-      if s < b.slot and b.slot >= after - tau then break end
-      tat = at_least(tat, b.slot) + b.cost * T
-      absorbed = absorbed + 1
-    end
+    tat, absorbed = absorb(booked, absorbed, floor, tat, tau, T, cost, windows, #windows > 0 and capacity > 0)
     -- Record.Reserve: the next place, within the windows.
     local slot = at_least(floor, tat - tau)
     tat = at_least(tat, floor) + cost * T
