@@ -5,11 +5,13 @@
 // Every call takes a context.Context and returns the API's answer as a
 // type of this package. An error answer comes back as a typed error that
 // carries what the server said: *QueueFullError and *RateLimitedError (429:
-// no room now, with its RetryAfter, Depth and Capacity), *WouldExpireError
-// and *CostTooLargeError (422: no room ever), *UnavailableError (503),
-// *NotAllowedError (422: a request or payload the job's downstream cannot
-// send), *NotFoundError (404), *AuthError (401, 403), and *APIError for the
-// rest. Each of them unwraps to the *APIError (status, code, message) it
+// no room now, with its RetryAfter, Depth and Capacity), *ScheduleFullError
+// (429: the tenant has its most jobs booked for later, with no RetryAfter),
+// *WouldExpireError and *CostTooLargeError (422: no room ever),
+// *TooFarAheadError (422: a NotBefore past the tenant's schedule horizon),
+// *UnavailableError (503), *NotAllowedError (422: a request or payload the
+// job's downstream cannot send), *NotFoundError (404), *AuthError (401,
+// 403), and *APIError for the rest. Each of them unwraps to the *APIError (status, code, message) it
 // came from; a request that got no answer at all is an *UnreachableError.
 //
 // Enqueue answers carry the RateLimit fields (draft-ietf-httpapi-
@@ -145,10 +147,13 @@ func tenantPath(tenant string) string { return "/v1/tenants/" + url.PathEscape(t
 func jobPath(id string) string        { return "/v1/jobs/" + url.PathEscape(id) }
 
 // Enqueue sends one job for tenant. A job over the tenant's rate waits its
-// turn: the Admission says when it goes. A refusal is a *QueueFullError or
-// *RateLimitedError (no room now: try again after RetryAfter) or a
-// *WouldExpireError, *CostTooLargeError or *NotAllowedError (never as it
-// is).
+// turn: the Admission says when it goes. A job with a NotBefore (or Delay)
+// is booked at the first slot at or after it that the tenant's limits
+// allow (Admission.Scheduled when that is later than its turn). A refusal
+// is a *QueueFullError or *RateLimitedError (no room now: try again after
+// RetryAfter), a *ScheduleFullError (too many jobs booked for later, and
+// no time named to come back), or a *WouldExpireError, *CostTooLargeError,
+// *TooFarAheadError or *NotAllowedError (never as it is).
 func (c *Client) Enqueue(ctx context.Context, tenant string, job Job) (Admission, error) {
 	var adm Admission
 	a, err := c.do(ctx, http.MethodPost, tenantPath(tenant)+"/jobs", job, &adm)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -271,6 +272,8 @@ func TestJobMarshal(t *testing.T) {
 		{Job{Payload: []byte(`{"a":1}`)}, `{"payload":{"a":1}}`},
 		{Job{Payload: []byte(`1`), IdempotencyKey: "k", Cost: 2, ExpiresIn: 30 * time.Second}, `{"payload":1,"idempotency_key":"k","cost":2,"expires_in":"30s"}`},
 		{Job{Payload: []byte(`1`), Deadline: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}, `{"payload":1,"deadline":"2026-03-01T12:00:00Z"}`},
+		{Job{Payload: []byte(`1`), NotBefore: time.Date(2026, 12, 8, 9, 0, 0, 0, time.UTC)}, `{"payload":1,"not_before":"2026-12-08T09:00:00Z"}`},
+		{Job{Payload: []byte(`1`), Delay: 90 * time.Minute, ExpiresIn: 2 * time.Hour}, `{"payload":1,"expires_in":"2h0m0s","delay":"1h30m0s"}`},
 		{Job{Payload: []byte(`{"charge":"ch_1"}`), Request: &Request{Path: "/v1/refunds", Headers: map[string]string{"Stripe-Account": "acct_1"}}},
 			`{"payload":{"charge":"ch_1"},"request":{"path":"/v1/refunds","headers":{"Stripe-Account":"acct_1"}}}`},
 		{Job{Request: &Request{Method: "GET", Path: "/v1/charges/ch_1", Query: map[string][]string{"expand[]": {"customer", "invoice"}}}},
@@ -317,5 +320,128 @@ func TestJobRequestAndResponse(t *testing.T) {
 	}
 	if body, err := j.Response.Bytes(); j.Request != nil || err != nil || string(body) != "\xff\x00" || !j.Response.Truncated {
 		t.Errorf("bytes: request %+v, response %+v (%q %v)", j.Request, j.Response, body, err)
+	}
+}
+
+// Scheduled sends, on the wire: NotBefore and Delay go as the API's
+// not_before and delay; the answers' not_before, state "scheduled",
+// scheduled counts and policy keys come back; schedule_full (429, no
+// Retry-After) and too_far_ahead (422) are typed errors, and Retry does not
+// send a job refused with schedule_full again.
+func TestScheduledSends(t *testing.T) {
+	t.Parallel()
+	const admitted = `{"id":"s1","tenant":"acme","state":"scheduled","dispatch_at":"2026-12-08T09:00:00Z","expected_delay_ms":3600000,` +
+		`"not_before":"2026-12-08T09:00:00Z","queue_depth":0,"capacity":10}`
+	const full = `{"error":"schedule_full","message":"m","tenant":"acme","scheduled":3,"max_scheduled":3}`
+	const ahead = `{"error":"too_far_ahead","message":"m","tenant":"acme","not_before":"2027-12-08T09:00:00Z","schedule_horizon":"720h0m0s"}`
+	var fullCalls atomic.Int32
+	bodies := make(chan string, 10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		switch r.URL.Path {
+		case "/v1/tenants/acme/jobs":
+			bodies <- string(raw)
+			jsonAnswer(202, admitted)(w)
+		case "/v1/tenants/full/jobs":
+			fullCalls.Add(1)
+			jsonAnswer(429, full, "RateLimit-Policy", `"leaky";q=11;w=11`, "RateLimit", `"leaky";r=10;t=0`)(w)
+		case "/v1/tenants/ahead/jobs":
+			jsonAnswer(422, ahead)(w)
+		case "/v1/tenants/acme/jobs:batch":
+			jsonAnswer(200, `{"results":[{"status":202,`+admitted[1:]+`,{"status":429,`+full[1:]+`,{"status":422,`+ahead[1:]+`]}`)(w)
+		case "/v1/jobs/s1":
+			jsonAnswer(200, `{"id":"s1","tenant":"acme","state":"scheduled","attempts":0,"enqueued_at":"2026-12-08T08:00:00Z",
+				"dispatch_at":"2026-12-08T09:00:00Z","sent_at":null,"finished_at":null,"last_error":null,"response_status":null,
+				"cost":1,"deadline":null,"not_before":"2026-12-08T09:00:00Z"}`)(w)
+		case "/v1/tenants/acme":
+			jsonAnswer(200, `{"tenant":"acme","mode":"leaky","rate_per_second":1,"burst":1,"capacity":10,"downstream":"default",
+				"queue_depth":0,"in_flight":0,"expected_delay_ms":0,"limited_by":"rate","max_in_flight":0,"scheduled":1,"max_scheduled":10000,
+				"paused":false,"paused_until":null,"held":false,"accepted_total":1,"rejected_total":0,"delivered_total":0,
+				"failed_total":0,"cancelled_total":0,"expired_total":0}`)(w)
+		case "/v1/tenants/acme/policy":
+			if r.Method == http.MethodPut {
+				bodies <- string(raw)
+			}
+			jsonAnswer(200, `{"tenant":"acme","plan":null,"plan_from":null,"policy":{"downstream":"default","mode":"leaky","rate":"1/s",
+				"capacity":10,"burst":1,"windows":[],"max_attempts":null,"max_in_flight":0,"max_scheduled":50,"schedule_horizon":"168h0m0s","callback_url":""},
+				"from":{"max_scheduled":"api","schedule_horizon":"api"},"api":{"max_scheduled":50,"schedule_horizon":"168h"}}`)(w)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c, err := New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	at := time.Date(2026, 12, 8, 9, 0, 0, 0, time.UTC)
+	a, err := c.Enqueue(ctx, "acme", Job{Payload: []byte(`{"to":"+1555"}`), NotBefore: at})
+	if err != nil || !a.Scheduled() || !a.NotBefore.Equal(at) || !a.DispatchAt.Equal(at) || a.ExpectedDelay() != time.Hour {
+		t.Fatalf("admission %+v %v", a, err)
+	}
+	if body := <-bodies; body != `{"payload":{"to":"+1555"},"not_before":"2026-12-08T09:00:00Z"}` {
+		t.Errorf("sent %s", body)
+	}
+	if _, err := c.Enqueue(ctx, "acme", Job{Payload: []byte(`1`), Delay: 30 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if body := <-bodies; body != `{"payload":1,"delay":"30m0s"}` {
+		t.Errorf("sent %s", body)
+	}
+	var sf *ScheduleFullError
+	_, err = c.Enqueue(ctx, "full", Job{Payload: []byte(`1`), Delay: time.Hour})
+	if !errors.As(err, &sf) || sf.Tenant != "full" || sf.Scheduled != 3 || sf.MaxScheduled != 3 || sf.Status != 429 || sf.RetryAfter != 0 ||
+		!strings.Contains(err.Error(), "max_scheduled 3") {
+		t.Errorf("schedule_full: %#v", err)
+	}
+	if _, again := (RetryPolicy{}).Delay(err, 1); again {
+		t.Error("RetryPolicy.Delay sends a job refused with schedule_full again")
+	}
+	fullCalls.Store(0)
+	if _, err := Retry(ctx, RetryPolicy{}, func(ctx context.Context) (Admission, error) {
+		return c.Enqueue(ctx, "full", Job{Payload: []byte(`1`), Delay: time.Hour})
+	}); !errors.As(err, &sf) || fullCalls.Load() != 1 {
+		t.Errorf("Retry: %v after %d calls, want schedule_full after one", err, fullCalls.Load())
+	}
+	var far *TooFarAheadError
+	_, err = c.Enqueue(ctx, "ahead", Job{Payload: []byte(`1`), NotBefore: at.AddDate(1, 0, 0)})
+	if !errors.As(err, &far) || far.Horizon != 720*time.Hour || !far.NotBefore.Equal(at.AddDate(1, 0, 0)) || far.Status != 422 {
+		t.Errorf("too_far_ahead: %#v", err)
+	}
+	if _, again := (RetryPolicy{}).Delay(err, 1); again {
+		t.Error("RetryPolicy.Delay sends a job refused with too_far_ahead again")
+	}
+	b, err := c.EnqueueBatch(ctx, "acme", make([]Job, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := b.Results; !r[0].Admission.Scheduled() || !r[0].Admission.NotBefore.Equal(at) || r[1].Status != 429 || !errors.As(r[1].Err, &sf) ||
+		sf.MaxScheduled != 3 || !errors.As(r[2].Err, &far) || far.Horizon != 720*time.Hour || far.Tenant != "acme" {
+		t.Errorf("batch results %+v", r)
+	}
+	j, err := c.Job(ctx, "s1")
+	if err != nil || j.State != "scheduled" || j.Finished() || j.NotBefore == nil || !j.NotBefore.Equal(at) {
+		t.Errorf("job %+v %v", j, err)
+	}
+	tn, err := c.Tenant(ctx, "acme")
+	if err != nil || tn.Scheduled != 1 || tn.MaxScheduled != 10000 {
+		t.Errorf("tenant %+v %v", tn, err)
+	}
+	most := 50
+	p, err := c.SetPolicy(ctx, "acme", PolicyKeys{MaxScheduled: &most, ScheduleHorizon: "168h"})
+	if err != nil || p.InForce.MaxScheduled != 50 || p.InForce.ScheduleHorizon != "168h0m0s" || p.From["max_scheduled"] != "api" ||
+		p.API == nil || *p.API.MaxScheduled != 50 || p.API.ScheduleHorizon != "168h" {
+		t.Errorf("policy %+v %v", p, err)
+	}
+	if body := <-bodies; body != `{"windows":null,"max_scheduled":50,"schedule_horizon":"168h"}` {
+		t.Errorf("sent %s", body)
+	}
+	one := 1
+	if _, err := c.SetPolicy(ctx, "acme", PolicyKeys{MaxScheduled: &one}); err != nil {
+		t.Fatal(err)
+	}
+	if body := <-bodies; body != `{"windows":null,"max_scheduled":1}` {
+		t.Errorf("max_scheduled 1 sent as %s", body)
 	}
 }

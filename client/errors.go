@@ -62,6 +62,39 @@ func (e *RateLimitedError) Error() string {
 }
 func (e *RateLimitedError) Unwrap() error { return e.APIError }
 
+// ScheduleFullError is a job with a NotBefore (or Delay) refused because
+// its tenant already has MaxScheduled jobs booked for later (429
+// schedule_full). The answer names no time to come back (no Retry-After:
+// room comes as booked jobs reach their slots), so Retry and
+// RetryPolicy.Delay do not send it again; send it later, without a
+// NotBefore, or raise the tenant's max_scheduled.
+type ScheduleFullError struct {
+	*APIError
+	Scheduled    int // jobs of the tenant booked for later
+	MaxScheduled int // the most it may have
+}
+
+func (e *ScheduleFullError) Error() string {
+	return fmt.Sprintf("tenant %s: schedule full (%d jobs scheduled for later, its max_scheduled %d): send it again once some have gone, or raise max_scheduled",
+		e.Tenant, e.Scheduled, e.MaxScheduled)
+}
+func (e *ScheduleFullError) Unwrap() error { return e.APIError }
+
+// TooFarAheadError is a job refused because its NotBefore is further ahead
+// than its tenant's schedule_horizon, Horizon (422 too_far_ahead). Sending
+// it again as it is does not help until its time is within the horizon.
+type TooFarAheadError struct {
+	*APIError
+	NotBefore time.Time     // the job's not_before
+	Horizon   time.Duration // how far ahead the tenant may book
+}
+
+func (e *TooFarAheadError) Error() string {
+	return fmt.Sprintf("tenant %s: not_before %s is further ahead than its schedule_horizon (%v): send it later, or raise schedule_horizon",
+		e.Tenant, e.NotBefore.Format(time.RFC3339), e.Horizon)
+}
+func (e *TooFarAheadError) Unwrap() error { return e.APIError }
+
 // WouldExpireError is a job refused for good: it would wait ExpectedDelay,
 // past its Deadline (422 would_expire). Sending it again does not help;
 // give it a later deadline, or drop it.
@@ -172,9 +205,15 @@ func typedError(e *APIError, body []byte, retryAfter time.Duration) error {
 		Cost          int       `json:"cost"`
 		MaxCost       int       `json:"max_cost"`
 		Part          string    `json:"part"`
+		Tenant        string    `json:"tenant"`
+		Scheduled     int       `json:"scheduled"`
+		MaxScheduled  int       `json:"max_scheduled"`
+		NotBefore     time.Time `json:"not_before"`
+		Horizon       string    `json:"schedule_horizon"`
 	}
 	_ = json.Unmarshal(body, &f)
 	e.Code, e.Message = cmp.Or(e.Code, f.Error), cmp.Or(e.Message, f.Message)
+	e.Tenant = cmp.Or(e.Tenant, f.Tenant)
 	e.RetryAfter = retryAfter
 	if f.RetryAfterMS != nil {
 		e.RetryAfter = millis(*f.RetryAfterMS) // finer than the header
@@ -184,6 +223,11 @@ func typedError(e *APIError, body []byte, retryAfter time.Duration) error {
 		return &QueueFullError{APIError: e, Depth: f.QueueDepth, Capacity: f.Capacity}
 	case e.Code == "rate_limited":
 		return &RateLimitedError{APIError: e, Depth: f.QueueDepth, Capacity: f.Capacity}
+	case e.Code == "schedule_full":
+		return &ScheduleFullError{APIError: e, Scheduled: f.Scheduled, MaxScheduled: f.MaxScheduled}
+	case e.Code == "too_far_ahead":
+		horizon, _ := time.ParseDuration(f.Horizon)
+		return &TooFarAheadError{APIError: e, NotBefore: f.NotBefore, Horizon: horizon}
 	case e.Code == "would_expire":
 		return &WouldExpireError{APIError: e, ExpectedDelay: millis(f.ExpectedDelay), Deadline: f.Deadline}
 	case e.Code == "cost_too_large":

@@ -40,7 +40,9 @@ const (
 //   - no answer (*UnreachableError), a 5xx, or a 503 without Retry-After:
 //     after an exponential backoff with full jitter;
 //   - anything else (refused for good, malformed, not allowed, the context
-//     done): not at all.
+//     done): not at all. That includes *ScheduleFullError, a 429 that
+//     names no time to come back: its tenant's booked jobs free room only
+//     as they reach their slots, hours or days ahead maybe.
 func (p RetryPolicy) Delay(err error, attempt int) (time.Duration, bool) {
 	if err == nil || attempt >= cmp.Or(p.MaxAttempts, DefaultMaxAttempts) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return 0, false

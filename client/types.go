@@ -25,6 +25,19 @@ type Job struct {
 	// ExpiresIn is a deadline from the server's now instead (0: none; not
 	// with Deadline).
 	ExpiresIn time.Duration `json:"-"`
+	// NotBefore schedules the job: it is not sent before then (zero: as
+	// soon as its turn comes). It is booked at the first slot at or after
+	// NotBefore that the tenant's limits allow, and the Admission says
+	// that slot (State "scheduled" when it was booked for later). A time
+	// at or before now is an ordinary job. Refused when the tenant has its
+	// max_scheduled jobs booked (*ScheduleFullError), when it is further
+	// ahead than the tenant's schedule_horizon (*TooFarAheadError), or when
+	// the job's deadline comes before its slot (*WouldExpireError).
+	NotBefore time.Time `json:"not_before,omitzero"`
+	// Delay is NotBefore from the server's now instead, sent as the API's
+	// duration text ("30m0s") (0: none; not with NotBefore: the server
+	// refuses both, 400 invalid_not_before).
+	Delay time.Duration `json:"-"`
 	// Request (optional) is what the job asks of its downstream's request:
 	// a method, a path, query parameters, headers, each only as far as the
 	// downstream allows; anything else is refused (*NotAllowedError).
@@ -77,15 +90,20 @@ func (r Response) Bytes() ([]byte, error) {
 	return []byte(r.Body), nil
 }
 
-// MarshalJSON writes ExpiresIn as the API's duration text ("30s").
+// MarshalJSON writes ExpiresIn and Delay as the API's duration text
+// ("30s").
 func (j Job) MarshalJSON() ([]byte, error) {
 	type plain Job
 	v := struct {
 		plain
 		ExpiresIn string `json:"expires_in,omitempty"`
+		Delay     string `json:"delay,omitempty"`
 	}{plain: plain(j)}
 	if j.ExpiresIn != 0 {
 		v.ExpiresIn = j.ExpiresIn.String()
+	}
+	if j.Delay != 0 {
+		v.Delay = j.Delay.String()
 	}
 	return json.Marshal(v)
 }
@@ -95,10 +113,15 @@ func (j Job) MarshalJSON() ([]byte, error) {
 type Admission struct {
 	ID     string `json:"id"`
 	Tenant string `json:"tenant"`
-	State  string `json:"state"`
-	// DispatchAt is when its first attempt is due.
+	// State is "queued", or "scheduled" for a job booked for later (its
+	// NotBefore was later than its turn in the queue): Scheduled says so.
+	State string `json:"state"`
+	// DispatchAt is when its first attempt is due: for a job with a
+	// NotBefore, the slot it was booked at (at or after NotBefore).
 	DispatchAt      time.Time `json:"dispatch_at"`
 	ExpectedDelayMS int64     `json:"expected_delay_ms"`
+	// NotBefore is the job's not_before (zero: it has none).
+	NotBefore time.Time `json:"not_before,omitzero"`
 	// LimitedBy is "in_flight" when a cap on attempts in flight makes
 	// the wait longer than the rate's (ExpectedDelayMS is then an
 	// estimate from the downstream's recent latency), "" otherwise.
@@ -117,6 +140,11 @@ type Admission struct {
 // ExpectedDelay is how long the job waits before its first attempt.
 func (a Admission) ExpectedDelay() time.Duration { return millis(a.ExpectedDelayMS) }
 
+// Scheduled reports whether the job was booked for later, at its
+// NotBefore or after (state "scheduled"): it waits outside the tenant's
+// queue, and counts in Tenant.Scheduled, not in QueueDepth.
+func (a Admission) Scheduled() bool { return a.State == "scheduled" }
+
 // Batch is the answer to EnqueueBatch.
 type Batch struct {
 	// Results are the jobs' answers, in the order sent.
@@ -127,8 +155,8 @@ type Batch struct {
 
 // Result is one job's answer in a batch: Status 202 or 200 with its
 // Admission, or 429 or 422 with Err (a *QueueFullError, *RateLimitedError,
-// *WouldExpireError, *CostTooLargeError or *NotAllowedError), as Enqueue
-// would have answered.
+// *ScheduleFullError, *WouldExpireError, *CostTooLargeError,
+// *TooFarAheadError or *NotAllowedError), as Enqueue would have answered.
 type Result struct {
 	Status    int
 	Admission Admission
@@ -163,8 +191,8 @@ func resultOf(tenant string, raw json.RawMessage) (Result, error) {
 type JobStatus struct {
 	ID     string `json:"id"`
 	Tenant string `json:"tenant"`
-	// State is queued, dispatching, retrying, succeeded, failed,
-	// cancelled or expired.
+	// State is scheduled (booked for its NotBefore, not yet due), queued,
+	// dispatching, retrying, succeeded, failed, cancelled or expired.
 	State          string     `json:"state"`
 	Attempts       int        `json:"attempts"`
 	EnqueuedAt     time.Time  `json:"enqueued_at"`
@@ -175,6 +203,8 @@ type JobStatus struct {
 	ResponseStatus int        `json:"response_status"`
 	Cost           int        `json:"cost"`
 	Deadline       *time.Time `json:"deadline"`
+	// NotBefore is the job's not_before (nil: none).
+	NotBefore *time.Time `json:"not_before"`
 	// Request is what the job asked of its downstream's request (nil: the
 	// downstream's own).
 	Request *Request `json:"request"`
@@ -204,6 +234,11 @@ type Tenant struct {
 	QueueDepth      int     `json:"queue_depth"`
 	InFlight        int     `json:"in_flight"`
 	ExpectedDelayMS int64   `json:"expected_delay_ms"`
+	// Scheduled is how many of its jobs are booked for later (state
+	// "scheduled"), counted in neither QueueDepth nor Capacity;
+	// MaxScheduled is the most it may have.
+	Scheduled    int `json:"scheduled"`
+	MaxScheduled int `json:"max_scheduled"`
 	// LimitedBy is which limit binds ExpectedDelayMS: "rate", "window",
 	// "ceiling", "in_flight" (an estimate) or "paused".
 	LimitedBy string `json:"limited_by"`
@@ -244,7 +279,12 @@ type PolicyKeys struct {
 	Windows     []string `json:"windows"`
 	MaxAttempts *int     `json:"max_attempts,omitempty"`
 	MaxInFlight *int     `json:"max_in_flight,omitempty"`
-	CallbackURL string   `json:"callback_url,omitempty"`
+	// MaxScheduled bounds the jobs booked for later (1 to 1,000,000).
+	MaxScheduled *int `json:"max_scheduled,omitempty"`
+	// ScheduleHorizon is how far ahead a job's not_before may be, as a
+	// duration such as "720h" (at most "87600h").
+	ScheduleHorizon string `json:"schedule_horizon,omitempty"`
+	CallbackURL     string `json:"callback_url,omitempty"`
 }
 
 // Policy is a tenant's policy as GET /v1/tenants/{t}/policy shows it: in
@@ -270,7 +310,10 @@ type PolicyInForce struct {
 	Burst      int      `json:"burst"`
 	Windows    []string `json:"windows"`
 	// MaxAttempts is nil when the downstream's max_attempts holds.
-	MaxAttempts *int   `json:"max_attempts"`
-	MaxInFlight int    `json:"max_in_flight"`
-	CallbackURL string `json:"callback_url"`
+	MaxAttempts  *int `json:"max_attempts"`
+	MaxInFlight  int  `json:"max_in_flight"`
+	MaxScheduled int  `json:"max_scheduled"`
+	// ScheduleHorizon is a duration text, such as "720h0m0s".
+	ScheduleHorizon string `json:"schedule_horizon"`
+	CallbackURL     string `json:"callback_url"`
 }

@@ -37,6 +37,9 @@ type options struct {
 	cost                  int
 	expiresIn             time.Duration
 	deadline              time.Time // now + expiresIn, fixed before the first try
+	notBeforeText         string    // --not-before, RFC 3339
+	delay                 time.Duration
+	notBefore             time.Time // --not-before, or now + --delay, fixed before the first try
 	request               string    // --request: what every job asks of its downstream's request
 }
 
@@ -60,6 +63,13 @@ A job refused with 429 is sent again after its Retry-After plus a little
 jitter; errors and 503 back off exponentially; each job is tried at most
 --max-attempts times.
 
+--not-before (an RFC 3339 time) or --delay (a duration from the start of
+the run) schedules every job: each is booked at the first slot at or after
+that time the tenant's limits allow. A job refused because the tenant has
+its max_scheduled jobs booked (429 schedule_full, with no Retry-After) or
+because the time is past its schedule_horizon (422 too_far_ahead) is not
+sent again.
+
 --request gives every job the same request of its downstream (a path, a
 method, query parameters, headers), as far as the downstream allows; a job
 whose request or payload its downstream cannot send is refused for good.
@@ -73,8 +83,9 @@ http://127.0.0.1:8080.
 Exit status: 0 all accepted (with --wait: all delivered); 1 the server
 refused the request; 2 bad input; 3 server unreachable; 4 jobs still
 refused after --max-attempts, or refused for good (422: past their
-deadline, too costly, or a request their downstream does not allow); 5
-with --wait, jobs not delivered; 130 interrupted.`,
+deadline, too costly, too far ahead, or a request their downstream does
+not allow; 429 schedule_full); 5 with --wait, jobs not delivered; 130
+interrupted.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -83,6 +94,10 @@ with --wait, jobs not delivered; 130 interrupted.`,
 			var ee exitError
 			if err != nil && (!errors.As(err, &ee) || !ee.silent) {
 				fmt.Fprintln(stderr, "enqueue:", err)
+				if errors.As(err, &ee) {
+					ee.silent = true // printed: main prints what was not
+					return ee
+				}
 			}
 			return err
 		},
@@ -90,7 +105,9 @@ with --wait, jobs not delivered; 130 interrupted.`,
 	c.SetOut(stdout)
 	c.SetErr(stderr)
 	c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return exitError{code: exitUsage, err: fmt.Errorf("%w (see enqueue --help)", err)}
+		err = fmt.Errorf("%w (see enqueue --help)", err)
+		fmt.Fprintln(stderr, "enqueue:", err)
+		return exitError{code: exitUsage, err: err, silent: true}
 	})
 	f := c.Flags()
 	f.StringVar(&o.server, "server", "", "throttler API base URL (default $THROTTLER_SERVER, the config's server.listen, or http://127.0.0.1:8080)")
@@ -109,6 +126,8 @@ with --wait, jobs not delivered; 130 interrupted.`,
 	f.BoolVar(&o.asJSON, "json", false, "print the summary as JSON")
 	f.IntVar(&o.cost, "cost", 0, "slots of the schedule each job takes (e.g. SMS segments; default 1)")
 	f.DurationVar(&o.expiresIn, "expires-in", 0, "each job is worthless this long from now: refused (not retried) if it cannot be sent by then")
+	f.StringVar(&o.notBeforeText, "not-before", "", `schedule every job: not sent before this RFC 3339 time, such as "2026-12-08T09:00:00Z"`)
+	f.DurationVar(&o.delay, "delay", 0, "schedule every job: not sent before this long from the start of the run (not with --not-before)")
 	f.StringVar(&o.request, "request", "", `what each job asks of its downstream's request, as JSON: {"method":"POST","path":"/v1/refunds","query":{...},"headers":{...}} (only what the downstream allows)`)
 	f.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	_ = c.MarkFlagRequired("tenant")
@@ -139,7 +158,8 @@ type summary struct {
 	Delivered   int      `json:"delivered,omitempty"`
 	Failed      int      `json:"failed,omitempty"`
 	Undelivered int      `json:"undelivered,omitempty"`
-	Impossible  int      `json:"impossible,omitempty"` // of Rejected: 422, not worth retrying
+	Impossible  int      `json:"impossible,omitempty"` // of Rejected: 422 or 429 schedule_full, not worth retrying
+	Scheduled   int      `json:"scheduled,omitempty"`  // of Accepted: booked for later (state "scheduled")
 	Seconds     float64  `json:"seconds"`
 	Exit        int      `json:"exit"`
 	Error       string   `json:"error,omitempty"`
@@ -228,6 +248,9 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 		// more time than the first try had.
 		o.deadline = time.Now().Add(o.expiresIn)
 	}
+	if err := o.schedule(); err != nil {
+		return bad(err)
+	}
 	var pace time.Duration
 	if o.rate != "" {
 		r, err := leaky.ParseRate(o.rate)
@@ -258,6 +281,9 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 		if !o.deadline.IsZero() {
 			it.job.Deadline = o.deadline.UTC()
 		}
+		if !o.notBefore.IsZero() {
+			it.job.NotBefore = o.notBefore.UTC()
+		}
 	}
 	p := newProgress(o.progress, stderr, len(items))
 	s := &summary{Jobs: len(items)}
@@ -284,6 +310,30 @@ func run(ctx context.Context, o options, stdin io.Reader, stdout, stderr io.Writ
 	return runErr
 }
 
+// schedule reads --not-before and --delay into o.notBefore: one time for
+// every job and every try, as --expires-in's deadline (a job sent again
+// after a 429 is not moved later).
+func (o *options) schedule() error {
+	switch {
+	case o.notBeforeText != "" && o.delay != 0:
+		return errors.New("--not-before and --delay together: give one (--not-before a time, --delay a duration from now)")
+	case o.delay < 0:
+		return fmt.Errorf("--delay %v: want a duration of 0 or more", o.delay)
+	case o.delay > 0:
+		o.notBefore = time.Now().Add(o.delay)
+	case o.notBeforeText != "":
+		t, err := time.Parse(time.RFC3339, o.notBeforeText)
+		if err != nil {
+			return fmt.Errorf("--not-before %q: want an RFC 3339 time such as 2026-12-08T09:00:00Z", o.notBeforeText)
+		}
+		o.notBefore = t
+	}
+	if !o.notBefore.IsZero() && !o.deadline.IsZero() && !o.deadline.After(o.notBefore) {
+		return fmt.Errorf("--expires-in %v ends by the jobs' not-before time (%s): no job could be sent", o.expiresIn, o.notBefore.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
 // conclude sets the run's exit status in s from how it went (runErr, and
 // the jobs' answers) and returns the run's error: nil for exit 0.
 func conclude(ctx context.Context, o options, items []*item, s *summary, runErr error) error {
@@ -302,7 +352,7 @@ func conclude(ctx context.Context, o options, items []*item, s *summary, runErr 
 		s.Exit = exitRejected
 		msg := fmt.Sprintf("%d job(s) still refused after %d attempts each", s.Rejected-s.Impossible, o.maxAttempts)
 		if s.Impossible > 0 {
-			msg = fmt.Sprintf("%d job(s) refused for good (422: they would be sent after their deadline, cost more than the tenant's bucket holds, or ask for a request their downstream does not allow)%s", s.Impossible, firstRefusal(items))
+			msg = fmt.Sprintf("%d job(s) refused for good (422: they would be sent after their deadline, cost more than the tenant's bucket holds, are further ahead than its schedule_horizon, or ask for a request their downstream does not allow; 429 schedule_full: the tenant has its max_scheduled jobs booked for later)%s", s.Impossible, firstRefusal(items))
 			if s.Rejected > s.Impossible {
 				msg += fmt.Sprintf("; %d still refused after %d attempts each", s.Rejected-s.Impossible, o.maxAttempts)
 			}
@@ -325,6 +375,9 @@ func printSummary(w io.Writer, o options, s *summary) {
 	fmt.Fprintf(&b, "%d job(s) for tenant %s: %d accepted", s.Jobs, o.tenant, s.Accepted)
 	if s.Duplicates > 0 {
 		fmt.Fprintf(&b, " (%d already there)", s.Duplicates)
+	}
+	if s.Scheduled > 0 {
+		fmt.Fprintf(&b, " (%d scheduled for later)", s.Scheduled)
 	}
 	fmt.Fprintf(&b, ", %d refused; %d request(s), %d Retry-After wait(s), %.1fs", s.Rejected, s.Requests, s.Waits, s.Seconds)
 	if o.wait {

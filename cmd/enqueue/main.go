@@ -10,7 +10,7 @@
 // Exit status: 0 every job accepted (and, with --wait, delivered); 1 the
 // server refused the request (unknown tenant, auth, ...); 2 bad input; 3
 // server unreachable; 4 jobs still refused after --max-attempts, or refused
-// for good (422); 5 with --wait, jobs that failed or were not delivered in
+// for good (422, or 429 schedule_full); 5 with --wait, jobs that failed or were not delivered in
 // time; 130 interrupted. With --wait, the summary shows how jobs ended and
 // what their downstream answered.
 package main
@@ -33,8 +33,12 @@ func main() {
 	switch {
 	case err == nil:
 	case errors.As(err, &ee):
+		if !ee.silent {
+			fmt.Fprintln(os.Stderr, "enqueue:", err)
+		}
 		os.Exit(ee.code)
 	default:
+		fmt.Fprintln(os.Stderr, "enqueue:", err) // cobra's own, such as a required flag missing
 		os.Exit(exitUsage)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -182,11 +183,12 @@ func parseRequest(s string) (*client.Request, error) {
 	return r, nil
 }
 
-// firstRefusal says why the first job refused for good was refused, for
-// the run's error ("" if none was).
+// firstRefusal says why the first job refused for good (422, or 429
+// schedule_full) was refused, for the run's error ("" if none was).
 func firstRefusal(items []*item) string {
 	for _, it := range items {
-		if it.given && it.result.Status == 422 && it.result.Err != nil {
+		var full *client.ScheduleFullError
+		if it.given && it.result.Err != nil && (it.result.Status == 422 || errors.As(it.result.Err, &full)) {
 			return fmt.Sprintf("; line %d: %v", it.line, it.result.Err)
 		}
 	}

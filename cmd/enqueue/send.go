@@ -217,8 +217,20 @@ func (sn *sender) tally(batch []*item, results []client.Result) (again []*item, 
 			if r.Status == 200 {
 				s.Duplicates++
 			}
+			if r.Admission.Scheduled() {
+				s.Scheduled++
+			}
 		case 429:
 			s.Refusals++
+			var full *client.ScheduleFullError
+			if errors.As(r.Err, &full) {
+				// No Retry-After: room comes only as the tenant's booked
+				// jobs reach their slots, which may be days ahead.
+				it.given = true
+				s.Rejected++
+				s.Impossible++
+				continue
+			}
 			if it.attempts >= sn.o.maxAttempts {
 				it.given = true
 				s.Rejected++
@@ -233,7 +245,7 @@ func (sn *sender) tally(batch []*item, results []client.Result) (again []*item, 
 			it.given = true
 			s.Rejected++
 			if r.Status == 422 {
-				s.Impossible++ // would expire, or costs more than the bucket holds: retrying cannot help
+				s.Impossible++ // would expire, costs more than the bucket holds, too far ahead: retrying cannot help
 			}
 		}
 	}

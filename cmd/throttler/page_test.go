@@ -188,6 +188,13 @@ func TestStatusPageOperator(t *testing.T) {
 	if st, _, body := call(t, "PUT", base+"/v1/tenants/beta/policy", `{"capacity":250}`, admin...); st != 200 {
 		t.Fatalf("PUT beta's policy: %d %v", st, body)
 	}
+	// Two jobs of beta booked for tomorrow: beside its depth, apart.
+	tomorrow := time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339)
+	for i := range 2 {
+		if st, _, body := call(t, "POST", base+"/v1/tenants/beta/jobs", fmt.Sprintf(`{"payload":{"later":%d},"not_before":%q}`, i, tomorrow), admin...); st != 202 || body["state"] != "scheduled" {
+			t.Fatalf("a job of beta for tomorrow: %d %v", st, body)
+		}
+	}
 
 	look := []map[string]any{{"do": "token", "value": tokAdmin, "role": "admin"}, {"do": "select", "tenant": "beta"}, {"do": "wait", "ms": 2500}}
 	shots := pageProxy(t, base, look, nil)
@@ -214,6 +221,7 @@ func TestStatusPageOperator(t *testing.T) {
 		// rate the file's.
 		{"do": "present", "sel": `#policy[data-set="api"] .key[data-key="capacity"][data-from="api"]`},
 		{"do": "present", "sel": `#policy .key[data-key="rate"][data-from="file"]`},
+		{"do": "present", "sel": `#rows tr[data-tenant="beta"] td.depth .sched[data-scheduled="2"]`},
 		{"do": "lookup", "job": job, "expect": "400 Bad Request"},
 		{"do": "retry", "job": job},
 		{"do": "pause", "tenant": "beta"},

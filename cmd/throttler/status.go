@@ -127,7 +127,7 @@ func renderStatus(w io.Writer, tenants []client.Tenant) {
 		}
 	}()
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tMODE\tRATE\tDEPTH\tCAPACITY\tIN FLIGHT\tDELAY\tPAUSED UNTIL\tACCEPTED\tREJECTED\tDELIVERED\tFAILED\t")
+	fmt.Fprintln(tw, "TENANT\tMODE\tRATE\tDEPTH\tCAPACITY\tSCHEDULED\tIN FLIGHT\tDELAY\tPAUSED UNTIL\tACCEPTED\tREJECTED\tDELIVERED\tFAILED\t")
 	for _, t := range tenants {
 		paused := "-"
 		if t.Paused {
@@ -136,8 +136,8 @@ func renderStatus(w io.Writer, tenants []client.Tenant) {
 				paused = t.PausedUntil.Local().Format("15:04:05")
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t\n", t.Tenant, t.Mode, formatRate(t.RatePerSecond),
-			t.QueueDepth, t.Capacity, t.InFlight, formatDelay(t.ExpectedDelayMS), paused,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t\n", t.Tenant, t.Mode, formatRate(t.RatePerSecond),
+			t.QueueDepth, t.Capacity, t.Scheduled, t.InFlight, formatDelay(t.ExpectedDelayMS), paused,
 			t.AcceptedTotal, t.RejectedTotal, t.DeliveredTotal, t.FailedTotal)
 	}
 	tw.Flush()

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -56,7 +57,8 @@ http://127.0.0.1:8080.`
 		}),
 	})
 	var keys client.PolicyKeys
-	var capacity, burst, maxAttempts, maxInFlight int
+	var capacity, burst, maxAttempts, maxInFlight, maxScheduled int
+	var horizon time.Duration
 	var noWindows bool
 	set := flags(&cobra.Command{
 		Use:   "set TENANT [--plan NAME] [--rate N/DURATION] [--capacity N] [--window N/DURATION ...] ...",
@@ -69,15 +71,20 @@ plan, a rate or window that does not parse) is refused naming the key, and
 nothing changes. The token must be an admin's.` + where,
 		Example: `  throttler tenant set acme --plan pro
   throttler tenant set acme --plan pro --capacity 50
-  throttler tenant set acme --rate 5/s --window 1000/d`,
+  throttler tenant set acme --rate 5/s --window 1000/d
+  throttler tenant set acme --max-scheduled 500 --schedule-horizon 168h`,
 		Args: cobra.ExactArgs(1),
 		RunE: run(func(c *client.Client, cmd *cobra.Command, t string) (client.Policy, error) {
 			fl := cmd.Flags()
-			for name, to := range map[string]**int{"capacity": &keys.Capacity, "burst": &keys.Burst, "max-attempts": &keys.MaxAttempts, "max-in-flight": &keys.MaxInFlight} {
+			for name, to := range map[string]**int{"capacity": &keys.Capacity, "burst": &keys.Burst, "max-attempts": &keys.MaxAttempts,
+				"max-in-flight": &keys.MaxInFlight, "max-scheduled": &keys.MaxScheduled} {
 				if fl.Changed(name) {
 					v, _ := fl.GetInt(name)
 					*to = &v
 				}
+			}
+			if fl.Changed("schedule-horizon") {
+				keys.ScheduleHorizon = horizon.String()
 			}
 			if noWindows {
 				if len(keys.Windows) > 0 {
@@ -96,6 +103,8 @@ nothing changes. The token must be an admin's.` + where,
 	set.Flags().BoolVar(&noWindows, "no-windows", false, "no windows, whatever the file or plan says")
 	set.Flags().IntVar(&maxAttempts, "max-attempts", 0, "attempts per job (default: the downstream's)")
 	set.Flags().IntVar(&maxInFlight, "max-in-flight", 0, "most attempts in flight at once (0: no cap)")
+	set.Flags().IntVar(&maxScheduled, "max-scheduled", 0, "most jobs booked for later (not_before) at once, 1 to 1000000")
+	set.Flags().DurationVar(&horizon, "schedule-horizon", 0, "how far ahead a job's not_before may be, such as 720h (at most 87600h)")
 	set.Flags().StringVar(&keys.Mode, "mode", "", "leaky or token")
 	set.Flags().StringVar(&keys.Downstream, "downstream", "", "the downstream its jobs go to")
 	set.Flags().StringVar(&keys.CallbackURL, "callback-url", "", "where its jobs' ends are told when a job names none")
@@ -135,8 +144,9 @@ func printPolicy(w io.Writer, p client.Policy) {
 	}
 	callback := cmp.Or(in.CallbackURL, "none")
 	rows := map[string]string{"downstream": in.Downstream, "mode": in.Mode, "rate": in.Rate, "capacity": fmt.Sprint(in.Capacity),
-		"burst": fmt.Sprint(in.Burst), "windows": windows, "max_attempts": maxAttempts, "max_in_flight": fmt.Sprint(in.MaxInFlight), "callback_url": callback}
+		"burst": fmt.Sprint(in.Burst), "windows": windows, "max_attempts": maxAttempts, "max_in_flight": fmt.Sprint(in.MaxInFlight),
+		"max_scheduled": fmt.Sprint(in.MaxScheduled), "schedule_horizon": in.ScheduleHorizon, "callback_url": callback}
 	for _, k := range slices.Sorted(maps.Keys(rows)) {
-		fmt.Fprintf(w, "  %-14s %-24s %s\n", k, rows[k], p.From[k])
+		fmt.Fprintf(w, "  %-16s %-24s %s\n", k, rows[k], p.From[k])
 	}
 }

@@ -29,10 +29,18 @@
 // handler.JobFromContext for the job's id, tenant and attempt instead);
 // task.ResultWriter() is nil (return the result instead: the handler
 // package keeps a handler's returned bytes, and this adapter returns
-// none, so a job's response is empty); asynq's task options (MaxRetry,
-// Timeout, Deadline, Unique, ProcessAt, Queue) are throttler's config and
-// the job's own fields instead: the downstream's max_attempts and
-// timeout, the job's deadline and idempotency key, the tenant's rate.
+// none, so a job's response is empty). asynq's task options are the
+// job's own fields and throttler's config instead: the job's not_before
+// (ProcessAt, ProcessIn), deadline (Deadline) and idempotency key
+// (TaskID); the downstream's max_attempts (MaxRetry) and timeout
+// (Timeout); the tenant's own queue and rate (Queue).
+//
+// A producer written for asynq enqueues through throttler's client with
+// Job, which turns a task and its options into a client.Job: the task's
+// type and payload bytes reach the handler as they were, ProcessAt and
+// ProcessIn schedule the job (booked at the first slot at or after that
+// time that the tenant's limits allow), and an option with no throttler
+// meaning is refused, naming the setting that does its work.
 package asynqhandler
 
 import (

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/throttler-dev/throttler/internal/config"
+	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/outbound"
 	"github.com/throttler-dev/throttler/internal/queue"
 )
@@ -26,6 +27,10 @@ type jobRequest struct {
 	Cost           *int            `json:"cost"`
 	Deadline       string          `json:"deadline"`
 	ExpiresIn      string          `json:"expires_in"`
+	// NotBefore (RFC 3339) or Delay (a duration from now): the job is not
+	// sent before then (DESIGN.md section 6e).
+	NotBefore string `json:"not_before"`
+	Delay     string `json:"delay"`
 	// Request is what the job asks of its downstream's request (DESIGN.md
 	// section 6a), checked against the downstream before it is queued.
 	Request *queue.JobRequest `json:"request"`
@@ -46,11 +51,11 @@ type jobRequest struct {
 
 // optionalFields are a job's fields besides payload, in the order a
 // refusal names them.
-var optionalFields = []string{"idempotency_key", "cost", "deadline", "expires_in", "request", "type", "callback_url", "callback_on"}
+var optionalFields = []string{"idempotency_key", "cost", "deadline", "expires_in", "not_before", "delay", "request", "type", "callback_url", "callback_on"}
 
 // nonEmptyFields are the string fields whose value cannot be "" (a type
 // can: none).
-var nonEmptyFields = []string{"idempotency_key", "deadline", "expires_in", "callback_url"}
+var nonEmptyFields = []string{"idempotency_key", "deadline", "expires_in", "not_before", "delay", "callback_url"}
 
 // UnmarshalJSON is encoding/json's, with unknown fields refused and an
 // optional field given as null noted (null).
@@ -206,7 +211,7 @@ func decodeError(err error) error {
 		return errorf(http.StatusBadRequest, "invalid_json", "field %q must be %s, not %s", typ.Field, kindName(typ.Type), typ.Value)
 	case strings.HasPrefix(msg, "json: unknown field "):
 		field := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\", \"expires_in\", \"request\", \"type\", \"callback_url\" or \"callback_on\" (\"request\" with \"method\", \"path\", \"query\" and \"headers\")", field)
+		return errorf(http.StatusBadRequest, "unknown_field", "unknown field %q: a job has \"payload\" and, optionally, \"idempotency_key\", \"cost\", \"deadline\", \"expires_in\", \"not_before\", \"delay\", \"request\", \"type\", \"callback_url\" or \"callback_on\" (\"request\" with \"method\", \"path\", \"query\" and \"headers\")", field)
 	}
 	return errorf(http.StatusBadRequest, "invalid_json", "request body is not valid: %v", err)
 }
@@ -285,7 +290,48 @@ func (s *server) validate(tenant string, j jobRequest, headerKey string, maxPayl
 		at = epoch
 	}
 	nj.Deadline = at
+	if nj.NotBefore, err = s.notBefore(tenant, j, where); err != nil {
+		return queue.NewJob{}, err
+	}
 	return nj, nil
+}
+
+// notBefore reads a job's "not_before" or "delay" (zero: neither, or a
+// time that has come: an ordinary job). One further ahead than the
+// tenant's schedule_horizon is refused (too_far_ahead), as a job that
+// could never be taken.
+func (s *server) notBefore(tenant string, j jobRequest, where string) (time.Time, error) {
+	now := s.clock.Now()
+	var at time.Time
+	switch {
+	case j.NotBefore != "" && j.Delay != "":
+		return time.Time{}, errorf(http.StatusBadRequest, "invalid_not_before", "%ssend \"not_before\" or \"delay\", not both", where)
+	case j.NotBefore != "":
+		t, err := time.Parse(time.RFC3339Nano, j.NotBefore)
+		if err != nil {
+			return time.Time{}, errorf(http.StatusBadRequest, "invalid_not_before", "%s\"not_before\" must be an RFC 3339 time such as \"2026-03-01T09:00:00Z\": %q", where, truncate(j.NotBefore, 64))
+		}
+		at = t
+	case j.Delay != "":
+		d, err := time.ParseDuration(j.Delay)
+		if err != nil || d < 0 {
+			return time.Time{}, errorf(http.StatusBadRequest, "invalid_not_before", "%s\"delay\" must be a duration such as \"30s\", \"30m\" or \"36h\", not negative: %q", where, truncate(j.Delay, 64))
+		}
+		if d > leaky.MaxHorizon {
+			d = leaky.MaxHorizon + time.Nanosecond // too far ahead, below, without overflow
+		}
+		at = now.Add(d)
+	default:
+		return time.Time{}, nil
+	}
+	if !at.After(now) {
+		return time.Time{}, nil
+	}
+	ts, _ := s.config().Tenant(tenant)
+	if h := ts.Horizon(); at.Sub(now) > h {
+		return time.Time{}, &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonTooFarAhead, NotBefore: at, Horizon: h}
+	}
+	return at, nil
 }
 
 // deadline reads a job's "deadline" or "expires_in"; given is false when it

@@ -47,7 +47,9 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &ae):
 		writeError(w, ae.status, ae.code, ae.message, ae.fields)
 	case errors.As(err, &rej):
-		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(rej.RetryAfter), 10))
+		if rej.Reason != queue.ReasonScheduleFull { // room comes at no time it could name
+			w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(rej.RetryAfter), 10))
+		}
 		writeError(w, http.StatusTooManyRequests, rej.Reason, rejectionMessage(rej), rejectionFields(rej))
 	case errors.As(err, &imp):
 		writeError(w, http.StatusUnprocessableEntity, imp.Reason, imp.Error(), impossibleFields(imp))
@@ -74,7 +76,10 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func rejectionMessage(r *queue.RejectedError) string {
-	if r.Reason == queue.ReasonRateLimited {
+	switch r.Reason {
+	case queue.ReasonScheduleFull:
+		return fmt.Sprintf("tenant %s has %d jobs scheduled for later, its max_scheduled: send this one again once some of them have gone, or raise max_scheduled", r.Tenant, r.Scheduled)
+	case queue.ReasonRateLimited:
 		return fmt.Sprintf("tenant %s has no token left; retry after %v", r.Tenant, r.RetryAfter.Round(time.Millisecond))
 	}
 	return fmt.Sprintf("tenant %s has %d jobs waiting, its capacity; retry after %v", r.Tenant, r.Capacity, r.RetryAfter.Round(time.Millisecond))
@@ -95,8 +100,11 @@ func notAllowedFields(e *outbound.NotAllowedError) map[string]any {
 
 // impossibleFields say what a 422 would have needed.
 func impossibleFields(e *queue.ImpossibleError) map[string]any {
-	if e.Reason == queue.ReasonCostTooLarge {
+	switch e.Reason {
+	case queue.ReasonCostTooLarge:
 		return map[string]any{"cost": e.Cost, "max_cost": e.MaxCost}
+	case queue.ReasonTooFarAhead:
+		return map[string]any{"tenant": e.Tenant, "not_before": e.NotBefore.UTC().Format(time.RFC3339Nano), "schedule_horizon": e.Horizon.String()}
 	}
 	// Formatted here rather than by encoding/json, which refuses years
 	// before 0 ("0000-01-01T00:00:00+01:00" is one in UTC) and would leave
@@ -105,6 +113,9 @@ func impossibleFields(e *queue.ImpossibleError) map[string]any {
 }
 
 func rejectionFields(r *queue.RejectedError) map[string]any {
+	if r.Reason == queue.ReasonScheduleFull {
+		return map[string]any{"tenant": r.Tenant, "scheduled": r.Scheduled, "max_scheduled": r.MaxScheduled}
+	}
 	return map[string]any{"retry_after_ms": ceilMillis(r.RetryAfter), "queue_depth": r.QueueDepth, "capacity": r.Capacity}
 }
 

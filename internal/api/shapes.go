@@ -51,7 +51,7 @@ func appendAdmission(b []byte, a queue.Admission) ([]byte, bool) {
 		dispatchAt = j.EnqueuedAt.Add(j.AdmitDelay)
 	}
 	dispatchAt = dispatchAt.UTC()
-	if y := dispatchAt.Year(); y < 0 || y > 9999 || !plainJSON(j.ID) || !plainJSON(j.Tenant) || !plainJSON(string(j.State)) || !plainJSON(a.LimitedBy) {
+	if y := dispatchAt.Year(); y < 0 || y > 9999 || !plainJSON(j.ID) || !plainJSON(j.Tenant) || !plainJSON(string(j.State)) || !plainJSON(a.LimitedBy) || !j.NotBefore.IsZero() {
 		return b, false
 	}
 	b = append(b, `{"capacity":`...)
@@ -115,6 +115,9 @@ func admissionJSON(a queue.Admission) map[string]any {
 	if a.LimitedBy != "" {
 		m["limited_by"] = a.LimitedBy
 	}
+	if !j.NotBefore.IsZero() {
+		m["not_before"] = j.NotBefore.UTC()
+	}
 	return m
 }
 
@@ -139,6 +142,8 @@ func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map
 		"capacity":             p.Capacity,
 		"downstream":           ts.Downstream,
 		"queue_depth":          st.QueueDepth,
+		"scheduled":            st.Scheduled,
+		"max_scheduled":        ts.ScheduledCap(),
 		"in_flight":            st.InFlight,
 		"expected_delay_ms":    ceilMillis(st.ExpectedDelay),
 		"limited_by":           st.LimitedBy,
@@ -157,9 +162,12 @@ func (s *server) tenantJSON(st queue.TenantStatus, ts config.TenantSettings) map
 }
 
 func jobJSON(j queue.Job) map[string]any {
-	var finished, sent, lastErr, status, deadline any
+	var finished, sent, lastErr, status, deadline, notBefore any
 	if !j.Deadline.IsZero() {
 		deadline = j.Deadline.UTC()
+	}
+	if !j.NotBefore.IsZero() {
+		notBefore = j.NotBefore.UTC()
 	}
 	if !j.SentAt.IsZero() {
 		sent = j.SentAt.UTC()
@@ -186,6 +194,7 @@ func jobJSON(j queue.Job) map[string]any {
 		"response_status": status,
 		"cost":            max(j.Cost, 1),
 		"deadline":        deadline,
+		"not_before":      notBefore,
 	}
 	if j.Request != nil {
 		m["request"] = requestJSON(j.Request)

@@ -237,9 +237,10 @@ func Default() *Config {
 // builtinTenantDefaults are the tenant settings that neither
 // tenant_defaults nor its plan gives.
 func builtinTenantDefaults() TenantSettings {
-	one, ten, yes := 1, 10, true
+	one, ten, yes, scheduled, horizon := 1, 10, true, DefaultMaxScheduled, Duration(DefaultScheduleHorizon)
 	rate := leaky.MustParseRate("1/s")
-	return TenantSettings{Mode: ModeLeaky, Rate: &rate, Capacity: &ten, Burst: &one, AllowUnknownTenants: &yes}
+	return TenantSettings{Mode: ModeLeaky, Rate: &rate, Capacity: &ten, Burst: &one, AllowUnknownTenants: &yes,
+		MaxScheduled: &scheduled, ScheduleHorizon: &horizon}
 }
 
 // NeedsRestart lists the keys whose change between c and next a running

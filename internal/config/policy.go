@@ -27,7 +27,10 @@ type PolicyLayer struct {
 	Windows     []string    `json:"windows"` // null: the layers' below; []: none
 	MaxAttempts *int        `json:"max_attempts,omitempty"`
 	MaxInFlight *int        `json:"max_in_flight,omitempty"`
-	CallbackURL string      `json:"callback_url,omitempty"`
+	// MaxScheduled and ScheduleHorizon: TenantSettings'.
+	MaxScheduled    *int      `json:"max_scheduled,omitempty"`
+	ScheduleHorizon *Duration `json:"schedule_horizon,omitempty"`
+	CallbackURL     string    `json:"callback_url,omitempty"`
 }
 
 // policyKey is where a refusal of the API's layer points: "policy.rate".
@@ -44,7 +47,8 @@ func ParsePolicyLayer(raw []byte) (PolicyLayer, error) {
 	}
 	targets := map[string]any{"plan": &l.Plan, "downstream": &l.Downstream, "mode": &l.Mode, "rate": &l.Rate,
 		"capacity": &l.Capacity, "burst": &l.Burst, "windows": &l.Windows, "max_attempts": &l.MaxAttempts,
-		"max_in_flight": &l.MaxInFlight, "callback_url": &l.CallbackURL}
+		"max_in_flight": &l.MaxInFlight, "max_scheduled": &l.MaxScheduled, "schedule_horizon": &l.ScheduleHorizon,
+		"callback_url": &l.CallbackURL}
 	for _, key := range slices.Sorted(maps.Keys(fields)) {
 		target, ok := targets[key]
 		if !ok {
@@ -77,7 +81,8 @@ func (l PolicyLayer) Keys() []string {
 
 func (l PolicyLayer) settings() TenantSettings {
 	return TenantSettings{Plan: l.Plan, Downstream: l.Downstream, Mode: l.Mode, Rate: l.Rate, Capacity: l.Capacity,
-		Burst: l.Burst, Windows: l.Windows, MaxAttempts: l.MaxAttempts, MaxInFlight: l.MaxInFlight, CallbackURL: l.CallbackURL}
+		Burst: l.Burst, Windows: l.Windows, MaxAttempts: l.MaxAttempts, MaxInFlight: l.MaxInFlight,
+		MaxScheduled: l.MaxScheduled, ScheduleHorizon: l.ScheduleHorizon, CallbackURL: l.CallbackURL}
 }
 
 // policyFields are the keys a layer can say, each with whether t says it.
@@ -93,6 +98,8 @@ var policyFields = []struct {
 	{"windows", func(t TenantSettings) bool { return t.Windows != nil }},
 	{"max_attempts", func(t TenantSettings) bool { return t.MaxAttempts != nil }},
 	{"max_in_flight", func(t TenantSettings) bool { return t.MaxInFlight != nil }},
+	{"max_scheduled", func(t TenantSettings) bool { return t.MaxScheduled != nil }},
+	{"schedule_horizon", func(t TenantSettings) bool { return t.ScheduleHorizon != nil }},
 	{"callback_url", func(t TenantSettings) bool { return t.CallbackURL != "" }},
 }
 

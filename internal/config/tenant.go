@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/throttler-dev/throttler/internal/leaky"
 )
@@ -45,6 +46,13 @@ type TenantSettings struct {
 	// that many are open (from the hand-over to the send until the outcome
 	// is recorded). 0: no cap. Default 0.
 	MaxInFlight *int `toml:"max_in_flight"`
+	// MaxScheduled bounds the tenant's jobs booked for a not_before (they
+	// take no place of capacity): past it, 429 schedule_full. Default
+	// 10000.
+	MaxScheduled *int `toml:"max_scheduled"`
+	// ScheduleHorizon is how far ahead a job's not_before may be: past
+	// it, 422 too_far_ahead. Default "720h" (30 days).
+	ScheduleHorizon *Duration `toml:"schedule_horizon"`
 	// CallbackURL is where the tenant's jobs' ends are told when a job
 	// names none (DESIGN.md 6b); it must start with one of callbacks.allow.
 	// Default none.
@@ -70,6 +78,31 @@ const maxInFlightLimit = 100_000
 // admission and every send.
 const maxWindows = 10
 
+// Built-in bounds of a tenant's scheduled jobs (max_scheduled,
+// schedule_horizon) and their limits.
+const (
+	DefaultMaxScheduled    = 10_000
+	maxScheduledLimit      = 1_000_000
+	DefaultScheduleHorizon = 30 * 24 * time.Hour
+)
+
+// ScheduledCap is the tenant's max_scheduled.
+func (t TenantSettings) ScheduledCap() int {
+	if t.MaxScheduled == nil {
+		return DefaultMaxScheduled
+	}
+	return *t.MaxScheduled
+}
+
+// Horizon is the tenant's schedule_horizon: how far ahead a not_before
+// may be.
+func (t TenantSettings) Horizon() time.Duration {
+	if t.ScheduleHorizon == nil {
+		return DefaultScheduleHorizon
+	}
+	return time.Duration(*t.ScheduleHorizon)
+}
+
 // InFlightCap is the tenant's max_in_flight (0: no cap).
 func (t TenantSettings) InFlightCap() int {
 	if t.MaxInFlight == nil {
@@ -80,7 +113,7 @@ func (t TenantSettings) InFlightCap() int {
 
 // Policy is the bucket policy of these settings.
 func (t TenantSettings) Policy() leaky.Policy {
-	p := leaky.Policy{Interval: t.Rate.Interval(), Burst: *t.Burst, Capacity: *t.Capacity, Windows: t.windows}
+	p := leaky.Policy{Interval: t.Rate.Interval(), Burst: *t.Burst, Capacity: *t.Capacity, Windows: t.windows, MaxScheduled: t.ScheduledCap()}
 	if t.Mode == ModeToken {
 		p.Capacity = 0
 	}
@@ -245,6 +278,8 @@ func (t *TenantSettings) inherit(def TenantSettings) {
 	t.Burst = cmp.Or(t.Burst, def.Burst)
 	t.MaxAttempts = cmp.Or(t.MaxAttempts, def.MaxAttempts)
 	t.MaxInFlight = cmp.Or(t.MaxInFlight, def.MaxInFlight)
+	t.MaxScheduled = cmp.Or(t.MaxScheduled, def.MaxScheduled)
+	t.ScheduleHorizon = cmp.Or(t.ScheduleHorizon, def.ScheduleHorizon)
 	t.CallbackURL = cmp.Or(t.CallbackURL, def.CallbackURL)
 	if t.Windows == nil {
 		t.Windows = def.Windows
@@ -278,6 +313,12 @@ func (c *Config) checkTenant(key string, t *TenantSettings) error {
 	}
 	if t.MaxInFlight != nil && (*t.MaxInFlight < 0 || *t.MaxInFlight > maxInFlightLimit) {
 		return bad("max_in_flight", "must be from 0 (no cap) to %d, got %d", maxInFlightLimit, *t.MaxInFlight)
+	}
+	if t.MaxScheduled != nil && (*t.MaxScheduled < 1 || *t.MaxScheduled > maxScheduledLimit) {
+		return bad("max_scheduled", "must be from 1 to %d, got %d", maxScheduledLimit, *t.MaxScheduled)
+	}
+	if h := t.ScheduleHorizon; h != nil && (*h <= 0 || time.Duration(*h) > leaky.MaxHorizon) {
+		return bad("schedule_horizon", "must be more than 0 and at most %v (10 years), got %v", leaky.MaxHorizon, time.Duration(*h))
 	}
 	t.windows = nil
 	if len(t.Windows) > maxWindows {

@@ -39,6 +39,10 @@ type Policy struct {
 	// Windows are limits beside the rate: never more than N sends in any
 	// window of a length (see Window). Optional.
 	Windows []Window
+	// MaxScheduled bounds the jobs booked ahead of the queue for their
+	// not_before, apart from Capacity (0: no bound). The bucket never
+	// reads it: the stores count those jobs.
+	MaxScheduled int
 }
 
 // Validate says what is wrong with p, if anything.

@@ -19,12 +19,16 @@ var (
 const (
 	ReasonQueueFull   = "queue_full"   // leaky: the queue holds capacity jobs
 	ReasonRateLimited = "rate_limited" // token: no token left
+	// The tenant has max_scheduled jobs booked for later: room comes as
+	// they go, at no time a Retry-After could name.
+	ReasonScheduleFull = "schedule_full"
 )
 
 // Reasons a job is impossible (422).
 const (
 	ReasonWouldExpire  = "would_expire"   // it would be sent after its deadline
 	ReasonCostTooLarge = "cost_too_large" // more slots than the bucket ever holds
+	ReasonTooFarAhead  = "too_far_ahead"  // its not_before is past the tenant's schedule_horizon
 )
 
 // ImpossibleError is a job refused because it asks what the queue cannot
@@ -37,11 +41,17 @@ type ImpossibleError struct {
 	Deadline      time.Time
 	// cost_too_large: its cost and the most the tenant's bucket allows.
 	Cost, MaxCost int
+	// too_far_ahead: its not_before, and how far ahead the tenant may book.
+	NotBefore time.Time
+	Horizon   time.Duration
 }
 
 func (e *ImpossibleError) Error() string {
-	if e.Reason == ReasonCostTooLarge {
+	switch e.Reason {
+	case ReasonCostTooLarge:
 		return fmt.Sprintf("tenant %s: a job of cost %d can never be admitted: at most %d (capacity + burst, and every window)", e.Tenant, e.Cost, e.MaxCost)
+	case ReasonTooFarAhead:
+		return fmt.Sprintf("tenant %s: not_before %s is more than its schedule_horizon (%v) ahead: send it later, or raise schedule_horizon", e.Tenant, e.NotBefore.UTC().Format(time.RFC3339Nano), e.Horizon)
 	}
 	return fmt.Sprintf("tenant %s: the job would wait %v and be sent after its deadline %s", e.Tenant, e.ExpectedDelay.Round(time.Millisecond), e.Deadline.UTC().Format(time.RFC3339Nano))
 }
@@ -53,10 +63,21 @@ type RejectedError struct {
 	RetryAfter time.Duration
 	QueueDepth int
 	Capacity   int
+	// schedule_full: the jobs booked for later, and the tenant's bound.
+	Scheduled, MaxScheduled int
 }
 
 func (e *RejectedError) Error() string {
+	if e.Reason == ReasonScheduleFull {
+		return fmt.Sprintf("tenant %s: %d jobs are scheduled for later, its max_scheduled: send again once some have gone, or raise max_scheduled", e.Tenant, e.Scheduled)
+	}
 	return fmt.Sprintf("tenant %s: %s; retry after %v", e.Tenant, e.Reason, e.RetryAfter)
+}
+
+// ScheduleFull is the refusal of a job booked for later while the tenant
+// has max_scheduled of them.
+func ScheduleFull(tenant string, scheduled, most int) *RejectedError {
+	return &RejectedError{Tenant: tenant, Reason: ReasonScheduleFull, Scheduled: scheduled, MaxScheduled: most}
 }
 
 // StateError is an operation refused because of the job's state.

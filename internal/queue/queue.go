@@ -8,6 +8,7 @@
 //
 // A job's life:
 //
+//	scheduled ──claim──┐
 //	queued ──claim──▶ dispatching ──2xx──▶ succeeded
 //	  ▲  │                 │ ──4xx, or last attempt──▶ failed
 //	  │  └─cancel─▶ cancelled
@@ -32,6 +33,7 @@ type JobState string
 
 const (
 	StateQueued      JobState = "queued"      // waiting for its slot
+	StateScheduled   JobState = "scheduled"   // booked at its not_before, outside the queue's capacity
 	StateDispatching JobState = "dispatching" // handed to the dispatcher: being sent
 	StateRetrying    JobState = "retrying"    // waiting for the slot of its next attempt
 	StateSucceeded   JobState = "succeeded"
@@ -50,7 +52,9 @@ func (j Job) EffectiveSlot() time.Time {
 }
 
 // Waiting reports whether a job in this state waits for a slot.
-func (s JobState) Waiting() bool { return s == StateQueued || s == StateRetrying }
+func (s JobState) Waiting() bool {
+	return s == StateQueued || s == StateRetrying || s == StateScheduled
+}
 
 // Finished reports whether a job in this state is done for good.
 func (s JobState) Finished() bool {
@@ -82,6 +86,10 @@ type Job struct {
 	// Deadline: after it, the job is worthless and is never sent (zero:
 	// none).
 	Deadline time.Time `json:"deadline,omitzero"`
+	// NotBefore is the time a scheduled job was booked at or after (zero:
+	// it was admitted into the queue, its not_before if it had one passed
+	// by its place there).
+	NotBefore time.Time `json:"not_before,omitzero"`
 	// SentAt is when the last attempt's request was written.
 	SentAt         time.Time `json:"sent_at,omitzero"`
 	FinishedAt     time.Time `json:"finished_at,omitzero"`
@@ -122,6 +130,10 @@ type NewJob struct {
 	// Deadline: refuse the job if it cannot be sent by then; expire it if a
 	// pause pushes it past (zero: none).
 	Deadline time.Time
+	// NotBefore: the job is not sent before then (zero: as soon as its
+	// place in the queue comes). Later than that place, it is booked
+	// there, outside the queue's capacity (StateScheduled).
+	NotBefore time.Time
 	// Request: what the job asks of its downstream's request (nil: the
 	// downstream's own). The API checks it against the downstream before
 	// the job reaches the store.
@@ -163,6 +175,7 @@ func (a Admission) Admitted() bool { return a.Rejected == nil && a.Impossible ==
 type TenantStatus struct {
 	Tenant        string
 	QueueDepth    int // admitted, not yet handed to the downstream
+	Scheduled     int // booked at their not_before, not counted in QueueDepth
 	InFlight      int // being sent
 	ExpectedDelay time.Duration
 	// LimitedBy is which limit binds ExpectedDelay (rules.LimitOf).

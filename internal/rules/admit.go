@@ -22,6 +22,9 @@ type Queue interface {
 	// HandedOver yields the slot of each job handed to the dispatcher a
 	// lead before its slot and not yet sent (zero slots are skipped).
 	HandedOver(yield func(slot time.Time))
+	// Scheduled is how many of the tenant's jobs are booked for their
+	// not_before and not yet handed over (not counted in Depth).
+	Scheduled() int
 }
 
 // Call is one admission's circumstances.
@@ -46,6 +49,15 @@ type Call struct {
 	// Resend: the job is a failed one sent again by hand, not a new one
 	// (the accepted count stays as it was; the failed count drops by it).
 	Resend bool
+	// Capped: the tenant or its downstream has a cap on attempts in
+	// flight, which may hold due jobs past their slots: they wait, and
+	// count, as behind a ceiling.
+	Capped bool
+	// NotBefore: the job is not sent before it (real time; zero: none).
+	// Later than its place in the queue, the job is booked there
+	// (admitScheduled), under Job, its id.
+	NotBefore time.Time
+	Job       string
 }
 
 // Verdict is how an admission ended.
@@ -59,6 +71,9 @@ const (
 	Refused
 	// WouldExpire: it would be sent after its deadline; nothing is kept.
 	WouldExpire
+	// ScheduleFull: it would be booked for later, and the tenant has
+	// Policy.MaxScheduled such jobs already.
+	ScheduleFull
 )
 
 // Decision is Admit's answer.
@@ -79,6 +94,9 @@ type Decision struct {
 	Prompt bool
 	// Depth is the tenant's depth before this job.
 	Depth int
+	// Scheduled: it is booked at its not_before, outside the queue's
+	// capacity (Queue.Scheduled counts it, not Depth).
+	Scheduled bool
 }
 
 // Arrival is the tenant time a job decided at now can first be sent: now in
@@ -107,6 +125,11 @@ func Arrival(pz leaky.Pause, now time.Time, lag time.Duration, last time.Time) t
 //   - with windows, a job waits for room in a window, not only for its
 //     slot: capacity jobs may wait however long that is.
 func Admit(rec *Record, q Queue, c Call) Decision {
+	if !c.NotBefore.IsZero() {
+		if d, ok := admitScheduled(rec, q, c); ok {
+			return d
+		}
+	}
 	p, cost := c.Policy, max(c.Cost, 1)
 	depth := q.Depth()
 	paused, _ := rec.Pause.Paused(c.Now)
@@ -179,7 +202,7 @@ func place(r *Record, q Queue, c Call, paused bool, depth, cost int) (leaky.Deci
 		// handed to the dispatcher, a lead before their slot. Counted as
 		// of the arrival: a job due by then goes at once, it does not
 		// wait; paused or behind a ceiling, due jobs wait on.
-		waiting = waitingAt(q, c.Arrival, paused || c.Ceiling != nil)
+		waiting = waitingAt(q, c.Arrival, paused || c.Ceiling != nil || c.Capped)
 		depth = len(waiting)
 	}
 	d, st, recent := leaky.Decide(leaky.State{TAT: r.TAT}, r.Recent(p), c.Arrival, p, cost, depth)
@@ -232,10 +255,11 @@ func place(r *Record, q Queue, c Call, paused bool, depth, cost int) (leaky.Deci
 // job in the schedule due by then leaves as the dispatcher takes it: the
 // schedule has let this one in as of its arrival, and a dispatcher a few ms
 // late on a busy machine must not refuse it while the queue has room.
-// Paused or behind a ceiling, due jobs wait on: all of them count. Jobs not
+// Paused, behind a ceiling or under a cap, due jobs wait on: all of them
+// count. Jobs not
 // yet in the schedule always count (a batch's burst is counted whole).
 func countedAtArrival(q Queue, c Call, paused bool, depth int) int {
-	if paused || c.Ceiling != nil {
+	if paused || c.Ceiling != nil || c.Capped {
 		return depth
 	}
 	q.Waiting(func(slot time.Time, scheduled bool) {

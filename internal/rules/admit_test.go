@@ -15,6 +15,7 @@ const ms = time.Millisecond
 // not yet durable (deciding), and handed over.
 type slots struct {
 	scheduled, deciding, handed []time.Time
+	booked                      int // jobs booked for their not_before
 }
 
 func (q *slots) Depth() int { return len(q.scheduled) + len(q.deciding) }
@@ -27,6 +28,8 @@ func (q *slots) Waiting(yield func(time.Time, bool)) {
 		yield(s, false)
 	}
 }
+
+func (q *slots) Scheduled() int { return q.booked }
 
 func (q *slots) HandedOver(yield func(time.Time)) {
 	for _, s := range q.handed {
@@ -127,7 +130,7 @@ func TestRefusalCountsTheLag(t *testing.T) {
 // A job in the schedule due by the arrival leaves the count as the
 // dispatcher takes it: a dispatcher a little late must not refuse a job
 // while the queue has room. A job not yet durable counts whole, and so
-// does every job while paused.
+// does every job while paused or under a cap.
 func TestDueJobsLeaveTheCount(t *testing.T) {
 	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 1}
 	for _, tc := range []struct {
@@ -140,10 +143,12 @@ func TestDueJobsLeaveTheCount(t *testing.T) {
 		{"due, not yet durable", slots{deciding: []time.Time{t0.Add(-10 * ms), t0.Add(50 * ms)}}, Record{TAT: t0.Add(100 * ms)}, Refused},
 		{"due while paused", slots{scheduled: []time.Time{t0.Add(-10 * ms), t0.Add(50 * ms)}},
 			Record{TAT: t0.Add(100 * ms), Pause: leaky.Pause{Until: t0.Add(time.Second), Shift: time.Second}}, Refused},
+		// A cap on attempts in flight may hold a due job past its slot.
+		{"due under a cap", slots{scheduled: []time.Time{t0.Add(-10 * ms), t0.Add(50 * ms)}}, Record{TAT: t0.Add(100 * ms)}, Refused},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := tc.rec
-			if d := Admit(&rec, &tc.q, Call{Now: t0, Arrival: t0, Policy: p}); d.Verdict != tc.want {
+			if d := Admit(&rec, &tc.q, Call{Now: t0, Arrival: t0, Policy: p, Capped: tc.name == "due under a cap"}); d.Verdict != tc.want {
 				t.Fatalf("%+v, want %v", d, tc.want)
 			}
 		})

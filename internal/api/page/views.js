@@ -104,7 +104,7 @@ function renderTenants(list, hist, note) {
     const tr = el("tr", { className: full ? "full" : "", dataset: { tenant: t.tenant, selected: t.tenant === state.selected ? "1" : "" } },
       el("td", { className: "tenant" }, name),
       el("td", { className: "depth", title: "capacity " + t.capacity, dataset: { depth: String(t.queue_depth) } },
-        spark(h && zip(h.t, h.depth), full ? "#b3261e" : "#1f6feb", ""), fmtNum(t.queue_depth)),
+        spark(h && zip(h.t, h.depth), full ? "#b3261e" : "#1f6feb", ""), fmtNum(t.queue_depth), scheduledNote(t)),
       el("td", { className: "delay", title: "limited by " + limitText(t), dataset: { ms: String(t.expected_delay_ms), limitedBy: t.limited_by || "" } },
         spark(h && zip(h.t, h.expected_delay_ms), "#8250df", "wide"), fmtDelay(t.expected_delay_ms)),
       el("td", { className: "rate-now", dataset: { perSec: perSec == null ? "" : perSec.toFixed(3) } },
@@ -115,6 +115,15 @@ function renderTenants(list, hist, note) {
     tr.addEventListener("click", () => selectTenant(t.tenant));
     rows.append(tr);
   }
+}
+
+// scheduledNote shows a tenant's jobs booked for a later not_before, when
+// it has any: they wait outside its queue, counted in neither its depth
+// nor its capacity.
+function scheduledNote(t) {
+  if (!t.scheduled) return null;
+  return el("span", { className: "sched", title: "jobs booked for a later not_before, not counted in the depth (at most " + fmtNum(t.max_scheduled) + ")",
+    dataset: { scheduled: String(t.scheduled) } }, " +" + fmtNum(t.scheduled) + " scheduled");
 }
 
 function renderDetail(t, h, failed, who, err, policy) {
@@ -129,6 +138,7 @@ function renderDetail(t, h, failed, who, err, policy) {
   $("detailTitle").replaceChildren("Tenant " + t.tenant, state1 ? el("span", { className: "badge warn", id: "holdState" }, state1) : el("span", { id: "holdState", className: "badge ok" }, "sending"));
   const kids = [el("div", { className: "kv" }, t.mode + " · rate " + fmtRate(t.rate_per_second) + " · burst " + t.burst + " · capacity " + t.capacity +
     " · downstream " + t.downstream + " · in flight " + t.in_flight + (t.max_in_flight ? " of at most " + t.max_in_flight : "") +
+    (t.scheduled ? " · scheduled " + fmtNum(t.scheduled) + " of at most " + fmtNum(t.max_scheduled) + " (outside the queue)" : "") +
     " · limited by " + limitText(t))];
   if (policy) kids.push(policyLine(policy));
   if (who && who.can_hold) {
@@ -216,7 +226,8 @@ function renderLookup(j, who, err) {
   const row = (k, v) => [el("dt", {}, k), el("dd", {}, v == null || v === "" ? "–" : v)];
   const tenant = el("button", { className: "link", type: "button", textContent: j.tenant, on: { click: () => selectTenant(j.tenant) } });
   const dl = el("dl", {}, ...row("id", j.id), ...row("tenant", tenant), ...row("state", el("span", { className: "badge " + (j.state === "failed" ? "bad" : j.state === "succeeded" ? "ok" : ""), id: "lookupState" }, j.state)),
-    ...row("attempts", String(j.attempts)), ...row("enqueued", fmtWhen(j.enqueued_at)), ...row("dispatch at", fmtWhen(j.dispatch_at)),
+    ...row("attempts", String(j.attempts)), ...row("enqueued", fmtWhen(j.enqueued_at)),
+    ...(j.not_before ? row("not before", fmtWhen(j.not_before)) : []), ...row(j.state === "scheduled" ? "booked for" : "dispatch at", fmtWhen(j.dispatch_at)),
     ...row("finished", fmtWhen(j.finished_at)), ...row("request", requestView(j.request)),
     ...row("response", j.response ? responseView(j.response) : j.response_status ? String(j.response_status) : null), ...row("last error", j.last_error),
     ...row("callback", callbackView(j.callback)));

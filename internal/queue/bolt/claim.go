@@ -71,7 +71,7 @@ func (s *Store) claimDue(horizon time.Time, limit int) ([]queue.Job, []dueEntry,
 		}
 		return nil, expired, time.Time{}, queue.Unavailable(err)
 	}
-	s.handOver(claimed, gone)
+	s.handOver(claimed, gone, p.chosen)
 	return claimed, expired, p.next, nil
 }
 
@@ -228,13 +228,23 @@ func (s *Store) readChosen(chosen []dueEntry) (claimed, gone []queue.Job, err er
 	return claimed, gone, err
 }
 
-// handOver marks jobs handed to the dispatcher (s.mu held).
-func (s *Store) handOver(claimed, gone []queue.Job) {
+// handOver marks jobs handed to the dispatcher (s.mu held); chosen are
+// their schedule entries, which say what each was counted in.
+func (s *Store) handOver(claimed, gone []queue.Job, chosen []dueEntry) {
+	var scheduled map[string]bool
+	for _, e := range chosen {
+		if e.scheduled {
+			if scheduled == nil {
+				scheduled = map[string]bool{}
+			}
+			scheduled[e.id] = true
+		}
+	}
 	for _, j := range gone {
 		s.unclaim(j.ID)
 		s.giveBackCeiling(j)
 		if tm, ok := s.tenants[j.Tenant]; ok {
-			tm.depth--
+			tm.leave(scheduled[j.ID])
 		}
 	}
 	now := s.clock.Now()
@@ -242,7 +252,7 @@ func (s *Store) handOver(claimed, gone []queue.Job) {
 		s.claims[j.ID] = j
 		s.handedAt[j.ID] = now
 		if tm, ok := s.tenants[j.Tenant]; ok {
-			tm.depth--
+			tm.leave(scheduled[j.ID])
 			tm.inFlight++
 		}
 	}
@@ -257,8 +267,9 @@ func (s *Store) expire(entries []dueEntry) {
 	}
 	now := s.clock.Now()
 	var done []queue.Job
+	var wasScheduled []bool
 	err := s.commit(func(tx *bbolt.Tx) error {
-		done = done[:0]
+		done, wasScheduled = done[:0], wasScheduled[:0]
 		for _, e := range entries {
 			j, ok, err := getJob(tx, e.id, false)
 			if err != nil {
@@ -270,6 +281,7 @@ func (s *Store) expire(entries []dueEntry) {
 			if err := delWaiting(tx, j.ID); err != nil {
 				return err
 			}
+			wasScheduled = append(wasScheduled, j.State == queue.StateScheduled)
 			j.State, j.FinishedAt = queue.StateExpired, now
 			j.LastError = cmp.Or(j.LastError, "expired: its deadline passed before it could be sent")
 			if err := putJob(tx, j); err != nil {
@@ -294,9 +306,9 @@ func (s *Store) expire(entries []dueEntry) {
 		}
 		return
 	}
-	for _, j := range done {
+	for i, j := range done {
 		if tm, ok := s.tenants[j.Tenant]; ok {
-			tm.depth--
+			tm.leave(wasScheduled[i])
 			tm.rec.CountEnd(queue.StateExpired)
 			tm.rec.Unbook(j.ID) // never sent: nothing to place around
 			tm.dirty = true

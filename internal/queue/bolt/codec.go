@@ -42,6 +42,7 @@ const (
 	jobRecordV2 = 2
 	jobRecordV3 = 3
 	jobRecordV4 = 4
+	jobRecordV5 = 5 // with NotBefore
 )
 
 // inlinePayload is the largest payload kept in the job's record: an
@@ -52,7 +53,7 @@ var errBadRecord = errors.New("job record: truncated or of an unknown version")
 
 // jobStates numbers the states in a record (a byte instead of the name).
 var jobStates = []queue.JobState{"", queue.StateQueued, queue.StateDispatching, queue.StateRetrying,
-	queue.StateSucceeded, queue.StateFailed, queue.StateCancelled, queue.StateExpired}
+	queue.StateSucceeded, queue.StateFailed, queue.StateCancelled, queue.StateExpired, queue.StateScheduled}
 
 func stateCode(st queue.JobState) (byte, bool) {
 	for i, s := range jobStates {
@@ -67,7 +68,7 @@ func stateCode(st queue.JobState) (byte, bool) {
 // payload inline (nil: none there; it is in bucketPayloads).
 func encodeJob(b []byte, j queue.Job, payload []byte) []byte {
 	code, ok := stateCode(j.State)
-	b = append(b, jobRecordV4, code)
+	b = append(b, jobRecordV5, code)
 	b = appendString(b, j.Tenant)
 	if !ok {
 		b = appendString(b, string(j.State)) // never written today; kept readable
@@ -96,6 +97,7 @@ func encodeJob(b []byte, j queue.Job, payload []byte) []byte {
 	b = appendRequest(b, j.Request)
 	b = appendString(b, j.Type)
 	b = appendCallback(b, j.Callback)
+	b = appendTime(b, j.NotBefore)
 	if payload == nil {
 		return append(b, 0)
 	}
@@ -114,7 +116,7 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 	}
 	d := decoder{b: raw}
 	version := d.byte()
-	if version < jobRecordV1 || version > jobRecordV4 {
+	if version < jobRecordV1 || version > jobRecordV5 {
 		return j, nil, errBadRecord
 	}
 	code := d.byte()
@@ -152,6 +154,9 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 		if j.Callback, err = decodeCallback(d.bytes()); err != nil {
 			return queue.Job{}, nil, err
 		}
+	}
+	if version >= jobRecordV5 {
+		j.NotBefore = d.time()
 	}
 	if d.byte() == 1 {
 		inline = d.bytes()

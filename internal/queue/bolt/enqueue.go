@@ -115,8 +115,13 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 		}
 	}
 	cost := max(nj.Cost, 1)
-	d := s.admit(c, cost, nj.Deadline, false)
+	id := queue.NewID(c.now)
+	d := s.admit(c, cost, nj.Deadline, false, nj.NotBefore, id)
 	switch d.Verdict {
+	case rules.ScheduleFull:
+		tm.dirty = true
+		c.out[i] = queue.Admission{Rejected: queue.ScheduleFull(c.tenant, tm.scheduled, p.MaxScheduled), QueueDepth: tm.depth, Capacity: p.Capacity, AsOf: c.asOf}
+		return nil
 	case rules.Refused:
 		tm.dirty = true
 		c.out[i] = queue.Admission{Rejected: queue.Rejection(c.tenant, p, d.RetryAfter, tm.depth), QueueDepth: tm.depth, Capacity: p.Capacity, AsOf: c.asOf}
@@ -126,18 +131,26 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 		c.out[i] = queue.Admission{Impossible: &queue.ImpossibleError{Tenant: c.tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: d.Delay, Deadline: nj.Deadline}, QueueDepth: tm.depth, Capacity: p.Capacity}
 		return nil
 	}
-	tm.depth++
 	j := queue.Job{
-		ID: queue.NewID(c.now), Tenant: c.tenant, State: queue.StateQueued, Payload: nj.Payload,
+		ID: id, Tenant: c.tenant, State: queue.StateQueued, Payload: nj.Payload,
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: c.now, DispatchAt: d.DispatchAt, Slot: d.Slot,
-		AdmitDelay: d.Delay, AdmitDepth: tm.depth, Prompt: d.Prompt,
+		AdmitDelay: d.Delay, Prompt: d.Prompt,
 		Deadline: nj.Deadline, Request: nj.Request, Type: nj.Type, Callback: nj.Callback,
 	}
+	if d.Scheduled {
+		tm.scheduled++
+		j.State, j.NotBefore = queue.StateScheduled, nj.NotBefore
+	} else {
+		tm.depth++
+	}
+	j.AdmitDepth = tm.depth
 	if cost > 1 {
 		j.Cost = cost
 	}
 	c.admitted = append(c.admitted, j)
-	tm.unsettled = append(tm.unsettled, j.Slot)
+	if !d.Scheduled {
+		tm.unsettled = append(tm.unsettled, j.Slot)
+	}
 	c.out[i] = queue.Admission{Job: j, ExpectedDelay: j.AdmitDelay, QueueDepth: tm.depth, Capacity: p.Capacity, AsOf: c.asOf}
 	if nj.IdempotencyKey != "" {
 		k := string(idemKey(c.tenant, nj.IdempotencyKey))
@@ -152,7 +165,9 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 // the schedule is safe, a second job in one slot is not.
 func (s *Store) undoAdmitted(c *call) {
 	c.settled()
-	c.tm.depth -= len(c.admitted)
+	for _, j := range c.admitted {
+		c.tm.leave(j.State == queue.StateScheduled)
+	}
 	c.tm.rec.Accepted -= int64(len(c.admitted))
 	c.tm.dirty = true
 	s.releaseKeys(c.keys)
@@ -162,6 +177,9 @@ func (s *Store) undoAdmitted(c *call) {
 // slots (s.mu held): they join the schedule, or are taken back.
 func (c *call) settled() {
 	for _, j := range c.admitted {
+		if j.State == queue.StateScheduled {
+			continue // not among them
+		}
 		if i := slices.IndexFunc(c.tm.unsettled, j.Slot.Equal); i >= 0 {
 			c.tm.unsettled = slices.Delete(c.tm.unsettled, i, i+1)
 		}
@@ -236,10 +254,11 @@ func (s *Store) settle(c *call, commitErr error) error {
 
 // admit decides one job of cost for the call's tenant (s.mu held) by
 // rules.Admit, and keeps an admission in the tenant's record.
-func (s *Store) admit(c *call, cost int, deadline time.Time, resend bool) rules.Decision {
+// notBefore and id: see rules.Call (zero and "" for a job sent again).
+func (s *Store) admit(c *call, cost int, deadline time.Time, resend bool, notBefore time.Time, id string) rules.Decision {
 	return rules.Admit(&c.tm.rec, tenantQueue{s, c.tenant, c.tm}, rules.Call{
 		Now: c.now, Arrival: c.arrival, Policy: c.policy, Ceiling: c.ceiling,
-		Cost: cost, Deadline: deadline, Resend: resend,
+		Cost: cost, Deadline: deadline, Resend: resend, NotBefore: notBefore, Job: id, Capped: s.caps(c.tenant).Capped(),
 	})
 }
 
@@ -251,6 +270,8 @@ type tenantQueue struct {
 }
 
 func (q tenantQueue) Depth() int { return q.tm.depth }
+
+func (q tenantQueue) Scheduled() int { return q.tm.scheduled }
 
 // Waiting walks the schedule, then the jobs of calls not yet committed.
 // O(jobs of the tenant waiting): asked for every admission of a tenant

@@ -80,6 +80,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 	s.mu.Unlock()
 
 	var j queue.Job
+	var wasScheduled bool
 	err := s.commit(func(tx *bbolt.Tx) error {
 		var found bool
 		var err error
@@ -96,6 +97,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 		if err := delWaiting(tx, j.ID); err != nil {
 			return err
 		}
+		wasScheduled = j.State == queue.StateScheduled
 		j.State = queue.StateCancelled
 		j.FinishedAt = s.clock.Now()
 		if err := putJob(tx, j); err != nil {
@@ -109,7 +111,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 	s.mu.Lock()
 	if err == nil {
 		if tm, ok := s.tenants[j.Tenant]; ok {
-			tm.depth--
+			tm.leave(wasScheduled)
 			tm.rec.CountEnd(queue.StateCancelled)
 			tm.dirty = true
 			// The last job of the schedule gives its place back, so that
@@ -159,7 +161,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 		s.mu.Unlock()
 		return queue.CostTooLarge(c.tenant, cost, most, c.policy.Capacity), nil
 	}
-	d := s.admit(c, failed.EffectiveCost(), failed.Deadline, true)
+	d := s.admit(c, failed.EffectiveCost(), failed.Deadline, true, time.Time{}, "")
 	switch d.Verdict {
 	case rules.Refused:
 		tm.dirty = true
@@ -173,7 +175,8 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	tm.depth++
 	tm.pending++
 	j := failed
-	j.State, j.Attempts, j.Failures, j.FinishedAt = queue.StateQueued, 0, 0, time.Time{}
+	// Sent again as an ordinary job: its not_before, if it had one, is spent.
+	j.State, j.Attempts, j.Failures, j.FinishedAt, j.NotBefore = queue.StateQueued, 0, 0, time.Time{}, time.Time{}
 	j.Slot, j.DispatchAt = d.Slot, d.DispatchAt
 	j.Prompt = d.Prompt
 	s.claims[id] = queue.Job{ID: id, Tenant: j.Tenant} // held until durable: no second retry, no dispatch

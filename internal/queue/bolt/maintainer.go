@@ -84,7 +84,7 @@ func (s *Store) evictIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for name, tm := range s.tenants {
-		if tm.depth == 0 && tm.inFlight == 0 && tm.pending == 0 && !tm.dirty && tm.rec.Quiet(now) {
+		if tm.depth == 0 && tm.scheduled == 0 && tm.inFlight == 0 && tm.pending == 0 && !tm.dirty && tm.rec.Quiet(now) {
 			delete(s.tenants, name)
 		}
 	}

@@ -79,7 +79,7 @@ func modelDriver(known queuetest.Defect) queuetest.ModelDriver {
 }
 
 func openModelStore(path string, c queuetest.Config) (queue.Store, error) {
-	return Open(path, Options{Clock: c.Clock, Policy: c.Policy, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	return Open(path, Options{Clock: c.Clock, Policy: c.Policy, Caps: c.Caps, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 }
 
 // TestModel: CI size; a soak with THROTTLER_MODEL_SEEDS; two short seeds

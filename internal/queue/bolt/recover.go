@@ -60,7 +60,13 @@ func (s *Store) respace(tx *bbolt.Tx, now, sentBy time.Time, clean bool) error {
 		if err != nil {
 			return err
 		}
-		tm.depth += len(byTenant[name])
+		for _, w := range byTenant[name] {
+			if w.job.State == queue.StateScheduled {
+				tm.scheduled++
+			} else {
+				tm.depth++
+			}
+		}
 		moved += respaceTenant(tm, byTenant[name], s.policy(name), now, sentBy, clean)
 	}
 	for _, name := range tenants {

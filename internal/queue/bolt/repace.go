@@ -29,7 +29,11 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 	}
 	p, now := s.policy(tenant), s.clock.Now()
 	var entries []dueEntry
-	s.sched.tenantEntries(tenant, func(e dueEntry) { entries = append(entries, e) })
+	s.sched.tenantEntries(tenant, func(e dueEntry) {
+		if !e.scheduled { // booked for its not_before: it stays there, as on Redis
+			entries = append(entries, e)
+		}
+	})
 	slices.SortFunc(entries, func(a, b dueEntry) int { return cmp.Or(a.slot.Compare(b.slot), cmp.Compare(a.id, b.id)) })
 	var after time.Time // the jobs handed over keep their places
 	for _, j := range s.claims {

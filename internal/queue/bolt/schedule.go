@@ -42,6 +42,9 @@ type dueEntry struct {
 	deadline time.Time // zero: none
 	cost     int
 	held     bool // handed over later than its time, for a downstream's ceiling
+	// scheduled: booked at its not_before (queue.StateScheduled), counted
+	// in its tenant's scheduled jobs, not in its depth.
+	scheduled bool
 }
 
 // wakeBy is when the dispatcher must look at e, as a slot (it wakes a lead
@@ -56,7 +59,7 @@ func (e dueEntry) wakeBy() time.Time {
 
 // entryOf is a waiting job's schedule entry at real time at.
 func entryOf(j queue.Job, at time.Time) dueEntry {
-	return dueEntry{at: at, slot: j.EffectiveSlot(), id: j.ID, tenant: j.Tenant, deadline: j.Deadline, cost: j.EffectiveCost()}
+	return dueEntry{at: at, slot: j.EffectiveSlot(), id: j.ID, tenant: j.Tenant, deadline: j.Deadline, cost: j.EffectiveCost(), scheduled: j.State == queue.StateScheduled}
 }
 
 // jobKey is a job id in its 16 bytes (ids are base32, queue.NewID).
@@ -79,12 +82,13 @@ func (k jobKey) String() string { return idEncoding.EncodeToString(k[:]) }
 // slimEntry is how the schedule keeps an entry: times in Unix nanoseconds
 // (clock.Never and every slot within the horizon fit), the tenant by number.
 type slimEntry struct {
-	at, slot int64
-	deadline int64 // noDeadline: none
-	id       jobKey
-	tenant   uint32
-	cost     int32
-	held     bool
+	at, slot  int64
+	deadline  int64 // noDeadline: none
+	id        jobKey
+	tenant    uint32
+	cost      int32
+	held      bool
+	scheduled bool
 }
 
 const noDeadline = math.MinInt64
@@ -140,7 +144,7 @@ func (tn *tenantNames) unref(n uint32) {
 }
 
 func (sc *schedule) fat(e slimEntry) dueEntry {
-	d := dueEntry{at: fromNanos(e.at), slot: fromNanos(e.slot), id: e.id.String(), tenant: sc.names.names[e.tenant], cost: int(e.cost), held: e.held}
+	d := dueEntry{at: fromNanos(e.at), slot: fromNanos(e.slot), id: e.id.String(), tenant: sc.names.names[e.tenant], cost: int(e.cost), held: e.held, scheduled: e.scheduled}
 	if e.deadline != noDeadline {
 		d.deadline = fromNanos(e.deadline)
 	}
@@ -216,7 +220,7 @@ func (sc *schedule) add(e dueEntry) {
 	if old, ok := sc.waiting[k]; ok {
 		sc.names.unref(old.tenant) // replaced: counted once
 	}
-	se := slimEntry{at: nanos(e.at), slot: nanos(e.slot), deadline: noDeadline, id: k, tenant: sc.names.ref(e.tenant), cost: int32(min(e.cost, math.MaxInt32)), held: e.held}
+	se := slimEntry{at: nanos(e.at), slot: nanos(e.slot), deadline: noDeadline, id: k, tenant: sc.names.ref(e.tenant), cost: int32(min(e.cost, math.MaxInt32)), held: e.held, scheduled: e.scheduled}
 	if !e.deadline.IsZero() {
 		se.deadline = nanos(e.deadline)
 	}
@@ -367,14 +371,17 @@ func (sc *schedule) shrink() {
 	sc.peak = len(sc.waiting)
 }
 
-// tenantSlots calls f with the slot of each of a tenant's waiting jobs.
+// tenantSlots calls f with the slot of each of a tenant's waiting jobs
+// in its depth (not those booked for their not_before).
 func (sc *schedule) tenantSlots(tenant string, f func(slot time.Time)) {
 	n, ok := sc.names.byName[tenant]
 	if !ok {
 		return
 	}
 	for k := range sc.byTenant[n] {
-		f(fromNanos(sc.waiting[k].slot))
+		if e := sc.waiting[k]; !e.scheduled {
+			f(fromNanos(e.slot))
+		}
 	}
 }
 

@@ -15,9 +15,11 @@ import (
 )
 
 type tenantMem struct {
-	rec      rules.Record
-	depth    int
-	inFlight int
+	rec   rules.Record
+	depth int
+	// scheduled counts the jobs booked for their not_before (not in depth).
+	scheduled int
+	inFlight  int
 	// pending counts Enqueue calls holding this tenant between decision and
 	// commit: the tenant must not be evicted meanwhile.
 	pending int
@@ -28,6 +30,16 @@ type tenantMem struct {
 	// its admissions were decided from: the next ones are no earlier.
 	arrived time.Time
 	dirty   bool
+}
+
+// leave counts one of the tenant's waiting jobs out: of its scheduled
+// jobs, or of its depth.
+func (tm *tenantMem) leave(scheduled bool) {
+	if scheduled {
+		tm.scheduled--
+	} else {
+		tm.depth--
+	}
 }
 
 // loadTenantTx returns the in-memory tenant, reading it from tx if needed.
@@ -186,6 +198,7 @@ func (s *Store) status(name string, tm *tenantMem, now time.Time) queue.TenantSt
 	return queue.TenantStatus{
 		Tenant:        name,
 		QueueDepth:    tm.depth,
+		Scheduled:     tm.scheduled,
 		InFlight:      tm.inFlight,
 		ExpectedDelay: rules.ExpectedDelay(tm.rec, now, s.policy(name), ceiling, tm.depth, time.Time{}),
 		LimitedBy:     rules.LimitOf(tm.rec, now, s.policy(name), ceiling, tm.depth),
@@ -207,7 +220,7 @@ func (s *Store) Tenants(ctx context.Context, offset, limit int) ([]queue.TenantS
 	s.mu.Lock()
 	var all []queue.TenantStatus
 	for name, tm := range s.tenants {
-		if tm.depth > 0 || tm.inFlight > 0 {
+		if tm.depth > 0 || tm.inFlight > 0 || tm.scheduled > 0 {
 			all = append(all, s.status(name, tm, now))
 		}
 	}

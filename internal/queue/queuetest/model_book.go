@@ -6,8 +6,9 @@ import (
 )
 
 // The model's side of the retries booked past their place in the schedule
-// (queue.TenantRecord.Booked), and of the dispatcher's gate, which may hold
-// a send past its slot (mjob.latest).
+// (queue.TenantRecord.Booked), of the jobs booked for their not_before
+// (decideScheduled), and of the dispatcher's gate, which may hold a send
+// past its slot (mjob.latest).
 
 type mbooking struct {
 	slot time.Time
@@ -127,4 +128,55 @@ func (tn *mtenant) gateTAT() time.Time {
 		tat = laterOf(tat, tn.writes[i]).Add(tn.writeSteps[i])
 	}
 	return tat
+}
+
+// queued are tn's waiting jobs in its depth: all but those booked for
+// their not_before and not attempted yet.
+func (tn *mtenant) queued() []*mjob {
+	var out []*mjob
+	for _, j := range tn.jobs {
+		if j.state == msWaiting && !j.scheduled {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// scheduledJobs are tn's jobs booked for their not_before, not attempted.
+func (tn *mtenant) scheduledJobs() []*mjob {
+	var out []*mjob
+	for _, j := range tn.jobs {
+		if j.state == msWaiting && j.scheduled {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// decideScheduled decides a job with a not_before (real time) for tn at
+// now: past the job's place in the queue, it is booked at the first slot
+// at or after it clear of the other bookings and within the windows; the
+// schedule's end stays. ok false: its place comes later, an ordinary job.
+func (m *model) decideScheduled(tn *mtenant, now time.Time, cost int, deadline, notBefore time.Time) (d mdecision, ok bool) {
+	cost = max(cost, 1)
+	if mc := tn.maxCost(); cost > mc {
+		return mdecision{kind: mCostTooLarge, maxCost: mc}, true
+	}
+	tt := tn.pz.tenantTime(now)
+	tat, _ := tn.absorbed(tt, cost, m.known)
+	nb := tn.pz.resume(now).tenantTime(notBefore) // held: as if resumed now
+	if !nb.After(laterOf(tt, tat.Add(-tn.tau()))) {
+		return mdecision{}, false
+	}
+	// With windows, the earliest slot the store may give: its window rule
+	// may place it later (DefectWindowFuture), never sooner.
+	slot := tn.clearOfBookings(tn.earliestWindow(nb, cost), cost)
+	d = mdecision{kind: mAdmitted, slot: slot, delay: tn.pz.told(slot, now).Sub(now), exact: len(tn.wins) == 0, scheduled: true}
+	switch {
+	case !deadline.IsZero() && now.Add(d.delay).After(deadline):
+		return mdecision{kind: mWouldExpire, delay: d.delay, exact: d.exact}, true
+	case tn.pol.MaxScheduled > 0 && len(tn.scheduledJobs()) >= tn.pol.MaxScheduled:
+		return mdecision{kind: mScheduleFull}, true
+	}
+	return d, true
 }

@@ -24,6 +24,9 @@ func (r *runner) stateString(tn *mtenant, now time.Time) string {
 func storeState(j *mjob) queue.JobState {
 	switch j.state {
 	case msWaiting:
+		if j.scheduled {
+			return queue.StateScheduled
+		}
 		if j.attempts == 0 {
 			return queue.StateQueued
 		}
@@ -66,9 +69,13 @@ func (r *runner) awaitExpiries() {
 // Redis store's claim then counts it in flight, not waiting, and whether
 // its owner has claimed it yet when a depth is read is a race with real
 // time). Depths are checked within it; the sum with in_flight exactly.
-func (tn *mtenant) claimable(now time.Time) int {
+func (tn *mtenant) claimable(now time.Time) int { return claimableOf(tn.queued(), now) }
+
+// claimableOf is claimable among jobs (waiting jobs of one tenant).
+func claimableOf(jobs []*mjob, now time.Time) int {
 	n := 0
-	for _, j := range tn.waiting() {
+	for _, j := range jobs {
+		tn := j.tn
 		if due, ok := tn.pz.real(j.slot); ok && !due.After(now.Add(modelLead)) {
 			n++
 		}
@@ -94,7 +101,8 @@ func (r *runner) checkAll() {
 			r.failf("tenant", "Tenant(%s): %v", name, err)
 			return
 		}
-		depth, inflight := len(tn.waiting()), tn.count(msInFlight)
+		depth, inflight := len(tn.queued()), tn.count(msInFlight)
+		sched := tn.scheduledJobs()
 		tt := tn.pz.tenantTime(now)
 		tat, _ := tn.absorbed(tt, 1, r.m.known) // as a job admitted now would be placed
 		s0 := laterOf(tt, tat.Add(-tn.tau()))
@@ -110,9 +118,11 @@ func (r *runner) checkAll() {
 		switch {
 		case st.QueueDepth > depth || st.QueueDepth < depth-ahead:
 			r.failf("depth", "tenant %s: queue_depth %d, want %d (%d of them claimable ahead); its jobs (model, store): %s", name, st.QueueDepth, depth, ahead, r.jobStates(tn))
-		case st.InFlight+st.QueueDepth != inflight+depth:
-			r.failf("in flight", "tenant %s: in_flight %d and queue_depth %d, want %d and %d (a job claimed ahead may count in either)", name, st.InFlight, st.QueueDepth, inflight, depth)
-		case len(tn.wins) == 0 && st.ExpectedDelay != delay, len(tn.wins) > 0 && st.ExpectedDelay < delay:
+		case st.Scheduled > len(sched) || st.Scheduled < len(sched)-claimableOf(sched, now):
+			r.failf("scheduled", "tenant %s: scheduled %d, want %d (%d of them claimable ahead); its jobs (model, store): %s", name, st.Scheduled, len(sched), claimableOf(sched, now), r.jobStates(tn))
+		case st.InFlight+st.QueueDepth+st.Scheduled != inflight+depth+len(sched):
+			r.failf("in flight", "tenant %s: in_flight %d, queue_depth %d and scheduled %d, want %d, %d and %d (a job claimed ahead may count in either)", name, st.InFlight, st.QueueDepth, st.Scheduled, inflight, depth, len(sched))
+		case len(tn.wins) == 0 && !tn.capped && st.ExpectedDelay != delay, (len(tn.wins) > 0 || tn.capped) && st.ExpectedDelay < delay:
 			r.failf("expected delay", "tenant %s: expected_delay %v, want %v", name, st.ExpectedDelay, delay)
 		case st.Held != !tn.pz.held.IsZero() || st.Paused != tn.pz.paused(now) || !st.PausedUntil.Equal(until):
 			r.failf("pause", "tenant %s: paused %v held %v until %v, want %v %v %v", name, st.Paused, st.Held, st.PausedUntil, tn.pz.paused(now), !tn.pz.held.IsZero(), until)

@@ -363,6 +363,9 @@ func (m *model) crash(durable bool) {
 				j.state = msWaiting
 				j.possiblySent = true
 				j.answerAt = time.Time{}
+				// Its first attempt, unrecorded, is not counted: one booked
+				// for its not_before is that again.
+				j.scheduled = !j.notBefore.IsZero() && j.attempts == 0
 			}
 			if j.state == msWaiting {
 				j.disturbed = true

@@ -62,6 +62,9 @@ type JobSpec struct {
 	// Deadline is relative to the time of the enqueue (0: none; negative:
 	// already past).
 	Deadline time.Duration
+	// NotBefore is relative to the time of the enqueue (0: none): the job
+	// is not sent before then (booked there, past its place in the queue).
+	NotBefore time.Duration
 }
 
 // AnswerKind is how the downstream answers a write.
@@ -96,6 +99,10 @@ type PolicySpec struct {
 	Burst    int
 	Capacity int
 	Windows  []WindowSpec
+	// MaxScheduled bounds the jobs booked for their not_before (0: none).
+	MaxScheduled int
+	// MaxInFlight caps the tenant's attempts in flight (0: none).
+	MaxInFlight int
 }
 
 // WindowSpec is a window of a PolicySpec: at most N sends in any Length.
@@ -125,14 +132,15 @@ var defaultModelPolicy = PolicySpec{Interval: 100 * time.Millisecond, Burst: 1, 
 var modelPolicies = []PolicySpec{
 	{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 3},
 	{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 0},
-	{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 2},
+	{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 2, MaxScheduled: 2},
 	{Interval: 150 * time.Millisecond, Burst: 1, Capacity: 4},
-	{Interval: 50 * time.Millisecond, Burst: 3, Capacity: 0},
+	{Interval: 50 * time.Millisecond, Burst: 3, Capacity: 0, MaxInFlight: 1},
 	{Interval: 100 * time.Millisecond, Burst: 2, Capacity: 0},
-	{Interval: 100 * time.Millisecond, Burst: 2, Capacity: 2},
+	{Interval: 100 * time.Millisecond, Burst: 2, Capacity: 2, MaxInFlight: 2},
 	{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 3, Windows: []WindowSpec{{N: 3, Length: time.Second}}},
-	{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 2, Windows: []WindowSpec{{N: 2, Length: 500 * time.Millisecond}}},
+	{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 2, Windows: []WindowSpec{{N: 2, Length: 500 * time.Millisecond}}, MaxScheduled: 3},
 	{Interval: 50 * time.Millisecond, Burst: 2, Capacity: 0, Windows: []WindowSpec{{N: 3, Length: time.Second}}},
+	{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 4, MaxInFlight: 1},
 }
 
 // GenerateOps is the deterministic random sequence of seed: steps ops,
@@ -222,21 +230,26 @@ func genJob(r *rand.Rand, p PolicySpec) JobSpec {
 	case x < 4:
 		j.Deadline = -modelDeadlineOff - time.Duration(r.IntN(3))*modelGrid
 	}
+	if r.IntN(5) == 0 {
+		j.NotBefore = time.Duration(1+r.IntN(30)) * modelGrid
+	}
 	return j
 }
 
 func genAnswer(r *rand.Rand) Answer {
-	switch x := r.IntN(10); {
-	case x < 4:
+	// Timeouts hold their attempts open: a fifth of the answers, so that
+	// caps on attempts in flight bind.
+	switch x := r.IntN(20); {
+	case x < 7:
 		return Answer{Kind: AnswerOK}
-	case x < 6:
+	case x < 11:
 		return Answer{Kind: AnswerPushback, N: 1 + r.IntN(4)}
-	case x < 8:
+	case x < 14:
 		return Answer{Kind: AnswerRetry, Backoff: time.Duration(1+r.IntN(8)) * modelGrid}
-	case x < 9:
+	case x < 16:
 		return Answer{Kind: AnswerPermanent}
 	default:
-		return Answer{Kind: AnswerTimeout, Timeout: time.Duration(1+r.IntN(3)) * modelGrid, Backoff: time.Duration(1+r.IntN(4)) * modelGrid}
+		return Answer{Kind: AnswerTimeout, Timeout: time.Duration(1+r.IntN(4)) * modelGrid, Backoff: time.Duration(1+r.IntN(4)) * modelGrid}
 	}
 }
 
@@ -262,6 +275,9 @@ func (o Op) GoString() string {
 			}
 			if j.Deadline != 0 {
 				f = append(f, "Deadline: "+goDuration(j.Deadline))
+			}
+			if j.NotBefore != 0 {
+				f = append(f, "NotBefore: "+goDuration(j.NotBefore))
 			}
 			b.WriteString("{" + strings.Join(f, ", ") + "}")
 		}
@@ -300,6 +316,12 @@ func (o Op) GoString() string {
 			}
 			b.WriteString("}")
 		}
+		if p.MaxScheduled != 0 {
+			fmt.Fprintf(&b, ", MaxScheduled: %d", p.MaxScheduled)
+		}
+		if p.MaxInFlight != 0 {
+			fmt.Fprintf(&b, ", MaxInFlight: %d", p.MaxInFlight)
+		}
 		b.WriteString("}")
 	}
 	b.WriteString("}")
@@ -321,6 +343,9 @@ func (o Op) String() string {
 			}
 			if j.Deadline != 0 {
 				s += fmt.Sprintf(" deadline %+v", j.Deadline)
+			}
+			if j.NotBefore != 0 {
+				s += fmt.Sprintf(" not before %+v", j.NotBefore)
 			}
 			js = append(js, s)
 		}

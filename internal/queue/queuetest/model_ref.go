@@ -89,63 +89,6 @@ func laterOf(a time.Time, bs ...time.Time) time.Time {
 	return a
 }
 
-func (p mpause) tenantTime(now time.Time) time.Time {
-	t := now
-	if !p.held.IsZero() && p.held.Before(t) {
-		t = p.held
-	}
-	return laterOf(t, p.until).Add(-p.shift)
-}
-
-// real is when tenant time reaches slot (false while held: never).
-func (p mpause) real(slot time.Time) (time.Time, bool) {
-	if !p.held.IsZero() {
-		return time.Time{}, false
-	}
-	return laterOf(p.until, slot.Add(p.shift)), true
-}
-
-func (p mpause) paused(now time.Time) bool { return !p.held.IsZero() || now.Before(p.until) }
-
-// pushback stops tenant time from min(now, from) until until.
-func (p mpause) pushback(now, until, from time.Time) mpause {
-	if !until.After(now) {
-		return p
-	}
-	frozen := p.tenantTime(now)
-	if !from.IsZero() && from.Before(frozen) {
-		frozen = from
-	}
-	p.until = laterOf(p.until, until)
-	p.shift = p.until.Sub(frozen)
-	return p
-}
-
-func (p mpause) hold(now time.Time) mpause {
-	if p.held.IsZero() {
-		p.held = now
-	}
-	return p
-}
-
-func (p mpause) resume(now time.Time) mpause {
-	if p.held.IsZero() {
-		return p
-	}
-	frozen := p.tenantTime(now)
-	p.held = time.Time{}
-	p.until = laterOf(p.until, now)
-	p.shift = p.until.Sub(frozen)
-	return p
-}
-
-// told is what people are told of slot at now: its real time, or for a held
-// tenant the time it would have if resumed now.
-func (p mpause) told(slot, now time.Time) time.Time {
-	at, _ := p.resume(now).real(slot)
-	return at
-}
-
 // mtag is the policy a slot was given under: the spacing and windows the
 // send is checked against (a reload does not move jobs already waiting:
 // they keep the spacing they were given; the dispatcher's gate re-paces
@@ -201,6 +144,11 @@ type mjob struct {
 	// disturbed: a pause or a crash came between the promise and the
 	// first attempt, so the promise no longer has to hold.
 	disturbed bool
+	// notBefore: it was booked for it (real time), past its place in the
+	// queue; scheduled: until its first attempt, it counts in its
+	// tenant's scheduled jobs, not in its depth.
+	notBefore time.Time
+	scheduled bool
 }
 
 type capChange struct {
@@ -236,6 +184,10 @@ type mtenant struct {
 	// booked: retries whose backoff ends past their place in the
 	// schedule, at their slots (queue.TenantRecord.Booked), soonest first
 	booked, persistedBooked []mbooking
+	// capped: a policy with max_in_flight has been in force: a write may
+	// come later than its slot, waiting for a place (when is the store's;
+	// the count of attempts open is checked, processCaps)
+	capped bool
 }
 
 // persist notes the tenant's schedule as written with its record.
@@ -310,6 +262,7 @@ func newModel(known Defect) *model {
 }
 
 func (m *model) reload(tn *mtenant, p PolicySpec, now time.Time) {
+	tn.capped = tn.capped || p.MaxInFlight > 0
 	// A faster rate allows the next send sooner: the writes so far are
 	// spaced by the faster of the two.
 	if n := len(tn.writes); n > 0 && p.Interval < tn.pol.Interval {
@@ -353,6 +306,7 @@ const (
 	mRejected
 	mCostTooLarge
 	mWouldExpire
+	mScheduleFull // booked for its not_before: max_scheduled of them are
 )
 
 type mdecision struct {
@@ -368,6 +322,8 @@ type mdecision struct {
 	raWhy   string
 	over    bool // more than capacity wait already
 	maxCost int
+	// scheduled: admitted, booked for its not_before at slot (exact)
+	scheduled bool
 }
 
 // decide admits or refuses a job of cost with deadline (zero: none) for tn
@@ -390,7 +346,7 @@ func (m *model) decideCost(tn *mtenant, now time.Time, cost int, deadline time.T
 	tat, _ := tn.absorbed(tt, cost, m.known) // placed around the retries booked ahead
 	paused := tn.pz.paused(now)
 	told := func(s time.Time) time.Time { return tn.pz.told(s, now) }
-	waiting := tn.waiting()
+	waiting := tn.queued() // those booked for their not_before take no room
 	// dispatch times of the waiting jobs as people are told them, soonest
 	// first: when each of them stops waiting. With windows the bound counts
 	// only the jobs that really wait (not one that goes now).
@@ -485,6 +441,16 @@ func earliest(a, b time.Time) time.Time {
 // take applies an admitted decision (with the slot the store gave, for
 // windows) to tn for job j.
 func (m *model) take(tn *mtenant, j *mjob, now time.Time, slot time.Time) {
+	if j.scheduled { // booked: the schedule's end stays
+		tn.book(j, slot)
+		if len(tn.wins) > 0 {
+			tn.recordWindows(slot, j.cost)
+		}
+		j.slot, j.tag, j.state, j.attempts = slot, tn.tagNow(), msWaiting, 0
+		j.admittedAt, j.promised, j.disturbed = now, tn.pz.told(slot, now).Sub(now), false
+		j.possiblySent = false
+		return
+	}
 	T := tn.pol.Interval
 	tt := tn.pz.tenantTime(now)
 	tn.tat, tn.booked = tn.absorbed(tt, j.cost, m.known)
@@ -578,7 +544,11 @@ func (m *model) due(now time.Time) []mdue {
 	var out []mdue
 	for _, name := range modelTenants {
 		tn := m.tenants[name]
-		if tn == nil {
+		if tn == nil || tn.capped {
+			// A job of a capped tenant may wait for a place past its
+			// time, as long as the attempts open (some a crash cut short,
+			// which the model does not know) hold theirs: none is
+			// required by its time, the drain requires them all.
 			continue
 		}
 		type waiting struct {
@@ -663,6 +633,13 @@ func (m *model) expire(now time.Time) {
 				continue
 			}
 			if due, ok := j.tn.pz.real(j.slot); ok && !due.After(j.deadline) {
+				if j.tn.capped {
+					// Due in time, held for a place past its deadline:
+					// the store expires it when it next looks at it (on
+					// Redis, when a place frees), never sends it.
+					j.lateExpiry = true
+					continue
+				}
 				if latest, _ := j.latest(); latest.After(j.deadline) {
 					// Due in time, held by the gate past its deadline: the
 					// store expires it when the gate would let it go.

@@ -103,7 +103,7 @@ func runModelOps(t testing.TB, d ModelDriver, ops []Op) (fail *ModelFailure) {
 		r.maxT[name] = defaultModelPolicy.Interval
 	}
 	r.cond = sync.NewCond(&r.mu)
-	r.cfg = Config{Clock: r.clk, Policy: r.policy}
+	r.cfg = Config{Clock: r.clk, Policy: r.policy, Caps: r.caps}
 	s, err := d.Open(t, r.cfg)
 	if err != nil {
 		return &ModelFailure{Step: -1, Kind: "open", Msg: err.Error()}
@@ -161,12 +161,28 @@ func (r *runner) policy(tenant string) leaky.Policy {
 	if !ok {
 		p = defaultModelPolicy
 	}
-	lp := leaky.Policy{Interval: p.Interval, Burst: p.Burst, Capacity: p.Capacity}
+	lp := leaky.Policy{Interval: p.Interval, Burst: p.Burst, Capacity: p.Capacity, MaxScheduled: p.MaxScheduled}
 	for _, w := range p.Windows {
 		lp.Windows = append(lp.Windows, leaky.Window{N: w.N, Length: w.Length})
 	}
 	return lp
 }
+
+// caps gives a tenant's cap on attempts in flight, as its policy says;
+// an attempt a crash cut short holds its place for modelCapTimeout.
+func (r *runner) caps(tenant string) queue.Caps {
+	r.polMu.Lock()
+	p, ok := r.pols[tenant]
+	r.polMu.Unlock()
+	if !ok {
+		p = defaultModelPolicy
+	}
+	return queue.Caps{Downstream: "model", Tenant: p.MaxInFlight, Timeout: modelCapTimeout}
+}
+
+// modelCapTimeout is the downstream's timeout the caps are told: how long
+// an attempt written before a crash may hold its place.
+const modelCapTimeout = 200 * time.Millisecond
 
 func (r *runner) startConsume() {
 	ctx, cancel := context.WithCancel(context.Background())

@@ -78,6 +78,9 @@ func (r *runner) enqueue(op Op, now time.Time) {
 		if spec.Deadline != 0 {
 			jobs[i].Deadline = now.Add(spec.Deadline)
 		}
+		if spec.NotBefore != 0 {
+			jobs[i].NotBefore = now.Add(spec.NotBefore)
+		}
 	}
 	out, err := r.store.Enqueue(r.ctx, tn.name, jobs)
 	if err != nil {
@@ -119,7 +122,14 @@ func (r *runner) enqueue(op Op, now time.Time) {
 		if spec.Deadline != 0 {
 			deadline = now.Add(spec.Deadline)
 		}
-		dec := r.m.decide(tn, now, spec.Cost, deadline, inCall)
+		var dec mdecision
+		scheduled := false
+		if spec.NotBefore != 0 {
+			dec, scheduled = r.m.decideScheduled(tn, now, spec.Cost, deadline, now.Add(spec.NotBefore))
+		}
+		if !scheduled {
+			dec = r.m.decide(tn, now, spec.Cost, deadline, inCall)
+		}
 		if !r.checkAdmission(tn, dec, a, where, now, deadline) {
 			return
 		}
@@ -127,10 +137,13 @@ func (r *runner) enqueue(op Op, now time.Time) {
 			continue
 		}
 		j := &mjob{n: len(r.m.jobs) + 1, id: a.Job.ID, tn: tn, key: spec.Key, cost: max(spec.Cost, 1), deadline: deadline, payload: payloads[i]}
+		if dec.scheduled {
+			j.notBefore, j.scheduled = now.Add(spec.NotBefore), true
+		}
 		if !r.admitJob(tn, j, dec, a, where, now, inCall) {
 			return
 		}
-		if len(tn.wins) > 0 && !admittedAny && j.cost == 1 && a.ExpectedDelay != statusDelay {
+		if len(tn.wins) > 0 && !admittedAny && j.cost == 1 && !j.scheduled && a.ExpectedDelay != statusDelay {
 			r.failf("expected delay", "tenant %s reported expected_delay %v, and the job admitted right after waits %v", tn.name, statusDelay, a.ExpectedDelay)
 			return
 		}
@@ -153,8 +166,13 @@ func (r *runner) enqueue(op Op, now time.Time) {
 // but an admission's details, which admitJob checks).
 func (r *runner) checkAdmission(tn *mtenant, dec mdecision, a queue.Admission, where string, now, deadline time.Time) bool {
 	got := admissionString(a)
-	depth := len(tn.waiting())
+	depth := len(tn.queued())
 	switch dec.kind {
+	case mScheduleFull:
+		if a.Rejected == nil || a.Rejected.Reason != queue.ReasonScheduleFull || a.Rejected.MaxScheduled != tn.pol.MaxScheduled {
+			r.failf("admission", "%s for %s: want 429 schedule_full (%d booked for their not_before), got %s", where, tn.name, tn.pol.MaxScheduled, got)
+			return false
+		}
 	case mCostTooLarge:
 		if a.Impossible == nil || a.Impossible.Reason != queue.ReasonCostTooLarge || a.Impossible.MaxCost != dec.maxCost {
 			r.failf("admission", "%s for %s: want 422 cost_too_large (at most %d), got %s", where, tn.name, dec.maxCost, got)
@@ -165,7 +183,7 @@ func (r *runner) checkAdmission(tn *mtenant, dec mdecision, a queue.Admission, w
 			tn.earliestAsIfBefore(tt, 1).After(tt) {
 			return true // refused for the window (as DefectWindowFuture has it) before its deadline was looked at
 		}
-		if a.Impossible == nil || a.Impossible.Reason != queue.ReasonWouldExpire || (dec.exact && a.Impossible.ExpectedDelay != dec.delay) || a.Impossible.ExpectedDelay < dec.delay {
+		if a.Impossible == nil || a.Impossible.Reason != queue.ReasonWouldExpire || (dec.exact && !tn.capped && a.Impossible.ExpectedDelay != dec.delay) || a.Impossible.ExpectedDelay < dec.delay {
 			r.failf("admission", "%s for %s: want 422 would_expire (delay %v past the deadline T0+%v), got %s", where, tn.name, dec.delay, deadline.Sub(T0), got)
 			return false
 		}
@@ -180,9 +198,9 @@ func (r *runner) checkAdmission(tn *mtenant, dec mdecision, a queue.Admission, w
 		}
 		r.checkRetryAfter(tn, dec, a.Rejected.RetryAfter, where, now)
 	case mAdmitted:
-		if len(tn.wins) > 0 && a.Impossible != nil && a.Impossible.Reason == queue.ReasonWouldExpire && !deadline.IsZero() &&
+		if (len(tn.wins) > 0 || tn.capped) && a.Impossible != nil && a.Impossible.Reason == queue.ReasonWouldExpire && !deadline.IsZero() &&
 			a.Impossible.ExpectedDelay >= dec.delay && now.Add(a.Impossible.ExpectedDelay).After(deadline) {
-			return true // a window gave it a later slot than the earliest possible, and that is past its deadline
+			return true // a window gave it a later slot than the earliest possible (a cap made its queue late), and that is past its deadline
 		}
 		if tt := tn.pz.tenantTime(now); a.Rejected != nil && tn.pol.Capacity == 0 && len(tn.wins) > 0 && r.m.known&DefectWindowFuture != 0 &&
 			tn.earliestAsIfBefore(tt, 1).After(tt) {
@@ -231,15 +249,19 @@ func (r *runner) admitJob(tn *mtenant, j *mjob, dec mdecision, a queue.Admission
 		slot = a.Job.Slot
 	}
 	told := tn.pz.told(slot, now)
-	depth, ahead := len(tn.waiting())+1, tn.claimable(now) // see claimable
+	depth, ahead := len(tn.queued())+1, tn.claimable(now) // see claimable
+	state := queue.StateQueued
+	if dec.scheduled {
+		depth, state = depth-1, queue.StateScheduled // not in the depth
+	}
 	switch {
-	case a.ExpectedDelay != told.Sub(now):
+	case a.ExpectedDelay != told.Sub(now) && !(tn.capped && a.ExpectedDelay > told.Sub(now)): // a capped queue may run late (rules.Record.RunLate)
 		r.failf("expected delay", "%s for %s: expected_delay %v, want %v (slot T0+%v)", where, tn.name, a.ExpectedDelay, told.Sub(now), slot.Sub(T0))
 	case !a.Job.DispatchAt.Equal(told):
 		r.failf("admission", "%s for %s: dispatch_at T0+%v, want T0+%v", where, tn.name, a.Job.DispatchAt.Sub(T0), told.Sub(T0))
 	case a.QueueDepth > depth || a.QueueDepth < depth-ahead:
 		r.failf("depth", "%s for %s: queue_depth %d, want %d (%d of them claimable ahead)", where, tn.name, a.QueueDepth, depth, ahead)
-	case a.Job.State != queue.StateQueued || a.Job.Attempts != 0:
+	case a.Job.State != state || a.Job.Attempts != 0:
 		r.failf("admission", "%s for %s: admitted as %s with %d attempts", where, tn.name, a.Job.State, a.Job.Attempts)
 	case a.Capacity != tn.pol.Capacity:
 		r.failf("admission", "%s for %s: capacity %d, want %d", where, tn.name, a.Capacity, tn.pol.Capacity)
@@ -248,10 +270,13 @@ func (r *runner) admitJob(tn *mtenant, j *mjob, dec mdecision, a queue.Admission
 		return false
 	}
 	r.m.take(tn, j, now, slot)
+	if dec.scheduled {
+		return true // booked apart: it adds nothing to the queue's bound
+	}
 	// The bound: queued jobs that wait (not going at once) never exceed
 	// the capacity.
 	n, oldest := 0, now
-	for _, w := range tn.waiting() {
+	for _, w := range tn.queued() {
 		if len(tn.wins) > 0 && inCall[w] && r.m.known&DefectBatchWindow != 0 {
 			continue
 		}
@@ -341,6 +366,7 @@ func (r *runner) retry(op Op, now time.Time) {
 		r.failf("retry", "retry of %s answered job %s", r.m.describe(j), a.Job.ID)
 		return
 	}
+	j.scheduled, j.notBefore = false, time.Time{} // sent again as an ordinary job
 	if r.admitJob(tn, j, dec, a, "retry of "+r.m.describe(j), now, nil) {
 		tn.persist()
 	}

@@ -36,6 +36,10 @@ func (r *runner) process(now time.Time) {
 		}
 		return na - nb
 	})
+	r.checkCaps(evs, now)
+	if r.fail != nil {
+		return
+	}
 	// Writes of one moment are checked against the schedule as it was
 	// before any of their answers: they were all under way already.
 	var written []*mjob
@@ -74,7 +78,10 @@ func (r *runner) process(now time.Time) {
 		j := r.m.byID[ev.job.ID]
 		tn := j.tn
 		fz := tn.pz.tenantTime(ev.at)
-		if !tn.pz.until.After(ev.at) || j.slot.Before(fz) || !j.slot.Before(fz.Add(tn.pol.Interval)) {
+		// (A capped tenant's jobs go later than their slots, waiting for
+		// a place: which of them the pause's first stopped is the
+		// store's to tell.)
+		if !tn.pz.until.After(ev.at) || (!tn.capped && (j.slot.Before(fz) || !j.slot.Before(fz.Add(tn.pol.Interval)))) {
 			r.failf("pushback slot", "%s answered 429 at T0+%v was given a new slot, but its resend would not go with another's after the pause (its slot T0+%v, the pause's tenant time T0+%v, until T0+%v)", r.m.describe(j), ev.at.Sub(T0), j.slot.Sub(T0), fz.Sub(T0), tn.pz.until.Sub(T0))
 			return
 		}
@@ -92,6 +99,48 @@ func (r *runner) process(now time.Time) {
 			if sj, err := r.store.Job(r.ctx, j.id); err == nil && sj.State == queue.StateExpired {
 				j.state = msExpired
 			}
+		}
+	}
+}
+
+// checkCaps checks the writes of the moment now against each tenant's
+// max_in_flight: no attempt starts while that many are open (written,
+// their outcome not recorded: a timeout not yet answered). The store
+// frees a place as it records an outcome, and the writes answered at
+// once may come in the same moment, one after another: the moment holds
+// an order that keeps the cap when the attempts open before it and those
+// it leaves open (timeouts, and writes a crash cut short) are at most the
+// cap, and, if it leaves none open, fewer were open before it. An attempt
+// a crash cut short also holds its place in the store for a while after
+// the restart, which the model does not count: it checks a lower bound.
+func (r *runner) checkCaps(evs []writeEvent, now time.Time) {
+	type moment struct{ open, leftOpen, writes int }
+	by := map[*mtenant]*moment{}
+	for _, ev := range evs {
+		j := r.m.byID[ev.job.ID]
+		if j == nil || j.tn.pol.MaxInFlight == 0 {
+			continue
+		}
+		m := by[j.tn]
+		if m == nil {
+			m = &moment{}
+			for _, o := range j.tn.jobs {
+				if o.state == msInFlight && o.answerAt.After(now) {
+					m.open++
+				}
+			}
+			by[j.tn] = m
+		}
+		m.writes++
+		if ev.crash || ev.answer.Kind == AnswerTimeout {
+			m.leftOpen++
+		}
+	}
+	for tn, m := range by {
+		c := tn.pol.MaxInFlight
+		if m.open+m.leftOpen > c || (m.leftOpen == 0 && m.open >= c) {
+			r.failf("in flight", "tenant %s (max_in_flight %d): %d attempts written at T0+%v (%d of them left open) while %d were open: more than the cap at once", tn.name, c, m.writes, now.Sub(T0), m.leftOpen, m.open)
+			return
 		}
 	}
 }
@@ -146,13 +195,13 @@ func (r *runner) checkWrite(ev writeEvent) *mjob {
 	switch {
 	case !ok:
 		r.failf("sent while held", "%s written at T0+%v while its tenant is held by an operator", desc, ev.at.Sub(T0))
-	case !due.Equal(ev.at) && !j.staleDispatch && !heldByGate(j, due, ev.at):
+	case !due.Equal(ev.at) && !j.staleDispatch && !heldByGate(j, due, ev.at) && !(tn.capped && ev.at.After(due)):
 		r.failf("send time", "%s written at T0+%v, due at T0+%v (the store handed it due at T0+%v)", desc, ev.at.Sub(T0), due.Sub(T0), ev.job.DispatchAt.Sub(T0))
 	case ev.job.Attempts != j.attempts+1:
 		r.failf("attempts", "%s handed over as attempt %d, want %d", desc, ev.job.Attempts, j.attempts+1)
 	case ev.job.Tenant != tn.name || string(ev.job.Payload) != j.payload || ev.job.IdempotencyKey != j.key:
 		r.failf("job", "%s handed over as tenant %q payload %s key %q, want %q %s %q", desc, ev.job.Tenant, ev.job.Payload, ev.job.IdempotencyKey, tn.name, j.payload, j.key)
-	case j.attempts == 0 && len(j.writes) == 0 && !j.disturbed && ev.at.Sub(j.admittedAt) != j.promised &&
+	case j.attempts == 0 && len(j.writes) == 0 && !j.disturbed && ev.at.Sub(j.admittedAt) != j.promised && !(tn.capped && ev.at.After(due)) &&
 		!(r.m.known&DefectSlowReloadPromise != 0 && tn.slowed && heldByGate(j, due, ev.at)):
 		r.failf("honest delay", "%s admitted at T0+%v with expected_delay %v, first written after %v", desc, j.admittedAt.Sub(T0), j.promised, ev.at.Sub(j.admittedAt))
 	}
@@ -162,10 +211,14 @@ func (r *runner) checkWrite(ev writeEvent) *mjob {
 	if ev.at.After(due) && !j.staleDispatch {
 		tn.gateHeld = append(tn.gateHeld, ev.at) // heldByGate
 	}
+	if !j.notBefore.IsZero() && ev.at.Before(j.notBefore) {
+		r.failf("not before", "%s written at T0+%v, before its not_before T0+%v", desc, ev.at.Sub(T0), j.notBefore.Sub(T0))
+		return nil
+	}
 	r.checkRate(j, ev.at)
 	j.writes = append(j.writes, ev.at)
 	j.writeAt = ev.at
-	j.possiblySent, j.pushedBack = false, false
+	j.possiblySent, j.pushedBack, j.scheduled = false, false, false
 	j.state = msInFlight
 	return j
 }
@@ -452,6 +505,13 @@ func (r *runner) checkRate(j *mjob, at time.Time) {
 	tn.writes = append(tn.writes, at)
 	tn.writeCosts = append(tn.writeCosts, j.cost)
 	tn.writeSteps = append(tn.writeSteps, time.Duration(j.cost)*tn.pol.Interval)
+	if due, ok := tn.pz.real(j.slot); tn.capped && ok && at.After(due) {
+		// Held for a place past its slot: the dispatcher's gate spaces
+		// it from the writes before it (the embedded store's driver has
+		// none), as it does a job a reload left at an old slot.
+		j.heldResend, j.staleDispatch = false, false
+		return
+	}
 	r.checkSpacing(j, at)
 	if r.fail == nil && !(j.pushedBack && r.m.known&DefectPushbackWindow != 0) && !j.heldResend && !j.staleDispatch { // else: the store makes no room for it
 		r.checkWindows(j, at)

@@ -79,6 +79,7 @@ func Run(t *testing.T, d Driver) {
 		{"CapsCountRetries", testCapsCountRetries},
 		{"CapsSetByAReloadCountWhatIsInFlight", testCapsSetByAReloadCountWhatIsInFlight},
 		{"PolicyChangeRepacesTheBacklog", testPolicyChangeRepacesTheBacklog},
+		{"ScheduledJobsWaitForTheirTime", testScheduledJobsWaitForTheirTime},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
 		{"TypesAndHandlerCancels", testTypesAndHandlerCancels},

@@ -38,12 +38,26 @@
 -- ACCEPTS    (enqueue.lua's fifth argument) true: a job kept counts in
 --            the hash's 'accepted', in the write that keeps the decision
 --            (a new job; a failed one sent again does not)
--- Run alone (the agreement test), OWNER_AT and OWN_DUE are the last two
--- ARGV, and ACCEPTS is false.
+-- NOT_BEFORE  (enqueue.lua's sixth argument) the job's not_before, real
+--            time (0: none): later than its place in the queue, it is
+--            booked there (rules' admitScheduled)
+-- MAX_SCHEDULED (enqueue.lua's seventh) the tenant's max_scheduled (0: no
+--            bound)
+-- JOB_ID     (enqueue.lua's eighth) the job's id, for its booking
+-- CAPPED     (enqueue.lua's ninth) true: the tenant or its downstream has
+--            a cap on attempts in flight, which may hold due jobs past
+--            their slots: they wait, and count, as behind a ceiling
+--            (rules.Call.Capped)
+-- KEYS[1]'s 'scheduled' counts the jobs so booked, not yet claimed.
+-- Run alone (the agreement test), OWNER_AT, OWN_DUE, NOT_BEFORE,
+-- MAX_SCHEDULED, JOB_ID and CAPPED ('1' or '0') are the last six ARGV,
+-- and ACCEPTS is false.
 --
 -- Returns {admitted, slot, dispatch_at, retry_after, depth, now, prompt,
--- delay}: admitted 1, 0, or 3 (it would be sent after its deadline:
--- nothing is kept); the slot in tenant time and the real dispatch time
+-- delay, scheduled}: admitted 1, 0, 3 (it would be sent after its
+-- deadline: nothing is kept), 5 (booked for its not_before: the tenant
+-- has max_scheduled such jobs; scheduled says how many) or 6 (booked for
+-- its not_before, outside the queue's capacity); the slot in tenant time and the real dispatch time
 -- (admitted, 3); the real Retry-After (refused); the depth before this
 -- job; the time the decision was made at; prompt 1 if it goes at once (no
 -- wait, no pause); the expected delay (admitted, 3): until its dispatch
@@ -65,7 +79,7 @@ local waiting, commit = tonumber(ARGV[7]), ARGV[8] == '1'
 local deadline = tonumber(ARGV[9]) -- nil: none
 local ceiling_T, ceiling_burst = tonumber(ARGV[10]), tonumber(ARGV[11])
 
-local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth', 'booked', 'behind', 'accepted')
+local h = redis.call('HMGET', KEYS[1], 'tat', 'shift', 'until', 'held', 'depth', 'booked', 'behind', 'accepted', 'scheduled')
 local tat = tonumber(h[1]) or 0
 local shift, untl, held = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
 local depth = tonumber(h[5]) or 0
@@ -86,6 +100,17 @@ local function real(slot)
   return at_least(u, slot + (u - frozen))
 end
 
+-- Real time t in tenant time, for a held tenant as if resumed now
+-- (rules' tenantAt, leaky.Pause.Resume).
+local function tenant_at(t)
+  local s, u = shift, untl
+  if held > 0 then
+    u = at_least(untl, now)
+    s = u - tenant_time(now)
+  end
+  return at_least(t, u) - s
+end
+
 local tnow = tenant_time(now)
 local arrival = tnow + lag
 local tau = (burst - 1) * T
@@ -102,7 +127,7 @@ end
 -- those due already and not claimed. Slots are whole microseconds: "later
 -- than arrival" is "at arrival + 1 or later".
 local windowed = #windows > 0 and capacity > 0
-local due_waits = paused or ceiling_T > 0
+local due_waits = paused or ceiling_T > 0 or CAPPED
 if windowed then
   waiting = redis.call('ZCOUNT', KEYS[2], arrival + 1, '+inf') + redis.call('ZCOUNT', KEYS[3], arrival + 1, '+inf')
   if due_waits then waiting = waiting + redis.call('ZCOUNT', KEYS[2], '-inf', arrival) end
@@ -111,7 +136,7 @@ end
 -- countedAtArrival): a job due by then leaves as the owner claims it,
 -- unless paused or behind a ceiling; this batch's own count whole.
 local function counted_at_arrival()
-  if paused or ceiling_T > 0 then return waiting end
+  if paused or ceiling_T > 0 or CAPPED then return waiting end
   return waiting - (redis.call('ZCOUNT', KEYS[2], '-inf', arrival) - OWN_DUE)
 end
 
@@ -150,6 +175,52 @@ local function window_slot(at) return windows_slot(windows, at, cost) end
 local booked = booked_parse(h[6])
 local absorbed
 tat, absorbed = absorb(booked, 0, arrival, tat, tau, T, cost, windows, #windows > 0 and capacity > 0)
+
+-- rules' admitScheduled: a not_before later than the job's place in the
+-- queue books it there, at the first slot the windows and the other
+-- bookings allow (Record.clearOfBookings); the schedule's end does not
+-- move for it (the absorb above is not kept), max_scheduled bounds it.
+local nb = 0
+if NOT_BEFORE > 0 then
+  nb = tenant_at(NOT_BEFORE)
+  if OWNER_AT > 0 then nb = at_least(nb, tenant_at(OWNER_AT)) end
+  if nb <= at_least(arrival, tat - tau) then nb = 0 end -- its place comes later: an ordinary job
+end
+if nb > 0 then
+  local scheduled = tonumber(h[9]) or 0
+  local slot = nb
+  if #windows > 0 then slot = window_slot(slot) end
+  for _ = 1, #booked + 1 do
+    local moved = false
+    for _, b in ipairs(booked) do
+      if slot < b.slot + b.cost * T and b.slot < slot + cost * T then slot, moved = b.slot + b.cost * T, true end
+    end
+    if #windows > 0 then
+      local ws = window_slot(slot)
+      if ws > slot then moved = true end
+      slot = ws
+    end
+    if not moved then break end
+  end
+  local dispatch = real(slot)
+  local delay = at_least(dispatch - now, 0)
+  -- A deadline before it first, whatever the room: it could never go.
+  if deadline and dispatch > deadline then return {3, slot, dispatch, 0, depth, now, 0, delay, scheduled} end
+  if MAX_SCHEDULED > 0 and scheduled >= MAX_SCHEDULED then
+    return {5, 0, 0, 0, depth, now, 0, 0, scheduled}
+  end
+  if commit then
+    local i = #booked + 1
+    while i > 1 and booked[i - 1].slot > slot do i = i - 1 end
+    table.insert(booked, i, {slot = slot, cost = cost, id = JOB_ID})
+    booked_write(KEYS[1], booked, 1)
+    local fields = {'scheduled', scheduled + 1}
+    if ACCEPTS then fields[#fields + 1] = 'accepted'; fields[#fields + 1] = (tonumber(h[8]) or 0) + 1 end
+    redis.call('HSET', KEYS[1], unpack(fields))
+    windows_record(windows, slot, cost)
+  end
+  return {6, slot, dispatch, 0, depth, now, 0, delay, scheduled + 1}
+end
 
 -- leaky.Decide.
 local admitted, slot, retry, newtat = false, 0, 0, tat
@@ -201,7 +272,7 @@ if not admitted then
   -- rules.HeldRetryAfter: a hold has no end to count to, and nothing
   -- leaves until an operator resumes it.
   if held > 0 then after = at_least(after, HELD_RETRY_AFTER) end
-  return {0, 0, 0, after, depth, now, 0, 0}
+  return {0, 0, 0, after, depth, now, 0, 0, 0}
 end
 -- queue.CeilingDelay: the jobs ahead go no faster than the ceiling.
 local dispatch = real(slot)
@@ -226,7 +297,7 @@ local late = behind > dispatch
 local delay = at_least(behind, dispatch) - now
 if ceiling_T > 0 and depth > 0 then delay = at_least(delay, at_least(0, depth + 1 - ceiling_burst) * ceiling_T) end
 if deadline and now + delay > deadline then
-  return {3, slot, dispatch, 0, depth, now, 0, delay}
+  return {3, slot, dispatch, 0, depth, now, 0, delay, 0}
 end
 if commit then
   local fields = {'tat', newtat, 'depth', depth + 1}
@@ -238,4 +309,4 @@ if commit then
 end
 local prompt = 0
 if slot <= arrival and held == 0 and now >= untl and dispatch == real(slot) then prompt = 1 end
-return {1, slot, dispatch, 0, depth, now, prompt, delay}
+return {1, slot, dispatch, 0, depth, now, prompt, delay, 0}

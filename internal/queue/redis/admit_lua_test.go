@@ -30,12 +30,15 @@ func TestLuaAdmitAgreesWithRules(t *testing.T) {
 	if testing.Short() {
 		seqs = 60
 	}
-	decisions, heldRefusals := 0, 0
+	decisions, heldRefusals, booked := 0, 0, 0
 	for seq := range seqs {
-		n, held := admitSequence(t, rdb, uint64(seq), steps)
-		decisions, heldRefusals = decisions+n, heldRefusals+held
+		n, held, b := admitSequence(t, rdb, uint64(seq), steps)
+		decisions, heldRefusals, booked = decisions+n, heldRefusals+held, booked+b
 	}
-	t.Logf("%d sequences, %d decisions agree (%d refusals during a hold)", seqs, decisions, heldRefusals)
+	t.Logf("%d sequences, %d decisions agree (%d refusals during a hold, %d jobs booked for their not_before)", seqs, decisions, heldRefusals, booked)
+	if booked == 0 {
+		t.Fatal("no sequence booked a job for its not_before")
+	}
 	// A refusal's Retry-After during a hold has a floor of its own
 	// (rules.HeldRetryAfter): the sequences must reach it.
 	if heldRefusals == 0 {
@@ -46,7 +49,7 @@ func TestLuaAdmitAgreesWithRules(t *testing.T) {
 // admitSequence runs one random sequence of admissions through admit.lua
 // and rules.Admit, and fails at the first difference. It returns the
 // decisions compared, and how many were refusals during a hold.
-func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (decisions, heldRefusals int) {
+func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (decisions, heldRefusals, booked int) {
 	ctx := context.Background()
 	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -99,6 +102,10 @@ func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (d
 		if rng.IntN(8) == 0 {
 			c.OwnerAt = now.Add(us(rng.Int64N(500_000)))
 		}
+		if rng.IntN(4) == 0 { // a not_before, past or up to ten intervals ahead
+			c.NotBefore = now.Add(us(rng.Int64N(int64(11*p.Interval/time.Microsecond)) - int64(p.Interval/time.Microsecond)))
+			c.Job = fmt.Sprintf("j%d", step)
+		}
 		lag := c.Arrival.Sub(tnow)
 		var ceilingT int64
 		var ceilingBurst int
@@ -109,7 +116,8 @@ func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (d
 		for _, w := range p.Windows {
 			args = append(args, w.N, w.Length.Microseconds())
 		}
-		args = append(args, microsOf(c.OwnerAt), q.ownDue(c.Arrival))
+		c.Capped = rng.IntN(6) == 0
+		args = append(args, microsOf(c.OwnerAt), q.ownDue(c.Arrival), microsOf(c.NotBefore), p.MaxScheduled, c.Job, flagArg(c.Capped))
 		want := rules.Admit(&rec, q, c)
 		var got admitDecision
 		if err := admitScript.Run(ctx, rdb, keys, args, &got); err != nil {
@@ -126,26 +134,34 @@ func admitSequence(t *testing.T, rdb *goredis.Client, seed uint64, steps int) (d
 		if want.Verdict != rules.Admitted {
 			continue
 		}
-		q.waiting = append(q.waiting, queuedSlot{slot: want.Slot, scheduled: true})
-		if msg := admitRecordDiff(ctx, rdb, keys, rec, p); msg != "" {
+		if want.Scheduled {
+			q.booked++
+			booked++
+		} else {
+			q.waiting = append(q.waiting, queuedSlot{slot: want.Slot, scheduled: true})
+		}
+		if msg := admitRecordDiff(ctx, rdb, keys, rec, p, q.booked); msg != "" {
 			t.Fatalf("%s: %s", where, msg)
 		}
 	}
-	return decisions, heldRefusals
+	return decisions, heldRefusals, booked
 }
 
 func us(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
 
 // randomAdmitPolicy is a leaky, token or mixed policy, with windows or not.
 func randomAdmitPolicy(rng *rand.Rand) leaky.Policy {
-	p := leaky.Policy{Interval: us(1000 + rng.Int64N(200_000)), Burst: 1 + rng.IntN(4), Capacity: rng.IntN(8)}
+	p := leaky.Policy{Interval: us(1000 + rng.Int64N(200_000)), Burst: 1 + rng.IntN(4), Capacity: rng.IntN(8), MaxScheduled: rng.IntN(5)}
 	if rng.IntN(3) == 0 {
 		p.Capacity = 0 // token mode
 	}
 	if rng.IntN(2) == 0 {
 		for range 1 + rng.IntN(2) {
 			n := 1 + rng.IntN(6)
-			p.Windows = append(p.Windows, leaky.Window{N: n, Length: time.Duration(n+rng.IntN(10)) * p.Interval})
+			w := leaky.Window{N: n, Length: time.Duration(n+rng.IntN(10)) * p.Interval}
+			if !slices.ContainsFunc(p.Windows, func(o leaky.Window) bool { return o.String() == w.String() }) {
+				p.Windows = append(p.Windows, w) // a window twice is refused by the config
+			}
 		}
 	}
 	return p
@@ -154,10 +170,15 @@ func randomAdmitPolicy(rng *rand.Rand) leaky.Policy {
 // admitDiff says how admit.lua's answer differs from the rule's ("": it
 // does not).
 func admitDiff(got admitDecision, want rules.Decision) string {
-	code := map[rules.Verdict]int64{rules.Admitted: 1, rules.Refused: 0, rules.WouldExpire: 3}[want.Verdict]
+	code := map[rules.Verdict]int64{rules.Admitted: 1, rules.Refused: 0, rules.WouldExpire: 3, rules.ScheduleFull: 5}[want.Verdict]
+	if want.Verdict == rules.Admitted && want.Scheduled {
+		code = 6
+	}
 	switch {
 	case got.Code != code:
 		return fmt.Sprintf("Lua code %d, rule %+v", got.Code, want)
+	case want.Verdict == rules.ScheduleFull:
+		return ""
 	case want.Verdict == rules.Refused && got.RetryAfter != want.RetryAfter:
 		return fmt.Sprintf("Retry-After Lua %v, rule %v", got.RetryAfter, want.RetryAfter)
 	case want.Verdict == rules.Refused:
@@ -173,10 +194,13 @@ func admitDiff(got admitDecision, want rules.Decision) string {
 }
 
 // admitRecordDiff says how the record admit.lua left differs from rec.
-func admitRecordDiff(ctx context.Context, rdb *goredis.Client, keys []string, rec rules.Record, p leaky.Policy) string {
-	h, err := rdb.HMGet(ctx, keys[0], "tat", "booked", "behind").Result()
+func admitRecordDiff(ctx context.Context, rdb *goredis.Client, keys []string, rec rules.Record, p leaky.Policy, scheduled int) string {
+	h, err := rdb.HMGet(ctx, keys[0], "tat", "booked", "behind", "scheduled").Result()
 	if err != nil {
 		return err.Error()
+	}
+	if n, _ := h[3].(string); n != fmt.Sprint(scheduled) {
+		return fmt.Sprintf("scheduled Lua %s, rule %d", n, scheduled)
 	}
 	tat, _ := h[0].(string)
 	booked, _ := h[1].(string)
@@ -184,8 +208,8 @@ func admitRecordDiff(ctx context.Context, rdb *goredis.Client, keys []string, re
 	if behind != fmt.Sprint(microsOf(rec.Behind)) {
 		return fmt.Sprintf("behind Lua %s, rule %d", behind, microsOf(rec.Behind))
 	}
-	if tat != fmt.Sprint(micros(rec.TAT)) {
-		return fmt.Sprintf("TAT Lua %s, rule %d", tat, micros(rec.TAT))
+	if tat != fmt.Sprint(microsOf(rec.TAT)) {
+		return fmt.Sprintf("TAT Lua %s, rule %d", tat, microsOf(rec.TAT))
 	}
 	if booked != formatBooked(rec.Booked) {
 		return fmt.Sprintf("bookings Lua %q, rule %q", booked, formatBooked(rec.Booked))
@@ -208,7 +232,7 @@ func admitRecordDiff(ctx context.Context, rdb *goredis.Client, keys []string, re
 func writeAdmitState(ctx context.Context, rdb *goredis.Client, keys []string, rec rules.Record, q *admitView) error {
 	pz := rec.Pause
 	_, err := rdb.TxPipelined(ctx, func(pipe goredis.Pipeliner) error {
-		pipe.HSet(ctx, keys[0], "shift", pz.Shift.Microseconds(), "until", microsOf(pz.Until), "held", microsOf(pz.Held), "tat", microsOf(rec.TAT), "depth", q.Depth(), "booked", formatBooked(rec.Booked), "behind", microsOf(rec.Behind))
+		pipe.HSet(ctx, keys[0], "shift", pz.Shift.Microseconds(), "until", microsOf(pz.Until), "held", microsOf(pz.Held), "tat", microsOf(rec.TAT), "depth", q.Depth(), "booked", formatBooked(rec.Booked), "behind", microsOf(rec.Behind), "scheduled", q.booked)
 		if len(rec.Booked) == 0 {
 			pipe.HDel(ctx, keys[0], "booked")
 		}
@@ -230,6 +254,7 @@ func writeAdmitState(ctx context.Context, rdb *goredis.Client, keys []string, re
 type admitView struct {
 	waiting []queuedSlot
 	handed  []time.Time
+	booked  int // jobs booked for their not_before (the hash's scheduled)
 }
 
 type queuedSlot struct {
@@ -238,6 +263,8 @@ type queuedSlot struct {
 }
 
 func (v *admitView) Depth() int { return len(v.waiting) }
+
+func (v *admitView) Scheduled() int { return v.booked }
 
 func (v *admitView) Waiting(yield func(time.Time, bool)) {
 	for _, w := range v.waiting {
@@ -285,6 +312,8 @@ func (v *admitView) step(rng *rand.Rand, tnow time.Time, p leaky.Policy, step in
 		v.waiting = append(v.waiting, queuedSlot{slot: tnow.Add(us(rng.Int64N(int64(2*p.Interval/time.Microsecond)) - int64(p.Interval/time.Microsecond)))})
 	case 2: // handed over a lead before its slot
 		v.handed = append(v.handed, tnow.Add(us(1+rng.Int64N(100_000))))
+	case 3: // a job booked for its not_before claimed
+		v.booked = max(v.booked-1, 0)
 	}
 }
 
@@ -297,6 +326,7 @@ type admitDecision struct {
 	Now              time.Time
 	Prompt           bool
 	Delay            time.Duration
+	Scheduled        int // the tenant's jobs booked for their not_before after it (5, 6)
 }
 
 func (a *admitDecision) Decode(r *luascript.Reply) {
@@ -308,6 +338,7 @@ func (a *admitDecision) Decode(r *luascript.Reply) {
 	a.Now = r.Time()
 	a.Prompt = r.Flag()
 	a.Delay = r.Duration()
+	a.Scheduled = int(r.Int())
 }
 
 // pauseReply is pause.lua's reply, in raw microseconds.
@@ -342,7 +373,7 @@ func TestLuaAdmitInsertsOutOfOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got admitDecision
-	err := admitScript.Run(ctx, rdb, []string{"{x}:b", "{x}:waiting", "{x}:claimed", "{x}:w0"}, []any{micros(now), 0, 1000, 1, 10, 2, 0, 1, "", 0, 0, n, (24 * time.Hour).Microseconds()}, &got)
+	err := admitScript.Run(ctx, rdb, []string{"{x}:b", "{x}:waiting", "{x}:claimed", "{x}:w0"}, []any{micros(now), 0, 1000, 1, 10, 2, 0, 1, "", 0, 0, n, (24 * time.Hour).Microseconds(), 0, 0, 0, 0, "", "0"}, &got)
 	if err != nil || got.Code != 1 || !got.Slot.Equal(now) {
 		t.Fatalf("admit: %+v %v", got, err)
 	}

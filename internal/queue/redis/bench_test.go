@@ -213,3 +213,49 @@ func produce(b *testing.B, producers, n int, enqueue func(i int) error) {
 	}
 	wg.Wait()
 }
+
+// BenchmarkRedisEnqueueScheduled is the Redis store's admissions with and
+// without a not_before on every job, in the same run, as the embedded
+// store's BenchmarkEnqueueScheduled: 64 goroutines, single jobs over 1000
+// tenants, each booked 1 to 25 hours ahead in "not_before" (a tenant's
+// bookings are one field of its hash that every admission of it reads).
+// No worker runs: admission alone is measured.
+//
+//	go test -run '^$' -bench 'RedisEnqueueScheduled' -benchtime 5s ./internal/queue/redis
+func BenchmarkRedisEnqueueScheduled(b *testing.B) {
+	policy := func(string) leaky.Policy {
+		return leaky.Policy{Interval: time.Second, Burst: 1, Capacity: 1_000_000, MaxScheduled: 1_000_000}
+	}
+	for _, scheduled := range []bool{false, true} {
+		b.Run(map[bool]string{false: "prompt", true: "not_before"}[scheduled], func(b *testing.B) {
+			rdb := redisClient(b, 128)
+			seenPartitions(b, rdb)
+			s, err := Open(context.Background(), Options{Client: rdb, Policy: policy})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			var n atomic.Int64
+			payload := []byte(`{"worker":1,"n":12345,"text":"your code is 123456"}`)
+			start := time.Now()
+			b.SetParallelism(32)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := n.Add(1)
+					nj := queue.NewJob{Payload: payload}
+					if scheduled {
+						nj.NotBefore = start.Add(time.Hour + time.Duration(i*7919%86400)*time.Second)
+					}
+					out, err := s.Enqueue(context.Background(), fmt.Sprintf("t%d", i%1000), []queue.NewJob{nj})
+					if err != nil || !out[0].Admitted() || (scheduled && out[0].Job.State != queue.StateScheduled) {
+						b.Errorf("enqueue: %v %+v", err, out)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(n.Load())/b.Elapsed().Seconds(), "admissions/s")
+		})
+	}
+}

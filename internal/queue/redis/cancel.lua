@@ -18,11 +18,17 @@
 local now = server_now(ARGV[1])
 local j = redis.call('HMGET', KEYS[1], 'state', 'slot', 'cost', 'tenant', 'id')
 if not j[1] then return {0, '', 0} end
-if j[1] ~= 'queued' and j[1] ~= 'retrying' then return {1, j[1], 0} end
+if j[1] ~= 'queued' and j[1] ~= 'retrying' and j[1] ~= 'scheduled' then return {1, j[1], 0} end
+local prefix = string.sub(KEYS[1], 1, #KEYS[1] - #('job:' .. j[5]))
 redis.call('HSET', KEYS[1], 'state', 'cancelled', 'fin', now)
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[2]))
-redis.call('HINCRBY', KEYS[2], 'depth', -1)
+if j[1] == 'scheduled' then -- booked for its not_before: counted apart
+  redis.call('HINCRBY', KEYS[2], 'scheduled', -1)
+  redis.call('ZREM', prefix .. 'sched:' .. j[4], j[5])
+else
+  redis.call('HINCRBY', KEYS[2], 'depth', -1)
+end
 redis.call('HINCRBY', KEYS[2], 'cancelled', 1)
 -- A booked retry is not in the schedule's line: it gives back its booking
 -- only.
@@ -39,6 +45,6 @@ end
 redis.call('ZREM', KEYS[5], j[5])
 inactive(KEYS[3], j[4])
 settle(KEYS[2], now, tonumber(ARGV[5]))
-owe_callbacks(string.sub(KEYS[1], 1, #KEYS[1] - #('job:' .. j[5])), {j[5]}, now)
+owe_callbacks(prefix, {j[5]}, now)
 tell_finished({j[5]})
 return {2, 'cancelled', now}

@@ -48,21 +48,30 @@ local prefix, idle_ms, margin = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 -- retry), and the takeover spaces the next send from the last to go.
 local tenant_of, tenants = tenant_batch(prefix,
   {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'}, {'next', 'next'}, {'tat', 'tat'},
-   {'last', 'last'}, {'lastcost', 'last_cost'}},
+   {'last', 'last'}, {'lastcost', 'last_cost'}, {'scheduled', 'scheduled'}},
   function(t)
     t.claimed, t.expired, t.tau, t.last_cost = 0, 0, 0, at_least(t.last_cost, 1)
-    -- The batch's claims of the tenant, moved from its waiting set to
-    -- its claimed set by one command each (taken: ids; places: slot, id).
-    t.taken, t.places = {}, {}
+    -- The batch's claims of the tenant, moved from its waiting set (or
+    -- its set of jobs booked for their not_before: booked) to its
+    -- claimed set by one command each (taken: ids; places: slot, id).
+    t.taken, t.places, t.booked = {}, {}, {}
+    -- Of the claimed and expired, those that were booked: counted in
+    -- scheduled, not in depth.
+    t.from_sched = 0
   end)
 
 local expired = {}
-local function expire(jk, id, t, key)
+local function expire(jk, id, t, key, booked)
   redis.call('HSET', jk, 'state', 'expired', 'fin', now, 'err', 'expired: its deadline passed before it could be sent')
   expired[#expired + 1] = id
   redis.call('PEXPIRE', jk, retention)
   if key and key ~= '' then redis.call('PEXPIRE', idem_key(prefix, t.name, key), retention) end
-  redis.call('ZREM', prefix .. 'waiting:' .. t.name, id)
+  if booked then
+    redis.call('ZREM', prefix .. 'sched:' .. t.name, id)
+    t.from_sched = t.from_sched + 1
+  else
+    redis.call('ZREM', prefix .. 'waiting:' .. t.name, id)
+  end
   booked_drop(t.key, id) -- never sent: nothing to place around
   t.expired = t.expired + 1
 end
@@ -77,10 +86,11 @@ for i = 9, #ARGV, 5 do
   local j = {}
   for f = 1, #all, 2 do j[all[f]] = all[f + 1] end
   local reply
-  if j.state ~= 'queued' and j.state ~= 'retrying' then
+  if j.state ~= 'queued' and j.state ~= 'retrying' and j.state ~= 'scheduled' then
     reply = {0, 0, 0, 0}
   else
     local t = tenant_of(tname)
+    local booked = j.state == 'scheduled' -- counted in scheduled, indexed in sched
     local slot = tonumber(j.slot) or 0
     -- '' or none: no deadline; '0' too (builds before this one wrote it
     -- for none, and admission refuses a deadline at 1970 exactly).
@@ -89,7 +99,7 @@ for i = 9, #ARGV, 5 do
     if t.held > 0 and deadline and now > deadline then
       -- Its deadline passed while its tenant was held: it would be sent
       -- too late whenever the resume comes.
-      expire(jk, id, t, j.key)
+      expire(jk, id, t, j.key, booked)
       reply = {3, 0, 0, 0}
     elseif t.held > 0 then
       -- Held by an operator: look again at the next multiple of the
@@ -103,12 +113,12 @@ for i = 9, #ARGV, 5 do
     else
       local dispatch_at = at_least(t.untl, slot + t.shift)
       if deadline and dispatch_at > deadline and now >= deadline then
-        expire(jk, id, t, j.key)
+        expire(jk, id, t, j.key, booked)
         reply = {3, 0, 0, 0}
       elseif deadline and now > deadline then
         -- Its deadline passed while its tenant's pace held it (the rate in
         -- force after a reload, say): it would be sent too late.
-        expire(jk, id, t, j.key)
+        expire(jk, id, t, j.key, booked)
         reply = {3, 0, 0, 0}
       elseif deadline and dispatch_at > deadline then
         -- It will miss its deadline (a pause moved it): it waits, and
@@ -121,7 +131,12 @@ for i = 9, #ARGV, 5 do
       else
         local attempts = (tonumber(j.attempts) or 0) + 1
         redis.call('HSET', jk, 'state', 'dispatching', 'dispatch', dispatch_at, 'attempts', attempts)
-        t.taken[#t.taken + 1] = id
+        if booked then
+          t.booked[#t.booked + 1] = id
+          t.from_sched = t.from_sched + 1
+        else
+          t.taken[#t.taken + 1] = id
+        end
         if counted then
           t.places[#t.places + 1] = slot
           t.places[#t.places + 1] = id
@@ -153,13 +168,14 @@ if #sending > 0 then redis.call('ZADD', KEYS[3], unpack(sending)) end
 local recent, recent_until, recent_add = prefix .. 'recent', 0, {}
 for _, t in ipairs(tenants) do
   if t.claimed > 0 then
-    redis.call('ZREM', prefix .. 'waiting:' .. t.name, unpack(t.taken))
+    if #t.taken > 0 then redis.call('ZREM', prefix .. 'waiting:' .. t.name, unpack(t.taken)) end
+    if #t.booked > 0 then redis.call('ZREM', prefix .. 'sched:' .. t.name, unpack(t.booked)) end
     if #t.places > 0 then redis.call('ZADD', prefix .. 'claimed:' .. t.name, unpack(t.places)) end
     -- With the last claim, which a takeover spaces the next send from by
     -- the rate then in force (a reload may slow it after next was worked
     -- out).
-    redis.call('HSET', t.key, 'depth', t.depth - t.claimed - t.expired, 'inflight', t.inflight + t.claimed, 'next', t.next,
-      'last', t.last, 'lastcost', t.last_cost)
+    redis.call('HSET', t.key, 'depth', t.depth - t.claimed - t.expired + t.from_sched, 'inflight', t.inflight + t.claimed, 'next', t.next,
+      'last', t.last, 'lastcost', t.last_cost, 'scheduled', t.scheduled - t.from_sched)
     -- Until its next send plus its tolerance, a takeover must not give it
     -- burst credit, whatever its schedule says: a reload may raise the
     -- tolerance (or slow the rate) before the takeover. (One ZADD for
@@ -168,7 +184,8 @@ for _, t in ipairs(tenants) do
     recent_add[#recent_add + 1] = t.name
     recent_until = at_least(recent_until, t.next + t.tau)
   elseif t.expired > 0 then
-    redis.call('HSET', t.key, 'depth', t.depth - t.expired, 'inflight', t.inflight, 'next', t.next)
+    redis.call('HSET', t.key, 'depth', t.depth - t.expired + t.from_sched, 'inflight', t.inflight, 'next', t.next,
+      'scheduled', t.scheduled - t.from_sched)
   end
   if t.expired > 0 then
     redis.call('HINCRBY', t.key, 'expired', t.expired)

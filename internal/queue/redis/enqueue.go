@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -40,19 +41,22 @@ var (
 	// that is the rule: one value, however it changes.
 	admitConsts = fmt.Sprintf("local HELD_RETRY_AFTER = %d\n", rules.HeldRetryAfter.Microseconds())
 	// admitScript is admit.lua alone, as the agreement tests run it.
-	admitScript = newScript("admit.lua", admitConsts+"local OWNER_AT, OWN_DUE, ACCEPTS = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV]), false\n"+admitLua, true)
+	admitScript = newScript("admit.lua", admitConsts+"local OWNER_AT, OWN_DUE, NOT_BEFORE, MAX_SCHEDULED, JOB_ID, CAPPED, ACCEPTS = "+
+		"tonumber(ARGV[#ARGV - 5]), tonumber(ARGV[#ARGV - 4]), tonumber(ARGV[#ARGV - 3]), tonumber(ARGV[#ARGV - 2]), ARGV[#ARGV - 1], ARGV[#ARGV] == '1', false\n"+admitLua, true)
 	// enqueueScript admits and keeps a batch; admit.lua is its decision,
 	// loaded as a function (its KEYS and ARGV become the function's own).
-	enqueueScript = newScript("enqueue.lua", admitConsts+"local function admit_decision(KEYS, ARGV, OWNER_AT, OWN_DUE, ACCEPTS)\n"+admitLua+"\nend\n"+enqueueLua, true)
+	enqueueScript = newScript("enqueue.lua", admitConsts+"local function admit_decision(KEYS, ARGV, OWNER_AT, OWN_DUE, ACCEPTS, NOT_BEFORE, MAX_SCHEDULED, JOB_ID, CAPPED)\n"+admitLua+"\nend\n"+enqueueLua, true)
 )
 
 // enqueue.lua's codes (its header).
 const (
-	admitRefused     = 0
-	admitAdmitted    = 1
-	admitRepeat      = 2
-	admitWouldExpire = 3
-	admitNotFailed   = 4
+	admitRefused      = 0
+	admitAdmitted     = 1
+	admitRepeat       = 2
+	admitWouldExpire  = 3
+	admitNotFailed    = 4
+	admitScheduleFull = 5
+	admitBooked       = 6 // admitted, booked for its not_before
 )
 
 // admitReply is enqueue.lua's answer for one job.
@@ -80,7 +84,7 @@ func (a *admitReply) Decode(r *luascript.Reply) {
 	a.Prompt = r.Flag()
 	a.Pause = leaky.Pause{Shift: r.Duration(), Until: r.Time(), Held: r.Time()}
 	a.Job = r.Hash()
-	if a.Code < admitRefused || a.Code > admitNotFailed {
+	if a.Code < admitRefused || a.Code > admitBooked {
 		r.Fail(fmt.Errorf("unknown code %d", a.Code))
 	}
 }
@@ -124,10 +128,16 @@ func (s *Store) newAdmitCall(k partKeys, tenant string, p leaky.Policy, ceiling 
 }
 
 // add puts a job in the call: its hash's key, its idempotency key's key
-// (its hash's again if none) and its id.
-func (c *admitCall) add(jobKey, idemKey, id string, nj queue.NewJob) {
+// (its hash's again if none) and its id; maxScheduled is its tenant's, and
+// capped whether it has a cap on attempts in flight (rules.Call.Capped).
+func (c *admitCall) add(jobKey, idemKey, id string, nj queue.NewJob, maxScheduled int, capped bool) {
+	var notBefore int64
+	if !nj.NotBefore.IsZero() {
+		notBefore = micros(nj.NotBefore)
+	}
 	c.keys = append(c.keys, jobKey, idemKey)
-	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline), requestArg(nj.Request), nj.Type, callbackURLArg(nj.Callback), callbackOnArg(nj.Callback))
+	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline), requestArg(nj.Request), nj.Type,
+		callbackURLArg(nj.Callback), callbackOnArg(nj.Callback), notBefore, maxScheduled, flagArg(capped))
 	c.ids = append(c.ids, id)
 }
 
@@ -196,6 +206,7 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, jobs []queue.NewJob)
 		part := s.partOf(tenant)
 		k := keysOf(part)
 		call := s.newAdmitCall(k, tenant, p, ceiling, "new")
+		capped := s.caps(tenant).Capped()
 		idNow := s.localNow()
 		for _, i := range plan.Decide {
 			id := newJobID(idNow, part)
@@ -203,7 +214,7 @@ func (s *Store) Enqueue(ctx context.Context, tenant string, jobs []queue.NewJob)
 			if key := jobs[i].IdempotencyKey; key != "" {
 				ik = k.idem(tenant, key)
 			}
-			call.add(k.job(id), ik, id, jobs[i])
+			call.add(k.job(id), ik, id, jobs[i], p.MaxScheduled, capped)
 		}
 		replies, err := call.run(ctx, s)
 		if err != nil {
@@ -241,6 +252,9 @@ func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id str
 	case admitWouldExpire:
 		return queue.Admission{Impossible: &queue.ImpossibleError{Tenant: tenant, Reason: queue.ReasonWouldExpire, ExpectedDelay: r.Delay, Deadline: nj.Deadline},
 			QueueDepth: r.Depth, Capacity: p.Capacity}
+	case admitScheduleFull:
+		n, _ := strconv.Atoi(r.Job["scheduled"])
+		return queue.Admission{Rejected: queue.ScheduleFull(tenant, n, p.MaxScheduled), QueueDepth: r.Depth, Capacity: p.Capacity}
 	case admitRepeat: // the first job, as Job reads it
 		return queue.Repeat(underPause(jobFromHash(r.Job), r.Pause, r.Now), p.Capacity)
 	}
@@ -249,6 +263,9 @@ func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id str
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: r.Now, DispatchAt: r.DispatchAt, Slot: r.Slot,
 		AdmitDelay: r.Delay, AdmitDepth: r.Depth + 1, Prompt: r.Prompt, Deadline: nj.Deadline,
 		Request: nj.Request, Type: nj.Type, Callback: nj.Callback,
+	}
+	if r.Code == admitBooked {
+		j.State, j.NotBefore, j.AdmitDepth = queue.StateScheduled, nj.NotBefore, r.Depth
 	}
 	if c := max(nj.Cost, 1); c > 1 {
 		j.Cost = c
@@ -280,7 +297,7 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 	}
 	call := s.newAdmitCall(k, j.Tenant, p, ceiling, "retry")
 	// Its payload and key stay in its hash.
-	call.add(k.job(id), k.idemOf(j), id, queue.NewJob{Cost: j.Cost, Deadline: j.Deadline})
+	call.add(k.job(id), k.idemOf(j), id, queue.NewJob{Cost: j.Cost, Deadline: j.Deadline}, p.MaxScheduled, s.caps(j.Tenant).Capped())
 	replies, err := call.run(ctx, s)
 	if err != nil {
 		return queue.Admission{}, err
@@ -294,4 +311,12 @@ func (s *Store) Retry(ctx context.Context, id string) (queue.Admission, error) {
 		a.Job.EnqueuedAt, a.Job.Attempts = j.EnqueuedAt, 0
 	}
 	return a, nil
+}
+
+// flagArg is a yes or no as the scripts read it: "1" or "0".
+func flagArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }

@@ -33,14 +33,19 @@
 -- then per job id, payload, idempotency key ('' none), cost, deadline
 --              ('' none), request (its JSON, '' none: then the hash has
 --              no 'request' field), type ('' none: no 'type' field),
---              callback URL ('' none: no 'cbu' field) and the final
---              states it tells (comma-separated, '' all four: 'cbon')
+--              callback URL ('' none: no 'cbu' field), the final
+--              states it tells (comma-separated, '' all four: 'cbon'),
+--              its not_before (0 none), the tenant's max_scheduled and
+--              '1' if it has a cap on attempts in flight (admit.lua's
+--              NOT_BEFORE, MAX_SCHEDULED, CAPPED)
 --
 -- Returns one reply per job, each
 --   {code, slot, dispatch_at, delay, retry_after, depth, now, prompt,
 --    shift, until, held, field, value, ...}
--- code 1 admitted, 0 refused, 3 would expire (admit.lua's), 2 a repeated
--- idempotency key, 4 a retry of a job that is not failed; slot,
+-- code 1 admitted, 0 refused, 3 would expire, 5 schedule full (the
+-- field-value pairs: 'scheduled' and the count), 6 admitted booked for
+-- its not_before (admit.lua's), 2 a repeated idempotency key, 4 a retry
+-- of a job that is not failed; slot,
 -- dispatch_at, delay, retry_after, depth, prompt as admit.lua's; shift,
 -- until, held the
 -- tenant's pause and the field-value pairs the first job's hash without
@@ -73,7 +78,7 @@ end
 
 -- What a repeated key is answered with: the first job as Job reads it.
 local job_fields = {'id', 'tenant', 'state', 'key', 'cost', 'deadline', 'enq', 'slot', 'dispatch',
-  'delay', 'depth', 'prompt', 'attempts', 'failures', 'sent', 'fin', 'err', 'status', 'request', 'type', 'cbu', 'cbon'}
+  'delay', 'depth', 'prompt', 'attempts', 'failures', 'sent', 'fin', 'err', 'status', 'request', 'type', 'cbu', 'cbon', 'nb'}
 local function repeat_reply(jk)
   local v = redis.call('HMGET', jk, unpack(job_fields))
   if not v[3] then return nil end -- gone (past retention): the key is stale
@@ -93,11 +98,12 @@ local admitted, rejected = 0, 0
 -- This batch's jobs due by the arrival (its prompt ones): admit_decision
 -- counts them whole (OWN_DUE).
 local own_due = 0
-for j = 0, (#ARGV - a + 1) / 9 - 1 do
-  local b = a + j * 9
+for j = 0, (#ARGV - a + 1) / 12 - 1 do
+  local b = a + j * 12
   local id, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 2]
   local cost, deadline, request = tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5]
   local jtype, cb_url, cb_on = ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
+  local not_before, max_scheduled, capped = tonumber(ARGV[b + 9]), tonumber(ARGV[b + 10]), ARGV[b + 11] == '1'
   local jk, ik = KEYS[9 + nw + j * 2], KEYS[10 + nw + j * 2]
   local r
   local first = key ~= '' and redis.call('GET', ik)
@@ -110,26 +116,31 @@ for j = 0, (#ARGV - a + 1) / 9 - 1 do
   else
     local aargv = {now, ARGV[2], ARGV[3], ARGV[4], ARGV[5], cost, -1, '1', deadline, ARGV[6], ARGV[7]}
     for i = 1, 2 * nw do aargv[#aargv + 1] = ARGV[14 + i] end
-    local d = admit_decision(akeys, aargv, owner_at, own_due, mode ~= 'retry')
-    -- admit.lua's {admitted, slot, dispatch_at, retry_after, depth, now, prompt, delay}
+    local d = admit_decision(akeys, aargv, owner_at, own_due, mode ~= 'retry', not_before, max_scheduled, id, capped)
+    -- admit.lua's {admitted, slot, dispatch_at, retry_after, depth, now, prompt, delay, scheduled}
     r = {d[1], d[2], d[3], d[8], d[4], d[5], d[6], d[7], 0, 0, 0}
+    if d[1] == 5 then r[12] = 'scheduled'; r[13] = string.format('%d', d[9]) end
   end
-  if r[1] == 0 then
+  if r[1] == 0 or r[1] == 5 then
     rejected = rejected + 1
-  elseif r[1] == 1 then
+  elseif r[1] == 1 or r[1] == 6 then
     local slot, dispatch_at, delay, depth = r[2], r[3], r[4], r[6]
+    local state, index = 'queued', KEYS[5]
+    if r[1] == 6 then state, index = 'scheduled', prefix .. 'sched:' .. tenant end
     if mode == 'retry' then
       -- It waits again: no longer one of the tenant's failed jobs
       -- (rules.Admit's Resend).
       if (tonumber(redis.call('HGET', KEYS[1], 'failed')) or 0) > 0 then redis.call('HINCRBY', KEYS[1], 'failed', -1) end
-      redis.call('HSET', jk, 'state', 'queued', 'slot', slot, 'attempts', 0, 'failures', 0, 'fin', 0)
+      redis.call('HSET', jk, 'state', state, 'slot', slot, 'attempts', 0, 'failures', 0, 'fin', 0)
+      redis.call('HDEL', jk, 'nb') -- sent again as an ordinary job: its not_before is spent
       redis.call('PERSIST', jk)
       redis.call('PERSIST', ik)
       redis.call('ZREM', KEYS[4], id)
     else
-      redis.call('HSET', jk, 'id', id, 'tenant', tenant, 'state', 'queued', 'payload', payload, 'key', key,
+      redis.call('HSET', jk, 'id', id, 'tenant', tenant, 'state', state, 'payload', payload, 'key', key,
         'cost', cost, 'deadline', deadline, 'enq', now, 'slot', slot,
         'delay', delay, 'depth', depth + 1, 'prompt', r[8], 'attempts', 0, 'failures', 0)
+      if r[1] == 6 then redis.call('HSET', jk, 'nb', not_before, 'depth', depth) end
       if request ~= '' then redis.call('HSET', jk, 'request', request) end
       if jtype ~= '' then redis.call('HSET', jk, 'type', jtype) end
       if cb_url ~= '' then redis.call('HSET', jk, 'cbu', cb_url, 'cbon', cb_on) end
@@ -137,7 +148,7 @@ for j = 0, (#ARGV - a + 1) / 9 - 1 do
       if key ~= '' then redis.call('SET', ik, id) end
     end
     redis.call('RPUSH', KEYS[2], id .. ' ' .. string.format('%d', dispatch_at) .. ' ' .. tenant)
-    redis.call('ZADD', KEYS[5], slot, id)
+    redis.call('ZADD', index, slot, id)
     if r[8] == 1 then own_due = own_due + 1 end -- prompt: due by the arrival
     admitted = admitted + 1
     longest = math.max(longest, dispatch_at - now + cost * T)

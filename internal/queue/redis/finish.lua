@@ -48,7 +48,7 @@ local retention, idle_ms, prefix = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local tenant_of, tenants = tenant_batch(prefix,
   {{'shift', 'shift'}, {'until', 'untl'}, {'held', 'held'}, {'depth', 'depth'}, {'inflight', 'inflight'},
    {'tat', 'tat'}, {'delivered', 'delivered_before'}, {'failed', 'failed_before'}, {'next', 'next'},
-   {'behind', 'behind'}},
+   {'behind', 'behind'}, {'scheduled', 'scheduled'}},
   function(t) t.after, t.delivered, t.failed, t.last_slot, t.new_behind = 0, 0, 0, 0, 0 end)
 
 local out, ended, callbacks = {}, {}, {}
@@ -109,10 +109,12 @@ for _, t in ipairs(tenants) do
   if t.held > 0 and t.held < tnow then tnow = t.held end
   if tnow < t.untl then tnow = t.untl end
   if t.counted then leave_claimed(prefix .. 'claimed:' .. t.name, t.last_slot, tnow - t.shift, idle_ms) end
-  -- Its count in the active set is its jobs (depth and in flight, which
-  -- settle reads too): none left, it leaves the set without counting down.
-  if t.depth + inflight <= 0 or tonumber(redis.call('ZINCRBY', KEYS[2], -n, t.name)) <= 0 then idle[#idle + 1] = t.name end
-  settle_known(t.key, now, idle_ms, t.depth + inflight, t.held, t.tat, t.shift, t.untl)
+  -- Its count in the active set is its jobs (depth, scheduled and in
+  -- flight, which settle reads too): none left, it leaves the set without
+  -- counting down.
+  local jobs = t.depth + t.scheduled + inflight
+  if jobs <= 0 or tonumber(redis.call('ZINCRBY', KEYS[2], -n, t.name)) <= 0 then idle[#idle + 1] = t.name end
+  settle_known(t.key, now, idle_ms, jobs, t.held, t.tat, t.shift, t.untl)
 end
 if #idle > 0 then redis.call('ZREM', KEYS[2], unpack(idle)) end
 return out

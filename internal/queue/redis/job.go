@@ -69,7 +69,7 @@ func jobFromHash(h map[string]string) queue.Job {
 		Deadline: deadlineOf(h["deadline"]), SentAt: fromMicros(n("sent")), FinishedAt: fromMicros(n("fin")),
 		LastError: h["err"], ResponseStatus: int(n("status")),
 		AdmitDelay: time.Duration(n("delay")) * time.Microsecond, AdmitDepth: int(n("depth")), Prompt: h["prompt"] == "1",
-		Type: h["type"],
+		Type: h["type"], NotBefore: fromMicros(n("nb")),
 	}
 	if _, ok := h["payload"]; !ok {
 		j.Payload = nil

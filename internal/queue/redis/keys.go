@@ -54,6 +54,12 @@ func (k partKeys) failed(t string) string { return k.tag + "failed:" + t }
 // schedule from waiting when it takes the partition. Empty, Redis drops
 // them.
 func (k partKeys) waiting(t string) string { return k.tag + "waiting:" + t }
+
+// sched indexes a tenant's jobs booked for their not_before (zset: id ->
+// slot) until they are claimed: apart from waiting, as they are from the
+// queue's depth (the hash's "scheduled" counts them). The owner loads
+// them with waiting when it takes the partition.
+func (k partKeys) sched(t string) string   { return k.tag + "sched:" + t }
 func (k partKeys) claimed(t string) string { return k.tag + "claimed:" + t }
 
 // idem is an idempotency key's key: the tenant's length first, so that no

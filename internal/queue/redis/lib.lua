@@ -16,7 +16,7 @@ local function server_now(arg)
   return now
 end
 
--- A tenant's hash lives while it has jobs (waiting or being sent) or an
+-- A tenant's hash lives while it has jobs (waiting, scheduled or being sent) or an
 -- operator's hold; once it has neither, it expires idle_ms after its
 -- schedule runs out. Called wherever those counts change.
 -- settle_known is settle for a caller that has the hash's fields at hand.
@@ -29,8 +29,8 @@ local function settle_known(tk, now, idle_ms, jobs, held, tat, shift, untl)
   redis.call('PEXPIRE', tk, at_least(0, math.floor((real_tat - now) / 1000)) + idle_ms)
 end
 local function settle(tk, now, idle_ms)
-  local h = redis.call('HMGET', tk, 'depth', 'inflight', 'held', 'tat', 'shift', 'until')
-  settle_known(tk, now, idle_ms, (tonumber(h[1]) or 0) + (tonumber(h[2]) or 0), tonumber(h[3]) or 0,
+  local h = redis.call('HMGET', tk, 'depth', 'inflight', 'held', 'tat', 'shift', 'until', 'scheduled')
+  settle_known(tk, now, idle_ms, (tonumber(h[1]) or 0) + (tonumber(h[2]) or 0) + (tonumber(h[7]) or 0), tonumber(h[3]) or 0,
     tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0)
 end
 

@@ -235,7 +235,7 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 		// Each process's own clock is off the run's (Redis's) by its own
 		// skew: it works in Redis's time through the offset it measures.
 		own := skewedClock{Clock: c.Clock, skew: modelSkews[n%len(modelSkews)]}
-		s, err := Open(context.Background(), Options{Client: rdb, OwnsClient: true, Clock: c.Clock, Testing: &TestHooks{OwnClock: own}, Policy: c.Policy, StartLag: -1,
+		s, err := Open(context.Background(), Options{Client: rdb, OwnsClient: true, Clock: c.Clock, Testing: &TestHooks{OwnClock: own}, Policy: c.Policy, Caps: c.Caps, StartLag: -1,
 			Partitions: modelPartitions, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			// Quick polls of the arrivals (real time); a short lease, as
 			// each crash waits for it.

@@ -56,7 +56,7 @@ local taken = 0
 if ARGV[4] == '1' then
   for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
     local jk = prefix .. 'job:' .. id
-    local j = redis.call('HMGET', jk, 'state', 'slot', 'tenant', 'attempts', 'cost')
+    local j = redis.call('HMGET', jk, 'state', 'slot', 'tenant', 'attempts', 'cost', 'nb')
     if j[1] == 'dispatching' then
       local tk = prefix .. 'tenant:' .. j[3]
       -- It may have been written at any moment up to now: the tenant's
@@ -73,11 +73,15 @@ if ARGV[4] == '1' then
       -- embedded store, whose claims are not written), and a job with no
       -- attempt recorded waits as queued.
       local attempts = math.max((tonumber(j[4]) or 1) - 1, 0)
-      redis.call('HSET', jk, 'state', attempts > 0 and 'retrying' or 'queued', 'attempts', attempts)
+      -- One booked for its not_before, never attempted, is booked again
+      -- (counted in scheduled, as the embedded store's restart has it).
+      local state, index, count = attempts > 0 and 'retrying' or 'queued', 'waiting:', 'depth'
+      if attempts == 0 and (tonumber(j[6]) or 0) > 0 then state, index, count = 'scheduled', 'sched:', 'scheduled' end
+      redis.call('HSET', jk, 'state', state, 'attempts', attempts)
       redis.call('ZREM', prefix .. 'claimed:' .. j[3], id)
-      redis.call('ZADD', prefix .. 'waiting:' .. j[3], tonumber(j[2]) or 0, id)
+      redis.call('ZADD', prefix .. index .. j[3], tonumber(j[2]) or 0, id)
       redis.call('HINCRBY', tk, 'inflight', -1)
-      redis.call('HINCRBY', tk, 'depth', 1)
+      redis.call('HINCRBY', tk, count, 1)
       taken = taken + 1
     end
   end
@@ -88,7 +92,7 @@ end
 -- past them (see above; rules.Respace is the rule, and
 -- TestLuaTakeoverAgreesWithRules holds the two together): waiting is
 -- ZRANGE WITHSCORES, in slot order, and gets their new slots.
-local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tat, lastcost)
+local function respace(tk, name, waiting, in_sched, T, tau, windows, shift, untl, held, nxt, tat, lastcost)
   if #waiting == 0 then return end
   local lost = tonumber(redis.call('HGET', tk, 'lost')) or 0
   if lost > 0 then redis.call('HDEL', tk, 'lost') end -- spent here, whatever the pause
@@ -129,7 +133,7 @@ local function respace(tk, name, waiting, T, tau, windows, shift, untl, held, nx
       t = windows_slot(windows, t, cost)
       windows_record(windows, t, cost)
     end
-    redis.call('ZADD', prefix .. 'waiting:' .. name, t, waiting[i])
+    redis.call('ZADD', prefix .. (in_sched[waiting[i]] and 'sched:' or 'waiting:') .. name, t, waiting[i])
     redis.call('HSET', jk, 'slot', t, 'dispatch', real(t))
     booked_drop(tk, waiting[i]) -- a booked retry moved: it is in the schedule now
     waiting[i + 1] = string.format('%d', t) -- as ZRANGE gives it (tostring would round to 14 digits)
@@ -185,10 +189,36 @@ while i <= #ARGV do
   if last > 0 then nxt = at_least(nxt, last + T * at_least(tonumber(h[7]) or 1, 1)) end
   local r = {name, shift, untl, held, nxt}
   local waiting = redis.call('ZRANGE', prefix .. 'waiting:' .. name, 0, -1, 'WITHSCORES')
+  -- With them, in slot order (then id, as ZRANGE has them), the jobs
+  -- booked for their not_before: a respace moves one that is overdue,
+  -- later, as the embedded store's restart does.
+  local in_sched = {}
+  local sched = redis.call('ZRANGE', prefix .. 'sched:' .. name, 0, -1, 'WITHSCORES')
+  if #sched > 0 then
+    local merged, a, b = {}, 1, 1
+    while a <= #waiting or b <= #sched do
+      local take_sched = a > #waiting
+      if not take_sched and b <= #sched then
+        local sa, sb = tonumber(waiting[a + 1]), tonumber(sched[b + 1])
+        take_sched = sb < sa or (sb == sa and sched[b] < waiting[a])
+      end
+      if take_sched then
+        in_sched[sched[b]] = true
+        local n = #merged
+        merged[n + 1], merged[n + 2] = sched[b], sched[b + 1]
+        b = b + 2
+      else
+        local n = #merged
+        merged[n + 1], merged[n + 2] = waiting[a], waiting[a + 1]
+        a = a + 2
+      end
+    end
+    waiting = merged
+  end
   -- The jobs are placed anew from the next send: the lateness of the
   -- sends before (behind, finish.lua's) is spent.
   redis.call('HDEL', tk, 'behind')
-  respace(tk, name, waiting, T, tau, windows, shift, untl, held, nxt, tonumber(h[5]) or 0, at_least(tonumber(h[7]) or 1, 1))
+  respace(tk, name, waiting, in_sched, T, tau, windows, shift, untl, held, nxt, tonumber(h[5]) or 0, at_least(tonumber(h[7]) or 1, 1))
   local floor = nxt - shift + tau -- tenant time
   if floor > tenant_time(tk, now) then -- held: its clock stands still, and so does its credit
     if floor > (tonumber(redis.call('HGET', tk, 'tat')) or 0) then redis.call('HSET', tk, 'tat', floor) end

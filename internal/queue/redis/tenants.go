@@ -23,11 +23,12 @@ import (
 type tenantState struct {
 	rec             rules.Record // without its windows (lists of their own)
 	depth, inFlight int
+	scheduled       int       // booked for their not_before (sched)
 	ownerAt         time.Time // when its partition gets an owner (zero: it has one)
 }
 
 // tenantFields are the fields of a tenant's hash that parseTenant reads.
-var tenantFields = []string{"tat", "shift", "until", "held", "depth", "inflight", "accepted", "rejected", "delivered", "failed", "cancelled", "expired", "booked", "behind"}
+var tenantFields = []string{"tat", "shift", "until", "held", "depth", "inflight", "accepted", "rejected", "delivered", "failed", "cancelled", "expired", "booked", "behind", "scheduled"}
 
 // parseTenant reads HMGET's answer for tenantFields (a field not there
 // reads 0).
@@ -55,7 +56,7 @@ func parseTenant(v []any) tenantState {
 			Booked: parseBooked(field(12)),
 			Behind: fromMicros(n(13)),
 		},
-		depth: int(n(4)), inFlight: int(n(5)),
+		depth: int(n(4)), inFlight: int(n(5)), scheduled: int(n(14)),
 	}
 }
 
@@ -174,7 +175,7 @@ func (s *Store) status(ctx context.Context, name string, ts tenantState, now tim
 	depth := max(ts.depth, 0)
 	paused, until := pz.Paused(now)
 	return queue.TenantStatus{
-		Tenant: name, QueueDepth: depth, InFlight: max(ts.inFlight, 0), OwnerAt: ts.ownerAt,
+		Tenant: name, QueueDepth: depth, InFlight: max(ts.inFlight, 0), OwnerAt: ts.ownerAt, Scheduled: max(ts.scheduled, 0),
 		ExpectedDelay: rules.ExpectedDelay(rec, now, p, ceiling, depth, ts.ownerAt),
 		LimitedBy:     rules.LimitOf(rec, now, p, ceiling, depth),
 		Paused:        paused, PausedUntil: until, Held: !pz.Held.IsZero(),
