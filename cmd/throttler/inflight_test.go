@@ -80,20 +80,7 @@ func capRun(t *testing.T, redisURL, body string, tenants, perTenant int) {
 	ds := downstreamtest.New(t)
 	vendor := &openCounter{}
 	ds.Answer(vendor.answer(200 * time.Millisecond))
-	var file string
-	var api *process
-	var senders []*process
-	var role []string // the senders'
-	if redisURL == "" {
-		file = writeConfig(t, body, ds)
-		api = startProcess(t, file)
-		senders = []*process{api}
-	} else {
-		file = redisConfig(t, redisURL, "standalone", body, ds)
-		role = []string{"--role", "worker"}
-		api = startProcess(t, file, "--role", "api")
-		senders = []*process{startProcess(t, file, role...), startProcess(t, file, role...)}
-	}
+	file, api, senders, role := startSenders(t, redisURL, body, ds)
 	names := postAtOnce(t, api.base, tenants, perTenant)
 	total := tenants * perTenant
 	testutil.WaitFor(t, 30*time.Second, "a third of the jobs answered", func() bool {
@@ -123,6 +110,23 @@ func capRun(t *testing.T, redisURL, body string, tenants, perTenant int) {
 	for tn := range tenants { // the rate still holds under the cap
 		downstreamtest.CheckWindows(t, ds.Of(fmt.Sprintf("t%d", tn)), 20*time.Millisecond, 1)
 	}
+}
+
+// startSenders starts, on the config body, one process (redisURL "": the
+// embedded store) or, on Redis, an API process and two workers; it returns
+// the config's file, the process to post to, those that send and the
+// arguments that start another sender.
+func startSenders(t *testing.T, redisURL, body string, ds *downstreamtest.Server) (file string, api *process, senders []*process, role []string) {
+	t.Helper()
+	if redisURL == "" {
+		file = writeConfig(t, body, ds)
+		api = startProcess(t, file)
+		return file, api, []*process{api}, nil
+	}
+	file = redisConfig(t, redisURL, "standalone", body, ds)
+	role = []string{"--role", "worker"}
+	api = startProcess(t, file, "--role", "api")
+	return file, api, []*process{startProcess(t, file, role...), startProcess(t, file, role...)}, role
 }
 
 // sending is the first of processes seen to make an attempt from now on.

@@ -74,20 +74,7 @@ func scheduledRun(t *testing.T, redisURL string) {
 	if os.Getenv("THROTTLER_SCHEDULED_WINDOW") == "0" { // the rate alone
 		body, winN = fmt.Sprintf("[tenant_defaults]\nrate = \"%d/s\"\ncapacity = 100000\n", rate), n
 	}
-	var file string
-	var api *process
-	var senders []*process
-	var role []string
-	if redisURL == "" {
-		file = writeConfig(t, body, ds)
-		api = startProcess(t, file)
-		senders = []*process{api}
-	} else {
-		file = redisConfig(t, redisURL, "standalone", body, ds)
-		role = []string{"--role", "worker"}
-		api = startProcess(t, file, "--role", "api")
-		senders = []*process{startProcess(t, file, role...), startProcess(t, file, role...)}
-	}
+	file, api, senders, role := startSenders(t, redisURL, body, ds)
 	// A Redis new to its workers holds its partitions vacant for a lease
 	// first (DESIGN.md 6c): the run starts once the tenant's has an owner.
 	testutil.WaitFor(t, 15*time.Second, "the tenant's partition owned", func() bool {

@@ -337,6 +337,21 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// Found by the soak of the build that put caps and scheduled
+			// sends in the model (seed 43 of 100): open.
+			name: "CapRetryAndBookingCostSpacing",
+			skip: "open: a booked job written 300 ms sooner than the costs of a capped tenant's writes before allow, after a reload and retries of a cost-4 job",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 4, MaxInFlight: 1}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 4, Key: "k4"}}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 2, MaxInFlight: 2}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerRetry, Backoff: 350 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k2", NotBefore: 1250 * ms}}},
+				{Kind: queuetest.OpAdvance, D: 450 * ms},
+			},
+		},
+		{
 			name: "StartLagAfterCrash", defect: queuetest.DefectStartLag,
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 50 * ms, Timeout: 100 * ms}},

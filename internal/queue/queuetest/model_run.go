@@ -154,13 +154,18 @@ func (r *runner) failf(kind, format string, args ...any) {
 	r.fail = &ModelFailure{Step: r.step, Op: r.op, At: r.clk.Now().Sub(T0), Kind: kind, Msg: fmt.Sprintf(format, args...)}
 }
 
-func (r *runner) policy(tenant string) leaky.Policy {
+// spec is tenant's policy as the run has it now.
+func (r *runner) spec(tenant string) PolicySpec {
 	r.polMu.Lock()
-	p, ok := r.pols[tenant]
-	r.polMu.Unlock()
-	if !ok {
-		p = defaultModelPolicy
+	defer r.polMu.Unlock()
+	if p, ok := r.pols[tenant]; ok {
+		return p
 	}
+	return defaultModelPolicy
+}
+
+func (r *runner) policy(tenant string) leaky.Policy {
+	p := r.spec(tenant)
 	lp := leaky.Policy{Interval: p.Interval, Burst: p.Burst, Capacity: p.Capacity, MaxScheduled: p.MaxScheduled}
 	for _, w := range p.Windows {
 		lp.Windows = append(lp.Windows, leaky.Window{N: w.N, Length: w.Length})
@@ -171,13 +176,7 @@ func (r *runner) policy(tenant string) leaky.Policy {
 // caps gives a tenant's cap on attempts in flight, as its policy says;
 // an attempt a crash cut short holds its place for modelCapTimeout.
 func (r *runner) caps(tenant string) queue.Caps {
-	r.polMu.Lock()
-	p, ok := r.pols[tenant]
-	r.polMu.Unlock()
-	if !ok {
-		p = defaultModelPolicy
-	}
-	return queue.Caps{Downstream: "model", Tenant: p.MaxInFlight, Timeout: modelCapTimeout}
+	return queue.Caps{Downstream: "model", Tenant: r.spec(tenant).MaxInFlight, Timeout: modelCapTimeout}
 }
 
 // modelCapTimeout is the downstream's timeout the caps are told: how long
