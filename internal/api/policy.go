@@ -75,7 +75,7 @@ func (s *server) dropPolicy(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, r, err)
 			return
 		}
-		if n := st.QueueDepth + st.InFlight; n > 0 {
+		if n := st.QueueDepth + st.Scheduled + st.InFlight; n > 0 {
 			s.fail(w, r, errorf(http.StatusConflict, "tenant_has_jobs",
 				"tenant %q is known only by its policy (allow_unknown_tenants is false), and %d of its jobs wait or are being sent: without the policy they could no longer be read, held or cancelled; cancel them or let them go first, or name the tenant in the file", tenant, n))
 			return

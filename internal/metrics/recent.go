@@ -220,7 +220,7 @@ func (rc *Recent) sampleTenants(ctx context.Context, now time.Time) {
 			tr = &tenantTrack{samples: newRing[TenantSample](rc.keep)}
 			rc.tenants[st.Tenant] = tr
 		}
-		if st.QueueDepth > 0 || st.InFlight > 0 {
+		if st.QueueDepth > 0 || st.InFlight > 0 || st.Scheduled > 0 {
 			tr.lastBusy = now
 		}
 		tr.samples.push(TenantSample{At: now, Depth: st.QueueDepth, InFlight: st.InFlight, Delay: st.ExpectedDelay,

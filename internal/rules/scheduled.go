@@ -22,14 +22,15 @@ func admitScheduled(rec *Record, q Queue, c Call) (d Decision, ok bool) {
 	r.Absorb(p, c.Arrival, cost)
 	place := clock.Later(c.Arrival, r.TAT.Add(-p.Tolerance()))
 	nb := tenantAt(rec.Pause, c.Now, c.NotBefore)
+	depth := q.Depth()
 	if !c.OwnerAt.IsZero() {
-		// No sender before it: booked there at the soonest.
-		nb = clock.Later(nb, tenantAt(rec.Pause, c.Now, c.OwnerAt))
+		// No sender before it, which then sends the jobs ahead first, one
+		// interval apart (Admit): booked after them at the soonest.
+		nb = clock.Later(nb, tenantAt(rec.Pause, c.Now, c.OwnerAt.Add(time.Duration(depth)*p.Interval)))
 	}
 	if !nb.After(place) {
 		return Decision{}, false
 	}
-	depth := q.Depth()
 	slot := nb
 	if len(p.Windows) > 0 {
 		slot = leaky.WindowSlot(rec.Recent(p), p, slot, cost)

@@ -77,6 +77,15 @@ func TestAdmitScheduled(t *testing.T) {
 	if d := Admit(&held, &slots{}, call(2*time.Second, "h")); !d.Scheduled || !d.DispatchAt.Equal(t0.Add(2*time.Second)) {
 		t.Errorf("held: %+v, want it due at +2s if resumed now", d)
 	}
+	// A partition with no sender until +5s, which sends the job ahead
+	// first: booked an interval after it, not on it.
+	owned := Record{}
+	ahead := &slots{}
+	first := Admit(&owned, ahead, Call{Now: t0, Arrival: t0, Policy: p, Cost: 1, OwnerAt: t0.Add(5 * time.Second)})
+	ahead.deciding = append(ahead.deciding, first.Slot)
+	if d := Admit(&owned, ahead, Call{Now: t0, Arrival: t0, Policy: p, Cost: 1, OwnerAt: t0.Add(5 * time.Second), NotBefore: t0.Add(time.Second), Job: "o"}); !first.Slot.Equal(t0.Add(5*time.Second)) || !d.Scheduled || !d.Slot.Equal(t0.Add(5*time.Second+100*ms)) {
+		t.Errorf("with no sender until +5s: the job ahead at +%v, the booked one %+v, want +5s and +5.1s", first.Slot.Sub(t0), d)
+	}
 	// A window full until +5s: booked when it has room.
 	w := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 5, Windows: []leaky.Window{{N: 2, Length: 5 * time.Second}}}
 	var wrec Record

@@ -251,6 +251,9 @@ func (s *Store) handOver(claimed, gone []queue.Job, chosen []dueEntry) {
 	for _, j := range claimed {
 		s.claims[j.ID] = j
 		s.handedAt[j.ID] = now
+		if scheduled[j.ID] {
+			s.booked[j.ID] = true
+		}
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.leave(scheduled[j.ID])
 			tm.inFlight++

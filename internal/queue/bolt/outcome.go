@@ -26,15 +26,24 @@ type finishReq struct {
 // finish records the outcome of a claimed job, in a group with others.
 func (s *Store) finish(j queue.Job, o queue.Outcome) error {
 	if o.Result == queue.Released && o.PauseUntil.IsZero() {
-		// Nothing was sent and nothing was written: the job waits as it was.
+		// Nothing was sent and nothing was written: the job waits as it was
+		// (one booked for its not_before is still so on disk).
 		s.mu.Lock()
+		booked := s.booked[j.ID]
 		s.unclaim(j.ID)
 		delete(s.handedAt, j.ID)
 		s.giveBackCeiling(j)
 		at := j.DispatchAt
+		if booked {
+			j.State = queue.StateScheduled
+		}
 		if tm, ok := s.tenants[j.Tenant]; ok {
 			tm.inFlight--
-			tm.depth++
+			if booked {
+				tm.scheduled++
+			} else {
+				tm.depth++
+			}
 			at = rules.RealAt(tm.rec.Pause, j.Slot) // the tenant may have paused meanwhile
 		}
 		e := entryOf(j, at)
@@ -272,4 +281,5 @@ func (s *Store) unclaim(id string) {
 	s.capRelease(id)
 	delete(s.claims, id)
 	delete(s.written, id)
+	delete(s.booked, id)
 }

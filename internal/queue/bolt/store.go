@@ -115,8 +115,11 @@ type Store struct {
 	tenants  map[string]*tenantMem
 	idemWait map[string]chan struct{} // keys being admitted right now
 	sched    schedule
-	claims   map[string]queue.Job  // jobs handed to the dispatcher, as handed over
-	written  map[string]bool       // claims whose attempt's request is written (Wrote)
+	claims   map[string]queue.Job // jobs handed to the dispatcher, as handed over
+	written  map[string]bool      // claims whose attempt's request is written (Wrote)
+	// booked are the claims of jobs booked for their not_before: one
+	// released unsent is booked again (counted in its tenant's scheduled).
+	booked   map[string]bool
 	handedAt map[string]time.Time  // when each claimed job was handed over
 	fair     map[string]*fairQueue // by downstream: due jobs sharing its ceiling or its caps
 	// capHeld are the counts each claim holds (caps.go); open, the claims
@@ -228,6 +231,7 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 		tenants:       map[string]*tenantMem{},
 		idemWait:      map[string]chan struct{}{},
 		claims:        map[string]queue.Job{},
+		booked:        map[string]bool{},
 		unapplied:     map[string]*queue.Job{},
 		unappliedKeys: map[string]string{},
 		tenantSeen:    map[string]bool{},

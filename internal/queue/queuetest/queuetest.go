@@ -80,6 +80,7 @@ func Run(t *testing.T, d Driver) {
 		{"CapsSetByAReloadCountWhatIsInFlight", testCapsSetByAReloadCountWhatIsInFlight},
 		{"PolicyChangeRepacesTheBacklog", testPolicyChangeRepacesTheBacklog},
 		{"ScheduledJobsWaitForTheirTime", testScheduledJobsWaitForTheirTime},
+		{"ScheduledJobReleasedIsCountedOnce", testScheduledJobReleasedIsCountedOnce},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
 		{"TypesAndHandlerCancels", testTypesAndHandlerCancels},

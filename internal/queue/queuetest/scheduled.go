@@ -3,6 +3,7 @@ package queuetest
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,5 +119,49 @@ func testScheduledJobsWaitForTheirTime(t *testing.T, d Driver) {
 	var se *queue.StateError
 	if _, err := s.Cancel(ctx, a.Job.ID); !errors.As(err, &se) {
 		t.Fatalf("cancel of a sent scheduled job: %v", err)
+	}
+}
+
+// A job booked for its not_before, handed over and released unsent (the
+// service stopping, the gate busy), waits again and is counted once, as
+// scheduled or in the depth; cancelled then, it leaves both at zero; and a
+// tenant whose only other job ended meanwhile keeps its booking.
+func testScheduledJobReleasedIsCountedOnce(t *testing.T, d Driver) {
+	ctx := context.Background()
+	clk, s := d.start(t, Leaky20(3))
+	nj := Payload(1)
+	nj.NotBefore = T0.Add(200 * time.Millisecond)
+	a := EnqueueOne(t, s, "acme", nj)
+	if !a.Admitted() || a.Job.State != queue.StateScheduled {
+		t.Fatalf("a job not before T0+200ms: %+v", a)
+	}
+	var handed atomic.Bool
+	stop := Consume(t, s, 10*time.Millisecond, func(_ context.Context, j queue.Job) queue.Outcome {
+		if j.ID == a.Job.ID {
+			handed.Store(true)
+		}
+		return queue.Outcome{Result: queue.Released}
+	})
+	WaitFor(t, func() bool {
+		if !handed.Load() {
+			clk.Advance(5 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // the store's own goroutines, in real time
+		}
+		return handed.Load()
+	})
+	stop()
+	WaitFor(t, func() bool {
+		st, err := s.Tenant(ctx, "acme")
+		return err == nil && st.InFlight == 0
+	})
+	st, err := s.Tenant(ctx, "acme")
+	if err != nil || st.Scheduled+st.QueueDepth != 1 || st.Scheduled < 0 || st.QueueDepth < 0 {
+		t.Fatalf("after the release: %+v %v, want it counted once", st, err)
+	}
+	if _, err := s.Cancel(ctx, a.Job.ID); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Tenant(ctx, "acme"); err != nil || st.Scheduled != 0 || st.QueueDepth != 0 {
+		t.Fatalf("after cancelling it: %+v %v", st, err)
 	}
 }

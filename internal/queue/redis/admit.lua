@@ -183,7 +183,8 @@ tat, absorbed = absorb(booked, 0, arrival, tat, tau, T, cost, windows, #windows 
 local nb = 0
 if NOT_BEFORE > 0 then
   nb = tenant_at(NOT_BEFORE)
-  if OWNER_AT > 0 then nb = at_least(nb, tenant_at(OWNER_AT)) end
+  -- no sender before OWNER_AT, which sends the jobs ahead first
+  if OWNER_AT > 0 then nb = at_least(nb, tenant_at(OWNER_AT + depth * T)) end
   if nb <= at_least(arrival, tat - tau) then nb = 0 end -- its place comes later: an ordinary job
 end
 if nb > 0 then

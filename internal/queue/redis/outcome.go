@@ -263,7 +263,7 @@ func (s *Store) writeOutcome(ctx context.Context, pipe goredis.Pipeliner, k part
 		pipe.ZRemRangeByScore(ctx, k.failed(cur.Tenant), "-inf", strconv.FormatInt(micros(now.Add(-s.retain)), 10))
 		pipe.PExpire(ctx, k.failed(cur.Tenant), s.retain)
 	}
-	jobs := st.depth + st.inFlight // this one is counted in flight
+	jobs := st.depth + st.scheduled + st.inFlight // this one is counted in flight
 	if cur.State.Finished() {
 		jobs--
 		pipe.PExpire(ctx, jk, s.retain)

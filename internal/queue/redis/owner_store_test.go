@@ -257,3 +257,36 @@ func TestTakeoverKeepsTheWindowsItMoves(t *testing.T) {
 		t.Fatalf("the window's list lives %v (%v), want the idle TTL (%v) past its entries, as admission keeps it", ttl, err, s.idle)
 	}
 }
+
+// The tenant's hash lives while it has a job booked for its not_before,
+// whichever way the outcome of its other job is recorded (here by the
+// rules in Go, for a handler's cancel): else its bookings and counts
+// would lapse with its idle time.
+func TestScheduledJobsKeepTheTenant(t *testing.T) {
+	s, rdb, clk := openOwnerStore(t)
+	ctx := context.Background()
+	later := queuetest.Payload(9)
+	later.NotBefore = clk.Now().Add(time.Hour)
+	out, err := s.Enqueue(ctx, "acme", []queue.NewJob{later})
+	if err != nil || out[0].Job.State != queue.StateScheduled {
+		t.Fatalf("a job an hour ahead: %+v %v", out, err)
+	}
+	id := admitAcme(t, s, 0).Job.ID
+	p := s.partOf("acme")
+	k := keysOf(p)
+	f := owner.Fence{Partition: p, Worker: "owner", Epoch: 1}
+	holdLease(t, rdb, f)
+	r, err := s.claimBatch(ctx, f, k, []*entry{{at: clk.Now(), id: id, tenant: "acme"}}, queue.DefaultLead)
+	if err != nil || r.Jobs[0].Code != claimed {
+		t.Fatalf("claim: %+v %v", r, err)
+	}
+	if _, _, _, err := s.finishByRule(ctx, f, k, claimedJob(r.Jobs[0]), queue.Outcome{Result: queue.Cancelled, SentAt: clk.Now()}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ttl, err := rdb.PTTL(ctx, k.tenant("acme")).Result(); err != nil || ttl != -1 {
+		t.Fatalf("the tenant's hash expires in %v (%v) with a job booked an hour ahead", ttl, err)
+	}
+	if st, err := s.Tenant(ctx, "acme"); err != nil || st.Scheduled != 1 {
+		t.Fatalf("tenant %+v %v", st, err)
+	}
+}
