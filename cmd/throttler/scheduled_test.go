@@ -35,6 +35,7 @@ import (
 // leaves the window out).
 func TestScheduledJobsArriveAtTheirTime(t *testing.T) {
 	testutil.SkipShort(t, "process test: scheduled sends at the vendor across a kill -9")
+	skipUnderRace(t)
 	t.Parallel() // waits on real time: overlapped with the other parallel tests
 	t.Run("embedded", func(t *testing.T) {
 		t.Parallel()
