@@ -25,7 +25,7 @@ func newTenantCommand(env []string) *cobra.Command {
 		c.Flags().StringVarP(&configFile, "config", "c", "", "config file to read the server address from")
 		return c
 	}
-	run := func(call func(*client.Client, *cobra.Command, string) (client.Policy, error)) func(*cobra.Command, []string) error {
+	run := func(call policyCall) func(*cobra.Command, []string) error {
 		return func(cmd *cobra.Command, args []string) error {
 			c, err := dial(server, token, configFile, env)
 			if err != nil {
@@ -56,11 +56,32 @@ http://127.0.0.1:8080.`
 			return c.Policy(cmd.Context(), t)
 		}),
 	})
+	set := flags(newTenantSetCommand(run, where))
+	reset := flags(&cobra.Command{
+		Use:   "reset TENANT",
+		Short: "Drop the policy the API set for a tenant: back to the file's (admin tokens only)",
+		Long:  "Drop the policy the API set for a tenant: its policy is the file's again, in every process within a second. The token must be an admin's." + where,
+		Args:  cobra.ExactArgs(1),
+		RunE: run(func(c *client.Client, cmd *cobra.Command, t string) (client.Policy, error) {
+			return c.ResetPolicy(cmd.Context(), t)
+		}),
+	})
+	root.AddCommand(show, set, reset)
+	return root
+}
+
+// policyCall is what one tenant subcommand asks the API for tenant t.
+type policyCall func(c *client.Client, cmd *cobra.Command, t string) (client.Policy, error)
+
+// newTenantSetCommand is `throttler tenant set` (without the connection
+// flags): each key given becomes the API's layer; run makes the call and
+// prints the answer; where says where the server comes from.
+func newTenantSetCommand(run func(policyCall) func(*cobra.Command, []string) error, where string) *cobra.Command {
 	var keys client.PolicyKeys
 	var capacity, burst, maxAttempts, maxInFlight, maxScheduled int
 	var horizon time.Duration
 	var noWindows bool
-	set := flags(&cobra.Command{
+	set := &cobra.Command{
 		Use:   "set TENANT [--plan NAME] [--rate N/DURATION] [--capacity N] [--window N/DURATION ...] ...",
 		Short: "Set a tenant's policy over the file's (admin tokens only)",
 		Long: `Set a tenant's policy over the file's: a plan (--plan pro says all of
@@ -94,7 +115,7 @@ nothing changes. The token must be an admin's.` + where,
 			}
 			return c.SetPolicy(cmd.Context(), t, keys)
 		}),
-	})
+	}
 	set.Flags().StringVar(&keys.Plan, "plan", "", "a [plans.NAME] of the config: all of its keys")
 	set.Flags().StringVar(&keys.Rate, "rate", "", "N/DURATION, such as 20/s")
 	set.Flags().IntVar(&capacity, "capacity", 0, "most jobs waiting (leaky mode)")
@@ -108,17 +129,7 @@ nothing changes. The token must be an admin's.` + where,
 	set.Flags().StringVar(&keys.Mode, "mode", "", "leaky or token")
 	set.Flags().StringVar(&keys.Downstream, "downstream", "", "the downstream its jobs go to")
 	set.Flags().StringVar(&keys.CallbackURL, "callback-url", "", "where its jobs' ends are told when a job names none")
-	reset := flags(&cobra.Command{
-		Use:   "reset TENANT",
-		Short: "Drop the policy the API set for a tenant: back to the file's (admin tokens only)",
-		Long:  "Drop the policy the API set for a tenant: its policy is the file's again, in every process within a second. The token must be an admin's." + where,
-		Args:  cobra.ExactArgs(1),
-		RunE: run(func(c *client.Client, cmd *cobra.Command, t string) (client.Policy, error) {
-			return c.ResetPolicy(cmd.Context(), t)
-		}),
-	})
-	root.AddCommand(show, set, reset)
-	return root
+	return set
 }
 
 // printPolicy writes a tenant's policy: one key a line, with where it

@@ -76,6 +76,7 @@ type call struct {
 	tm       *tenantMem
 	policy   leaky.Policy
 	ceiling  *leaky.Policy
+	capped   bool // a cap on attempts in flight (rules.Call.Capped)
 	now      time.Time
 	arrival  time.Time // in tenant time
 	asOf     time.Time // arrival in wall time (Admission.AsOf)
@@ -94,7 +95,7 @@ func (s *Store) newCall(tenant string, tm *tenantMem, n int) *call {
 	arrival := rules.Arrival(tm.rec.Pause, now, lag, tm.arrived)
 	tm.arrived = arrival
 	return &call{
-		tenant: tenant, tm: tm, policy: s.policy(tenant), ceiling: ceiling, now: now, ahead: ahead,
+		tenant: tenant, tm: tm, policy: s.policy(tenant), ceiling: ceiling, capped: s.caps(tenant).Capped(), now: now, ahead: ahead,
 		arrival: arrival, asOf: now.Add(arrival.Sub(tm.rec.Pause.TenantTime(now))),
 		out: make([]queue.Admission, n),
 	}
@@ -258,7 +259,7 @@ func (s *Store) settle(c *call, commitErr error) error {
 func (s *Store) admit(c *call, cost int, deadline time.Time, resend bool, notBefore time.Time, id string) rules.Decision {
 	return rules.Admit(&c.tm.rec, tenantQueue{s, c.tenant, c.tm}, rules.Call{
 		Now: c.now, Arrival: c.arrival, Policy: c.policy, Ceiling: c.ceiling,
-		Cost: cost, Deadline: deadline, Resend: resend, NotBefore: notBefore, Job: id, Capped: s.caps(c.tenant).Capped(),
+		Cost: cost, Deadline: deadline, Resend: resend, NotBefore: notBefore, Job: id, Capped: c.capped,
 	})
 }
 

@@ -97,26 +97,11 @@ func (r *runner) enqueue(op Op, now time.Time) {
 	for i, spec := range op.Jobs {
 		a := out[i]
 		where := fmt.Sprintf("job %d of %d", i+1, len(jobs))
-		if spec.Key != "" {
-			if f, ok := firstUse[spec.Key]; ok {
-				b := out[f]
-				if a.Job.ID != b.Job.ID || a.Duplicate != b.Admitted() || (a.Rejected == nil) != (b.Rejected == nil) || (a.Impossible == nil) != (b.Impossible == nil) {
-					r.failf("idempotency", "%s repeats key %q of job %d in the call: answered %s, the first %s", where, spec.Key, f+1, admissionString(a), admissionString(b))
-					return
-				}
-				continue
+		if r.repeatsAKey(tn, spec, out, i, firstUse, where) {
+			if r.fail != nil {
+				return
 			}
-			firstUse[spec.Key] = i
-			if mj := tn.keys[spec.Key]; mj != nil {
-				if r.m.known&DefectRepeatCost != 0 && max(spec.Cost, 1) > tn.maxCost() && a.Impossible != nil && a.Impossible.Reason == queue.ReasonCostTooLarge {
-					continue
-				}
-				if !a.Duplicate || a.Job.ID != mj.id || a.ExpectedDelay != mj.promisedFirst || a.QueueDepth != mj.admitDepth {
-					r.failf("idempotency", "%s repeats key %q of %s (delay %v, depth %d): answered %s", where, spec.Key, r.m.describe(mj), mj.promisedFirst, mj.admitDepth, admissionString(a))
-					return
-				}
-				continue
-			}
+			continue
 		}
 		var deadline time.Time
 		if spec.Deadline != 0 {
@@ -160,6 +145,36 @@ func (r *runner) enqueue(op Op, now time.Time) {
 	if admittedAny {
 		tn.persist()
 	}
+}
+
+// repeatsAKey checks the answer out[i] to a job whose idempotency key an
+// earlier job of the call (firstUse: key -> its place) or of the run used:
+// the first answer again. It reports whether the job was such a repeat
+// (r.fail says if its answer was wrong).
+func (r *runner) repeatsAKey(tn *mtenant, spec JobSpec, out []queue.Admission, i int, firstUse map[string]int, where string) bool {
+	if spec.Key == "" {
+		return false
+	}
+	a := out[i]
+	if f, ok := firstUse[spec.Key]; ok {
+		b := out[f]
+		if a.Job.ID != b.Job.ID || a.Duplicate != b.Admitted() || (a.Rejected == nil) != (b.Rejected == nil) || (a.Impossible == nil) != (b.Impossible == nil) {
+			r.failf("idempotency", "%s repeats key %q of job %d in the call: answered %s, the first %s", where, spec.Key, f+1, admissionString(a), admissionString(b))
+		}
+		return true
+	}
+	firstUse[spec.Key] = i
+	mj := tn.keys[spec.Key]
+	if mj == nil {
+		return false
+	}
+	if r.m.known&DefectRepeatCost != 0 && max(spec.Cost, 1) > tn.maxCost() && a.Impossible != nil && a.Impossible.Reason == queue.ReasonCostTooLarge {
+		return true
+	}
+	if !a.Duplicate || a.Job.ID != mj.id || a.ExpectedDelay != mj.promisedFirst || a.QueueDepth != mj.admitDepth {
+		r.failf("idempotency", "%s repeats key %q of %s (delay %v, depth %d): answered %s", where, spec.Key, r.m.describe(mj), mj.promisedFirst, mj.admitDepth, admissionString(a))
+	}
+	return true
 }
 
 // checkAdmission compares a store's answer with the model's decision (all

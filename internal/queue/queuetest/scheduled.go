@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 )
@@ -96,6 +97,16 @@ func testScheduledJobsWaitForTheirTime(t *testing.T, d Driver) {
 			t.Fatalf("a scheduled job after a restart: %+v %v", j, err)
 		}
 	}
+	handOverAroundBookings(t, s, clk, prompt, a, b)
+}
+
+// handOverAroundBookings hands over the prompt jobs, then a and b (booked
+// for their not_before) no sooner than their time less the lead, checks
+// that nothing is left counted, that a job admitted after goes after b,
+// and that a sent scheduled job cannot be cancelled.
+func handOverAroundBookings(t *testing.T, s queue.Store, clk *clock.Fake, prompt []string, a, b queue.Admission) {
+	t.Helper()
+	ctx := context.Background()
 	got, _ := HandOver(t, s, clk, 10*time.Millisecond, 10, Succeed(clk))
 	order := append(prompt, a.Job.ID, b.Job.ID)
 	for i, id := range order {
