@@ -19,19 +19,31 @@ import (
 // The jobs' old places leave the windows' bookkeeping first, as they were
 // not sent; but a window whose list is full keeps them (the sends before
 // them have left it, and would be forgotten with them), and the jobs are
-// placed after them as far as that window asks. A booked retry keeps its
-// booking, and the others are placed around it as admissions are
-// (Absorb). A paused or held tenant is left as it is: its jobs go at the
-// pause's end, paced at the gate by the policy in force then. It returns
-// how many jobs moved.
+// placed after them as far as that window asks. A booked retry and a job
+// booked for its not_before (Scheduled) keep their slots, and the others
+// are placed around them as admissions are (Absorb). A job whose
+// not_before its new place would come before is booked at its not_before
+// instead, as a retry's backoff is (Reserve), and the others go around it.
+// A paused or held tenant is left as it is: its jobs go at the pause's
+// end, paced at the gate by the policy in force then. It returns how many
+// jobs moved.
 func Repace(rec *Record, jobs []Placed, p leaky.Policy, now, after time.Time) int {
 	pz := rec.Pause
-	if !pz.Held.IsZero() || pz.Until.After(now) || len(jobs) == 0 {
+	queued := slices.ContainsFunc(jobs, func(j Placed) bool { return !j.Scheduled })
+	if !pz.Held.IsZero() || pz.Until.After(now) || !queued {
 		return 0
 	}
 	booked := map[string]bool{}
 	for _, b := range rec.Booked {
 		booked[b.Job] = true
+	}
+	for _, j := range jobs {
+		if j.Scheduled && !booked[j.ID] {
+			// The queue had reached it (Absorb): booked again, as the
+			// queue is placed anew.
+			rec.book(Booking{Slot: j.Slot.UnixNano(), Cost: j.cost(), Job: j.ID})
+			booked[j.ID] = true
+		}
 	}
 	floor := clock.Later(clock.Later(now, after), rec.NextAfterLastAttempt(p)).Add(-pz.Shift) // tenant time
 	if len(p.Windows) > 0 {
@@ -56,7 +68,11 @@ func Repace(rec *Record, jobs []Placed, p leaky.Policy, now, after time.Time) in
 		if booked[j.ID] {
 			continue
 		}
-		slot := rec.Reserve(p, floor, time.Time{}, j.cost(), j.ID)
+		var notBefore time.Time // tenant time
+		if !j.NotBefore.IsZero() {
+			notBefore = j.NotBefore.Add(-pz.Shift)
+		}
+		slot := rec.Reserve(p, floor, notBefore, j.cost(), j.ID)
 		if !slot.Equal(j.Slot) {
 			j.Slot, j.Moved = slot, true
 			moved++

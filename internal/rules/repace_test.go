@@ -67,6 +67,64 @@ func TestRepace(t *testing.T) {
 	}
 }
 
+// A job admitted with a not_before (its place came after it then) is not
+// brought before it by a faster policy: it is booked at its not_before,
+// as a retry at its backoff's end, and the jobs behind go around it; a
+// second change keeps the booking.
+func TestRepaceKeepsANotBefore(t *testing.T) {
+	fast := leaky.Policy{Interval: 100 * ms, Burst: 3, Capacity: 100}
+	var jobs []Placed
+	for i := range 4 {
+		jobs = append(jobs, Placed{Slot: t0.Add(time.Duration(i) * 500 * ms), ID: fmt.Sprint("j", i)})
+	}
+	jobs[2].NotBefore = t0.Add(900 * ms) // its place, 1 s, came after it
+	rec := Record{TAT: t0.Add(2 * time.Second)}
+	if moved := Repace(&rec, jobs, fast, t0, time.Time{}); moved != 3 {
+		t.Errorf("%d moved; want 3 (j1, j2 to its not_before, j3)", moved)
+	}
+	var got []time.Duration
+	for _, j := range jobs {
+		got = append(got, j.Slot.Sub(t0))
+	}
+	// j2 at its not_before; j3 after j2's place in the line (taken, as a
+	// booked retry's is), well before j2's booking.
+	if want := []time.Duration{0, 100 * ms, 900 * ms, 300 * ms}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("slots %v; want %v", got, want)
+	}
+	if !rec.IsBooked("j2") {
+		t.Fatalf("j2 is not booked at its not_before: %+v", rec.Booked)
+	}
+	if moved := Repace(&rec, jobs, leaky.Policy{Interval: 10 * ms, Burst: 1, Capacity: 100}, t0, time.Time{}); moved != 2 || !jobs[2].Slot.Equal(t0.Add(900*ms)) {
+		t.Fatalf("a second change moved %d and j2 to %v; want 2 moved, j2 kept at 900ms", moved, jobs[2].Slot.Sub(t0))
+	}
+}
+
+// A job booked for its not_before keeps its slot, and the backlog placed
+// anew goes around it, also when the queue had reached it (its booking
+// absorbed into the schedule).
+func TestRepaceGoesAroundScheduledJobs(t *testing.T) {
+	fast := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 100}
+	for _, absorbed := range []bool{false, true} {
+		var jobs []Placed
+		for i := range 4 {
+			jobs = append(jobs, Placed{Slot: t0.Add(time.Duration(i) * 500 * ms), ID: fmt.Sprint("j", i)})
+		}
+		jobs = append(jobs, Placed{Slot: t0.Add(200 * ms), ID: "s", Scheduled: true})
+		rec := Record{TAT: t0.Add(2 * time.Second)}
+		if !absorbed {
+			rec.Booked = []Booking{{Slot: t0.Add(200 * ms).UnixNano(), Job: "s"}}
+		}
+		Repace(&rec, jobs, fast, t0, time.Time{})
+		var got []time.Duration
+		for _, j := range jobs {
+			got = append(got, j.Slot.Sub(t0))
+		}
+		if want := []time.Duration{0, 100 * ms, 300 * ms, 400 * ms, 200 * ms}; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("absorbed %v: slots %v; want %v (around s, at 200ms)", absorbed, got, want)
+		}
+	}
+}
+
 // The backlog's old places leave a window's list, so that a faster
 // policy brings it forward within the window; a full list keeps them (the
 // sends before have left it), so that no window holds more than it allows.

@@ -14,6 +14,12 @@ type Placed struct {
 	Cost  int // 0 read as 1
 	ID    string
 	Moved bool
+	// NotBefore (real time) is the not_before of a job admitted into the
+	// queue (its place came after it then); zero: none. Repace keeps it.
+	NotBefore time.Time
+	// Scheduled: booked for its not_before (queue.StateScheduled). Repace
+	// keeps its slot and places the others around it.
+	Scheduled bool
 }
 
 func (w Placed) cost() int { return max(w.Cost, 1) }

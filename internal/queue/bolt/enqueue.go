@@ -137,10 +137,11 @@ func (s *Store) decide(c *call, i int, nj queue.NewJob) error {
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: c.now, DispatchAt: d.DispatchAt, Slot: d.Slot,
 		AdmitDelay: d.Delay, Prompt: d.Prompt,
 		Deadline: nj.Deadline, Request: nj.Request, Type: nj.Type, Callback: nj.Callback,
+		NotBefore: nj.NotBefore, // kept on a queued job too: a re-pacing keeps it (Repace)
 	}
 	if d.Scheduled {
 		tm.scheduled++
-		j.State, j.NotBefore = queue.StateScheduled, nj.NotBefore
+		j.State = queue.StateScheduled
 	} else {
 		tm.depth++
 	}

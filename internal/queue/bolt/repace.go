@@ -28,12 +28,8 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 		return err
 	}
 	p, now := s.policy(tenant), s.clock.Now()
-	var entries []dueEntry
-	s.sched.tenantEntries(tenant, func(e dueEntry) {
-		if !e.scheduled { // booked for its not_before: it stays there, as on Redis
-			entries = append(entries, e)
-		}
-	})
+	var entries []dueEntry // those booked for their not_before stay, and the others go around them
+	s.sched.tenantEntries(tenant, func(e dueEntry) { entries = append(entries, e) })
 	slices.SortFunc(entries, func(a, b dueEntry) int { return cmp.Or(a.slot.Compare(b.slot), cmp.Compare(a.id, b.id)) })
 	var after time.Time // the jobs handed over keep their places
 	for _, j := range s.claims {
@@ -43,9 +39,14 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 			}
 		}
 	}
+	notBefore, err := s.notBefores(entries)
+	if err != nil {
+		s.mu.Unlock()
+		return queue.Unavailable(err)
+	}
 	placed := make([]rules.Placed, len(entries))
 	for i, e := range entries {
-		placed[i] = rules.Placed{Slot: e.slot, Cost: e.cost, ID: e.id}
+		placed[i] = rules.Placed{Slot: e.slot, Cost: e.cost, ID: e.id, NotBefore: notBefore[e.id], Scheduled: e.scheduled}
 	}
 	if rules.Repace(&tm.rec, placed, p, now, after) == 0 {
 		tm.dirty = true // its schedule may have moved all the same (no credit)
@@ -91,4 +92,37 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 		return queue.Unavailable(err)
 	}
 	return nil
+}
+
+// notBefores reads the not_before of the entries that have one, from the
+// log or the file (s.mu held: it may open a read transaction).
+func (s *Store) notBefores(entries []dueEntry) (map[string]time.Time, error) {
+	out := map[string]time.Time{}
+	var stored []string
+	for _, e := range entries {
+		if !e.notBefore || e.scheduled {
+			continue
+		}
+		if j, ok := s.loggedJob(e.id); ok {
+			out[e.id] = j.NotBefore
+		} else {
+			stored = append(stored, e.id)
+		}
+	}
+	if len(stored) == 0 {
+		return out, nil
+	}
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		for _, id := range stored {
+			j, found, err := getJob(tx, id, false)
+			if err != nil {
+				return err
+			}
+			if found {
+				out[id] = j.NotBefore
+			}
+		}
+		return nil
+	})
+	return out, err
 }

@@ -45,6 +45,9 @@ type dueEntry struct {
 	// scheduled: booked at its not_before (queue.StateScheduled), counted
 	// in its tenant's scheduled jobs, not in its depth.
 	scheduled bool
+	// notBefore: it has a not_before (in its record only, to keep entries
+	// small): a re-pacing reads it (Repace).
+	notBefore bool
 }
 
 // wakeBy is when the dispatcher must look at e, as a slot (it wakes a lead
@@ -59,7 +62,7 @@ func (e dueEntry) wakeBy() time.Time {
 
 // entryOf is a waiting job's schedule entry at real time at.
 func entryOf(j queue.Job, at time.Time) dueEntry {
-	return dueEntry{at: at, slot: j.EffectiveSlot(), id: j.ID, tenant: j.Tenant, deadline: j.Deadline, cost: j.EffectiveCost(), scheduled: j.State == queue.StateScheduled}
+	return dueEntry{at: at, slot: j.EffectiveSlot(), id: j.ID, tenant: j.Tenant, deadline: j.Deadline, cost: j.EffectiveCost(), scheduled: j.State == queue.StateScheduled, notBefore: !j.NotBefore.IsZero()}
 }
 
 // jobKey is a job id in its 16 bytes (ids are base32, queue.NewID).
@@ -89,6 +92,7 @@ type slimEntry struct {
 	cost      int32
 	held      bool
 	scheduled bool
+	notBefore bool
 }
 
 const noDeadline = math.MinInt64
@@ -144,7 +148,7 @@ func (tn *tenantNames) unref(n uint32) {
 }
 
 func (sc *schedule) fat(e slimEntry) dueEntry {
-	d := dueEntry{at: fromNanos(e.at), slot: fromNanos(e.slot), id: e.id.String(), tenant: sc.names.names[e.tenant], cost: int(e.cost), held: e.held, scheduled: e.scheduled}
+	d := dueEntry{at: fromNanos(e.at), slot: fromNanos(e.slot), id: e.id.String(), tenant: sc.names.names[e.tenant], cost: int(e.cost), held: e.held, scheduled: e.scheduled, notBefore: e.notBefore}
 	if e.deadline != noDeadline {
 		d.deadline = fromNanos(e.deadline)
 	}
@@ -220,7 +224,7 @@ func (sc *schedule) add(e dueEntry) {
 	if old, ok := sc.waiting[k]; ok {
 		sc.names.unref(old.tenant) // replaced: counted once
 	}
-	se := slimEntry{at: nanos(e.at), slot: nanos(e.slot), deadline: noDeadline, id: k, tenant: sc.names.ref(e.tenant), cost: int32(min(e.cost, math.MaxInt32)), held: e.held, scheduled: e.scheduled}
+	se := slimEntry{at: nanos(e.at), slot: nanos(e.slot), deadline: noDeadline, id: k, tenant: sc.names.ref(e.tenant), cost: int32(min(e.cost, math.MaxInt32)), held: e.held, scheduled: e.scheduled, notBefore: e.notBefore}
 	if !e.deadline.IsZero() {
 		se.deadline = nanos(e.deadline)
 	}

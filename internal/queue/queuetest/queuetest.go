@@ -79,6 +79,8 @@ func Run(t *testing.T, d Driver) {
 		{"CapsCountRetries", testCapsCountRetries},
 		{"CapsSetByAReloadCountWhatIsInFlight", testCapsSetByAReloadCountWhatIsInFlight},
 		{"PolicyChangeRepacesTheBacklog", testPolicyChangeRepacesTheBacklog},
+		{"PolicyChangeKeepsANotBefore", testPolicyChangeKeepsANotBefore},
+		{"PolicyChangeGoesAroundScheduledJobs", testPolicyChangeGoesAroundScheduledJobs},
 		{"ScheduledJobsWaitForTheirTime", testScheduledJobsWaitForTheirTime},
 		{"ScheduledJobReleasedIsCountedOnce", testScheduledJobReleasedIsCountedOnce},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},

@@ -2,6 +2,8 @@ package queuetest
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,4 +73,120 @@ func testPolicyChangeRepacesTheBacklog(t *testing.T, d Driver) {
 		j, err := s.Job(ctx, after.Job.ID)
 		return err == nil && j.DispatchAt.Sub(last) >= slow
 	})
+}
+
+// A job admitted with a not_before its place in the queue came after is
+// an ordinary job, and keeps its not_before: a faster policy brings the
+// backlog forward but not that job before its time (it is booked there,
+// and the jobs behind go around it); it is still counted in the queue,
+// and handed over no sooner.
+func testPolicyChangeKeepsANotBefore(t *testing.T, d Driver) {
+	ctx := context.Background()
+	const slow, fast = 500 * time.Millisecond, 100 * time.Millisecond
+	var interval atomic.Int64
+	interval.Store(int64(slow))
+	clk, s := d.start(t, func(string) leaky.Policy {
+		return leaky.Policy{Interval: time.Duration(interval.Load()), Burst: 1, Capacity: 100}
+	})
+	rp, ok := s.(queue.Repacer)
+	if !ok {
+		t.Skip("the store does not re-pace")
+	}
+	ahead := EnqueueN(t, s, "acme", 4) // T0 to T0+1.5s
+	nb := Payload(50)
+	nb.NotBefore = T0.Add(1200 * time.Millisecond)
+	kept := EnqueueOne(t, s, "acme", nb)
+	if !kept.Admitted() || kept.Job.State != queue.StateQueued || !kept.Job.DispatchAt.Equal(T0.Add(2*time.Second)) {
+		t.Fatalf("a job whose place (T0+2s) passes its not_before (T0+1.2s): %+v, want an ordinary job due at T0+2s", kept)
+	}
+	behind := EnqueueN(t, s, "acme", 2) // T0+2.5s, T0+3s
+	got, _ := HandOver(t, s, clk, 10*time.Millisecond, 10, Succeed(clk))
+	if first := WaitHanded(t, clk, got, 5*time.Millisecond); first.Job.ID != ahead[0] {
+		t.Fatalf("first handed over: %s, want %s", first.Job.ID, ahead[0])
+	}
+	interval.Store(int64(fast))
+	if pl, ok := s.(queue.PolicyListener); ok {
+		pl.PoliciesChanged()
+	}
+	if err := rp.Repace(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	var last queue.Job
+	WaitFor(t, func() bool { // the owner of a shared store's tenant does it between two claims
+		j, err := s.Job(ctx, behind[1])
+		last = j
+		return err == nil && last.DispatchAt.Before(T0.Add(time.Second))
+	})
+	j, err := s.Job(ctx, kept.Job.ID)
+	if err != nil || !j.DispatchAt.Equal(nb.NotBefore) || j.State != queue.StateQueued || !j.NotBefore.Equal(nb.NotBefore) {
+		t.Fatalf("after a faster policy, the job with a not_before: %+v %v; want it queued, due at its not_before T0+1.2s", j, err)
+	}
+	if st, err := s.Tenant(ctx, "acme"); err != nil || st.QueueDepth != 6 || st.Scheduled != 0 {
+		t.Fatalf("tenant %+v %v: want 6 in the queue, none scheduled", st, err)
+	}
+	var order []string
+	for range 6 {
+		h := WaitHanded(t, clk, got, 5*time.Millisecond)
+		if h.Job.ID == kept.Job.ID && (h.Job.DispatchAt.Before(nb.NotBefore) || h.At.Before(nb.NotBefore.Add(-10*time.Millisecond))) {
+			t.Fatalf("handed over at %v for %v, before its not_before less the lead", h.At.Sub(T0), h.Job.DispatchAt.Sub(T0))
+		}
+		order = append(order, h.Job.ID)
+	}
+	if want := append(append(ahead[1:], behind...), kept.Job.ID); fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Errorf("handed over in the order %v; want %v (those behind go around it)", order, want)
+	}
+}
+
+// A job booked for its not_before keeps its slot through a faster policy,
+// and the backlog placed anew goes around it, also once the queue had
+// reached it: no two jobs are due closer than the new interval.
+func testPolicyChangeGoesAroundScheduledJobs(t *testing.T, d Driver) {
+	ctx := context.Background()
+	const slow, fast = 500 * time.Millisecond, 100 * time.Millisecond
+	var interval atomic.Int64
+	interval.Store(int64(slow))
+	clk, s := d.start(t, func(string) leaky.Policy {
+		return leaky.Policy{Interval: time.Duration(interval.Load()), Burst: 1, Capacity: 100}
+	})
+	rp, ok := s.(queue.Repacer)
+	if !ok {
+		t.Skip("the store does not re-pace")
+	}
+	first := EnqueueN(t, s, "acme", 1)
+	nb := Payload(50)
+	nb.NotBefore = T0.Add(1200 * time.Millisecond)
+	booked := EnqueueOne(t, s, "acme", nb)
+	if !booked.Admitted() || booked.Job.State != queue.StateScheduled || !booked.Job.DispatchAt.Equal(nb.NotBefore) {
+		t.Fatalf("a job not before T0+1.2s: %+v, want it booked there", booked)
+	}
+	rest := EnqueueN(t, s, "acme", 12) // the queue reaches the booking, and goes past it
+	got, _ := HandOver(t, s, clk, 10*time.Millisecond, 20, Succeed(clk))
+	if h := WaitHanded(t, clk, got, 5*time.Millisecond); h.Job.ID != first[0] {
+		t.Fatalf("first handed over: %s, want %s", h.Job.ID, first[0])
+	}
+	interval.Store(int64(fast))
+	if pl, ok := s.(queue.PolicyListener); ok {
+		pl.PoliciesChanged()
+	}
+	if err := rp.Repace(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	WaitFor(t, func() bool { // the owner of a shared store's tenant does it between two claims
+		j, err := s.Job(ctx, rest[11])
+		return err == nil && j.DispatchAt.Before(T0.Add(2*time.Second))
+	})
+	var due []time.Time
+	for range 13 {
+		h := WaitHanded(t, clk, got, 5*time.Millisecond)
+		if h.Job.ID == booked.Job.ID && !h.Job.DispatchAt.Equal(nb.NotBefore) {
+			t.Fatalf("the booked job is due at %v after the change; want it kept at its not_before", h.Job.DispatchAt.Sub(T0))
+		}
+		due = append(due, h.Job.DispatchAt)
+	}
+	slices.SortFunc(due, time.Time.Compare)
+	for i := 1; i < len(due); i++ {
+		if gap := due[i].Sub(due[i-1]); gap < fast {
+			t.Fatalf("two jobs due %v apart (at %v); want at least %v: %v", gap, due[i].Sub(T0), fast, due)
+		}
+	}
 }

@@ -191,18 +191,7 @@ if nb > 0 then
   local scheduled = tonumber(h[9]) or 0
   local slot = nb
   if #windows > 0 then slot = window_slot(slot) end
-  for _ = 1, #booked + 1 do
-    local moved = false
-    for _, b in ipairs(booked) do
-      if slot < b.slot + b.cost * T and b.slot < slot + cost * T then slot, moved = b.slot + b.cost * T, true end
-    end
-    if #windows > 0 then
-      local ws = window_slot(slot)
-      if ws > slot then moved = true end
-      slot = ws
-    end
-    if not moved then break end
-  end
+  slot = clear_of_bookings(booked, 1, slot, cost, T, windows)
   local dispatch = real(slot)
   local delay = at_least(dispatch - now, 0)
   -- A deadline before it first, whatever the room: it could never go.

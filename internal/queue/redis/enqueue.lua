@@ -78,7 +78,7 @@ end
 
 -- What a repeated key is answered with: the first job as Job reads it.
 local job_fields = {'id', 'tenant', 'state', 'key', 'cost', 'deadline', 'enq', 'slot', 'dispatch',
-  'delay', 'depth', 'prompt', 'attempts', 'failures', 'sent', 'fin', 'err', 'status', 'request', 'type', 'cbu', 'cbon', 'nb'}
+  'delay', 'depth', 'prompt', 'attempts', 'failures', 'sent', 'fin', 'err', 'status', 'request', 'type', 'cbu', 'cbon', 'nb', 'nbo'}
 local function repeat_reply(jk)
   local v = redis.call('HMGET', jk, unpack(job_fields))
   if not v[3] then return nil end -- gone (past retention): the key is stale
@@ -132,7 +132,7 @@ for j = 0, (#ARGV - a + 1) / 12 - 1 do
       -- (rules.Admit's Resend).
       if (tonumber(redis.call('HGET', KEYS[1], 'failed')) or 0) > 0 then redis.call('HINCRBY', KEYS[1], 'failed', -1) end
       redis.call('HSET', jk, 'state', state, 'slot', slot, 'attempts', 0, 'failures', 0, 'fin', 0)
-      redis.call('HDEL', jk, 'nb') -- sent again as an ordinary job: its not_before is spent
+      redis.call('HDEL', jk, 'nb', 'nbo') -- sent again as an ordinary job: its not_before is spent
       redis.call('PERSIST', jk)
       redis.call('PERSIST', ik)
       redis.call('ZREM', KEYS[4], id)
@@ -140,7 +140,13 @@ for j = 0, (#ARGV - a + 1) / 12 - 1 do
       redis.call('HSET', jk, 'id', id, 'tenant', tenant, 'state', state, 'payload', payload, 'key', key,
         'cost', cost, 'deadline', deadline, 'enq', now, 'slot', slot,
         'delay', delay, 'depth', depth + 1, 'prompt', r[8], 'attempts', 0, 'failures', 0)
-      if r[1] == 6 then redis.call('HSET', jk, 'nb', not_before, 'depth', depth) end
+      -- nb: booked for it (takeover.lua books it again); nbo: its place
+      -- came after it, and a re-pacing keeps it (repace.lua).
+      if r[1] == 6 then
+        redis.call('HSET', jk, 'nb', not_before, 'depth', depth)
+      elseif not_before > 0 then
+        redis.call('HSET', jk, 'nbo', not_before)
+      end
       if request ~= '' then redis.call('HSET', jk, 'request', request) end
       if jtype ~= '' then redis.call('HSET', jk, 'type', jtype) end
       if cb_url ~= '' then redis.call('HSET', jk, 'cbu', cb_url, 'cbon', cb_on) end

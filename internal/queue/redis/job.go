@@ -69,7 +69,7 @@ func jobFromHash(h map[string]string) queue.Job {
 		Deadline: deadlineOf(h["deadline"]), SentAt: fromMicros(n("sent")), FinishedAt: fromMicros(n("fin")),
 		LastError: h["err"], ResponseStatus: int(n("status")),
 		AdmitDelay: time.Duration(n("delay")) * time.Microsecond, AdmitDepth: int(n("depth")), Prompt: h["prompt"] == "1",
-		Type: h["type"], NotBefore: fromMicros(n("nb")),
+		Type: h["type"], NotBefore: fromMicros(max(n("nb"), n("nbo"))), // booked for it, or queued after it
 	}
 	if _, ok := h["payload"]; !ok {
 		j.Payload = nil

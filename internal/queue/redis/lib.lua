@@ -186,6 +186,26 @@ local function absorb(booked, absorbed, arrival, tat, tau, T, cost, windows, cou
   return tat, absorbed
 end
 
+-- rules.Record.clearOfBookings: the first time at or after at when a send
+-- of cost is a whole cost apart from each booking of booked from the
+-- from-th on, in every window of windows.
+local function clear_of_bookings(booked, from, at, cost, T, windows)
+  for _ = from, #booked + 1 do
+    local moved = false
+    for i = from, #booked do
+      local b = booked[i]
+      if at < b.slot + b.cost * T and b.slot < at + cost * T then at, moved = b.slot + b.cost * T, true end
+    end
+    if #windows > 0 then
+      local ws = windows_slot(windows, at, cost)
+      if ws > at then moved = true end
+      at = ws
+    end
+    if not moved then break end
+  end
+  return at
+end
+
 -- Moves a send of cost counted at slot in every window of windows to at,
 -- if later: the windows count it where it may really have been written
 -- (leaky.Written).

@@ -3,9 +3,12 @@
 -- together): in their order, each as the schedule's next place from the
 -- later of now, the jobs handed over and the next send by the last claim,
 -- within the windows, with no burst credit. Their old places leave each
--- window's list that is not full first. A booked retry keeps its booking
--- and the others go around it (Record.Absorb, as admit.lua). A paused or
--- held tenant is left as it is. Fenced (owner.FenceLua is put in front).
+-- window's list that is not full first. A booked retry and a job booked
+-- for its not_before keep their slots and the others go around them
+-- (Record.Absorb, as admit.lua); a job whose not_before ('nbo': admitted
+-- into the queue) its new place would come before is booked there
+-- instead. A paused or held tenant is left as it is. Fenced
+-- (owner.FenceLua is put in front).
 -- Run by owned.repace (repace.go). Microseconds.
 --
 -- KEYS[1]  the partition's lease (the fence)
@@ -52,9 +55,25 @@ floor = floor - shift -- tenant time
 local booked = booked_parse(h[6])
 local is_booked = {}
 for _, b in ipairs(booked) do is_booked[b.id] = true end
-local costs = {}
+-- Jobs booked for their not_before keep their slots; one the queue had
+-- reached (absorbed) is booked again, as the queue is placed anew.
+local rebooked = false
+local sched = redis.call('ZRANGE', prefix .. 'sched:' .. name, 0, -1, 'WITHSCORES')
+for i = 1, #sched, 2 do
+  local id, slot = sched[i], tonumber(sched[i + 1])
+  if not is_booked[id] then
+    local cost = at_least(tonumber(redis.call('HGET', prefix .. 'job:' .. id, 'cost')) or 1, 1)
+    local at = #booked + 1
+    while at > 1 and booked[at - 1].slot > slot do at = at - 1 end
+    table.insert(booked, at, {slot = slot, cost = cost, id = id})
+    is_booked[id], rebooked = true, true
+  end
+end
+local costs, not_before = {}, {}
 for i = 1, #waiting, 2 do
-  costs[i] = at_least(tonumber(redis.call('HGET', prefix .. 'job:' .. waiting[i], 'cost')) or 1, 1)
+  local j = redis.call('HMGET', prefix .. 'job:' .. waiting[i], 'cost', 'nbo')
+  costs[i] = at_least(tonumber(j[1]) or 1, 1)
+  not_before[i] = (tonumber(j[2]) or 0) > 0 and tonumber(j[2]) - shift or nil -- tenant time
 end
 
 -- Their old places leave the windows that are not full: they were not sent.
@@ -73,13 +92,25 @@ for i = 1, #waiting, 2 do
   local id, cost = waiting[i], costs[i]
   if not is_booked[id] then
     tat, absorbed = absorb(booked, absorbed, floor, tat, tau, T, cost, windows, #windows > 0 and capacity > 0)
-    -- Record.Reserve: the next place, within the windows.
-    local slot = at_least(floor, tat - tau)
+    -- Record.Reserve: the next place, within the windows; one before
+    -- the job's not_before books it there instead, and the rest go
+    -- around it.
+    local place = at_least(floor, tat - tau)
     tat = at_least(tat, floor) + cost * T
+    local nb = not_before[i]
+    local slot = place
+    if nb and nb > slot then slot = nb end
+    if #windows > 0 then slot = windows_slot(windows, slot, cost) end
+    if nb and nb > place then
+      slot = clear_of_bookings(booked, absorbed + 1, slot, cost, T, windows)
+      local at = #booked + 1
+      while at > absorbed + 1 and booked[at - 1].slot > slot do at = at - 1 end
+      table.insert(booked, at, {slot = slot, cost = cost, id = id})
+      rebooked = true
+    end
     if #windows > 0 then
-      slot = windows_slot(windows, slot, cost)
       windows_record(windows, slot, cost)
-      if slot + cost * T > tat then tat = slot + cost * T end
+      if not (nb and nb > place) and slot + cost * T > tat then tat = slot + cost * T end
     end
     if slot ~= tonumber(waiting[i + 1]) then
       redis.call('ZADD', prefix .. 'waiting:' .. name, slot, id)
@@ -91,7 +122,7 @@ for i = 1, #waiting, 2 do
     end
   end
 end
-if absorbed > 0 then booked_write(tk, booked, absorbed + 1) end
+if absorbed > 0 or rebooked then booked_write(tk, booked, absorbed + 1) end
 redis.call('HSET', tk, 'tat', tat)
 redis.call('HDEL', tk, 'behind')
 -- The windows' lists live as long as they count the jobs placed, plus the

@@ -224,6 +224,9 @@ type tkJob struct {
 	cost     int
 	deadline time.Time
 	attempts int
+	// notBefore: admitted with a not_before its place came after (real
+	// time; repace.lua's 'nbo'; the takeover test's jobs have none).
+	notBefore time.Time
 }
 
 // tkWant is what the rule makes of a tenant at a takeover.
@@ -423,6 +426,9 @@ func writeTakeoverJob(ctx context.Context, pipe goredis.Pipeliner, k partKeys, t
 	pipe.HSet(ctx, k.job(j.id), "state", state, "slot", micros(j.slot), "tenant", tenant, "cost", j.cost, "attempts", j.attempts)
 	if !j.deadline.IsZero() {
 		pipe.HSet(ctx, k.job(j.id), "deadline", micros(j.deadline))
+	}
+	if !j.notBefore.IsZero() {
+		pipe.HSet(ctx, k.job(j.id), "nbo", micros(j.notBefore))
 	}
 }
 
