@@ -338,9 +338,12 @@ func TestModelRegression(t *testing.T) {
 		},
 		{
 			// Found by the soak of the build that put caps and scheduled
-			// sends in the model (seed 43 of 100): open.
+			// sends in the model (seed 43 of 100): a cost-4 retry placed
+			// in the burst right after the booked job it absorbed, both
+			// at 1.25 s. Cheaper first, the pair keeps the costs' spacing;
+			// the model checked the writes of one moment in admission
+			// order (the retry first), which a downstream need not.
 			name: "CapRetryAndBookingCostSpacing",
-			skip: "open: a booked job written 300 ms sooner than the costs of a capped tenant's writes before allow, after a reload and retries of a cost-4 job",
 			ops: []queuetest.Op{
 				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 4, MaxInFlight: 1}},
 				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},

@@ -17,22 +17,26 @@ func (r *runner) process(now time.Time) {
 	r.events = nil
 	r.mu.Unlock()
 	// By tenant, then (writes of one moment) the one given the least
-	// burst first: the order that allows most, as a downstream that
-	// counts them at once would.
-	order := func(ev writeEvent) (int, time.Duration, int) {
+	// burst first, then the cheapest: the order that allows most, as a
+	// downstream that counts them at once would (a cost-c job in a burst
+	// spaces the next c intervals on: last, it delays none of the moment).
+	order := func(ev writeEvent) (int, time.Duration, int, int) {
 		if j := r.m.byID[ev.job.ID]; j != nil {
-			return slices.Index(r.m.order, j.tn.name), j.tag.tau, j.n
+			return slices.Index(r.m.order, j.tn.name), j.tag.tau, j.cost, j.n
 		}
-		return len(r.m.order), 0, 0
+		return len(r.m.order), 0, 0, 0
 	}
 	slices.SortStableFunc(evs, func(a, b writeEvent) int {
-		ta, ua, na := order(a)
-		tb, ub, nb := order(b)
+		ta, ua, ca, na := order(a)
+		tb, ub, cb, nb := order(b)
 		if ta != tb {
 			return ta - tb
 		}
 		if ua != ub {
 			return int(ua - ub)
+		}
+		if ca != cb {
+			return ca - cb
 		}
 		return na - nb
 	})

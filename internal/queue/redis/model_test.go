@@ -974,6 +974,34 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// Seed 69 of a soak (also 29, 71, 76): a capped tenant's job
+			// that a takeover moved past its deadline waited, queued, for
+			// a place under the cap, which the attempt cut short by the
+			// crash held until its place lapsed (DESIGN.md 6e). Its claim
+			// at its deadline takes no place now: it may only expire it
+			// (expireOnly).
+			name: "ExpiryTakesNoPlace",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 3, Capacity: 0, MaxInFlight: 1}},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 370 * ms}}},
+				{Kind: queuetest.OpAdvance, D: 100 * ms},
+				{Kind: queuetest.OpStale, D: 300 * ms},
+			},
+		},
+		{
+			// Seed 76, the same after a crash.
+			name: "ExpiryTakesNoPlaceAfterACrash",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 3, Capacity: 0, MaxInFlight: 1}},
+				{Kind: queuetest.OpHold, Tenant: "b"},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}, {Deadline: 70 * ms}, {Key: "k0", NotBefore: 700 * ms}, {Key: "k5"}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}, {Key: "k2", Deadline: 70 * ms}}},
+				{Kind: queuetest.OpCrash, D: 200 * ms},
+			},
+		},
+		{
 			// Cancelling such a retry gave back a place it never held.
 			name: "RetryPacingCancel", defect: queuetest.DefectRetryPacing,
 			ops: []queuetest.Op{

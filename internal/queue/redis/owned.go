@@ -193,10 +193,11 @@ func (o *owned) run() {
 		next, any := o.sched.next()
 		o.claiming = len(due) > 0 || len(o.parked) > 0
 		o.mu.Unlock()
+		var expiring []*entry
 		if len(due) > 0 || len(o.parked) > 0 {
-			due = o.place(due)
+			due, expiring = o.place(due)
 		}
-		if len(due) == 0 {
+		if len(due) == 0 && len(expiring) == 0 {
 			o.mu.Lock()
 			o.claiming = false
 			o.mu.Unlock()
@@ -215,7 +216,11 @@ func (o *owned) run() {
 			o.s.sleep(o.ctx, max(wait, 0), o.wake)
 			continue
 		}
-		err := o.claim(due)
+		err := o.claim(expiring, expireOnly)
+		if err == nil {
+			expiring = nil
+			err = o.claim(due, o.c.lead)
+		}
 		o.mu.Lock()
 		o.claiming = false
 		o.mu.Unlock()
@@ -226,6 +231,7 @@ func (o *owned) run() {
 				return
 			}
 			o.s.log.Error("cannot claim due jobs; trying again", "partition", o.fence.Partition, "err", err)
+			due = append(due, expiring...)
 			o.unplace(idsOf(due)...)
 			o.reschedule(due, o.s.localNow().Add(backoff))
 			o.s.sleep(o.ctx, backoff, nil)
@@ -451,9 +457,17 @@ func (o *owned) wakeHeld(tenant string) {
 	o.poke()
 }
 
-// claim claims the due entries and starts the send of each job claimed.
-func (o *owned) claim(due []*entry) error {
-	r, err := o.s.claimBatch(context.WithoutCancel(o.ctx), o.fence, o.k, due, o.c.lead)
+// expireOnly is a claim's horizon that no dispatch time is within: the
+// claim expires the jobs whose deadlines have passed and claims none.
+const expireOnly = -100 * 365 * 24 * time.Hour
+
+// claim claims the due entries within horizon of their dispatch times
+// and starts the send of each job claimed.
+func (o *owned) claim(due []*entry, horizon time.Duration) error {
+	if len(due) == 0 {
+		return nil
+	}
+	r, err := o.s.claimBatch(context.WithoutCancel(o.ctx), o.fence, o.k, due, horizon)
 	if err != nil {
 		return err
 	}
@@ -476,6 +490,13 @@ func (o *owned) claim(due []*entry) error {
 		case claimNotYet, claimHeld:
 			e.at, e.held = now.Add(c.Wait+o.c.lead), c.Code == claimHeld
 			e.expiry = c.Code == claimNotYet && c.Wait < c.DispatchAt.Sub(now)-o.c.lead
+			if horizon == expireOnly && c.Code == claimNotYet {
+				// Its wait is to its deadline: an expiry still if it goes
+				// after it, else (a repace moved it) a job due at its time.
+				if e.expiry = c.DispatchAt.After(r.Now.Add(c.Wait)); !e.expiry {
+					e.at = c.DispatchAt
+				}
+			}
 			later = append(later, e)
 		case claimed:
 			j := claimedJob(c)

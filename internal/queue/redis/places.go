@@ -152,12 +152,19 @@ const parkPoll = 10 * time.Millisecond
 // claimed: the uncapped, and the capped that got their places. A tenant
 // asks for no more places than its cap could give at once, its jobs in
 // order, and the tenants of a downstream's cap take turns; the jobs
-// refused are parked, their order kept. The claim loop's.
-func (o *owned) place(due []*entry) []*entry {
-	ready := due[:0:0]
+// refused are parked, their order kept. The claim loop's. expiring are
+// the capped jobs looked at to be expired (entry.expiry): with no place,
+// their claim may only expire them (expireOnly), so no cap holds them,
+// as no pace does (paced).
+func (o *owned) place(due []*entry) (ready, expiring []*entry) {
 	byTenant := map[string][]*entry{}
 	for _, e := range due {
-		if o.s.caps(e.tenant).Capped() || len(o.parked[e.tenant]) > 0 {
+		capped := o.s.caps(e.tenant).Capped()
+		if e.expiry && capped {
+			expiring = append(expiring, e)
+			continue
+		}
+		if capped || len(o.parked[e.tenant]) > 0 {
 			byTenant[e.tenant] = append(byTenant[e.tenant], e)
 			continue
 		}
@@ -233,7 +240,7 @@ func (o *owned) place(due []*entry) []*entry {
 			o.parked[tenant] = append(es, o.parked[tenant]...)
 		}
 	}
-	return ready
+	return ready, expiring
 }
 
 // placeHanded takes the places of the jobs being sent that have none but
