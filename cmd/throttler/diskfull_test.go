@@ -90,6 +90,7 @@ func fill(t *testing.T, dir string, leave int64) {
 // payloads free their room, admits new jobs again by itself.
 func TestFullDiskRefusesAdmissionsAndDrains(t *testing.T) {
 	testutil.SkipShort(t, "process test: the throttler binary on a full tmpfs, killed and restarted")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	disk := smallDisk(t, "24m")
 	ds := downstreamtest.New(t)
 	hold := make(chan struct{})

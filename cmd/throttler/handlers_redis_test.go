@@ -28,6 +28,7 @@ import (
 // as itself (the same job id, the vendor's idempotency key).
 func TestHandlerWorkersShareOneRedis(t *testing.T) {
 	testutil.SkipShort(t, "process test: builds the asynqmux example and kills its workers on a redis-server")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, false)
 	const T = 50 * time.Millisecond
 	file := filepath.Join(t.TempDir(), "config.toml")

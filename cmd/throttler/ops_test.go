@@ -35,6 +35,7 @@ func (p *process) reload(t *testing.T, file, config, wantLog string) {
 // running one kept.
 func TestSighupReloadsTenantSettings(t *testing.T) {
 	testutil.SkipShort(t, "process test: SIGHUP to the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	ds := downstreamtest.New(t)
 	tenants := "[tenant_defaults]\ncapacity = 100\n[tenants.acme]\nrate = \"%s\"\n"
 	file := servicetest.WriteConfig(t, fmt.Sprintf(tenants, "20/s"), ds.URL)
@@ -85,6 +86,7 @@ func TestSighupReloadsTenantSettings(t *testing.T) {
 // process exits 0.
 func TestReadinessFalseBeforeTheListenerCloses(t *testing.T) {
 	testutil.SkipShort(t, "process test: SIGTERM to the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	ds := downstreamtest.New(t)
 	p := startProcess(t, servicetest.WriteConfigServer(t, `drain_delay = "1s"`, "", ds.URL))
 	if st, _ := callRaw(t, "GET", p.base+"/readyz", ""); st != 200 {
@@ -146,6 +148,7 @@ func TestFakeGatewayNeverRefuses(t *testing.T) {
 // applies; nothing is retried, times out or opens the breaker.
 func TestLoweredRateBacklogIsDeliveredAtTheNewPace(t *testing.T) {
 	testutil.SkipShort(t, "process test: SIGHUP to the throttler binary, then a backlog at 1/s")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	const n = 18
 	ds := downstreamtest.New(t)
 	file := servicetest.WriteConfig(t, "[tenant_defaults]\ncapacity = 100\n[tenants.acme]\nrate = \"20/s\"\n", ds.URL)

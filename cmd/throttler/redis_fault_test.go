@@ -36,6 +36,7 @@ import (
 // a second after the cut ends arrives when its expected_delay_ms said.
 func TestRedisFaultsBetweenWorkerAndRedis(t *testing.T) {
 	testutil.SkipShort(t, "process test: throttler processes through seconds of faults between them and Redis")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, false)
 	px := startToxiproxy(t, srv.Addr)
 	ds := downstreamtest.New(t)

@@ -26,6 +26,7 @@ import (
 // admission was 503 store_unavailable.
 func TestRedisMaxmemoryRefusesAdmissions507(t *testing.T) {
 	testutil.SkipShort(t, "process test: throttler processes on a redis-server at its maxmemory")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	srv := redistest.Start(t, false)
 	// A lease long enough that a busy machine (the race detector, other
 	// tests) loses none: a lost one sends jobs again, with their key, and

@@ -209,6 +209,7 @@ func (r *skewRig) check(ids []string, admitted []time.Time, delays []time.Durati
 // owner sent at once, and the old one sent every job 2 s late.
 func TestRedisSkewedClocksAcrossACleanHandover(t *testing.T) {
 	testutil.SkipShort(t, "process test: throttler workers with skewed clocks, one stopped")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	const T = time.Second
 	r := startSkewRig(t, "1/s")
 	a := r.start("a", -2*time.Second, "--role", "worker")
@@ -237,6 +238,7 @@ func TestRedisSkewedClocksAcrossACleanHandover(t *testing.T) {
 // after the old owner's last. Before, it sent at once.
 func TestRedisSkewedClocksAcrossAKill(t *testing.T) {
 	testutil.SkipShort(t, "process test: throttler workers with skewed clocks, one killed")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	const T = 4 * time.Second
 	r := startSkewRig(t, "15/m")
 	a := r.start("a", -2*time.Second, "--role", "worker")

@@ -151,6 +151,7 @@ func (p *process) kill9(t *testing.T) {
 // pacing holds across the restart.
 func TestKill9AndRestartLosesNothing(t *testing.T) {
 	testutil.SkipShort(t, "process test: kill -9 and restart of the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	ds := downstreamtest.New(t)
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
 	p := startProcess(t, file)
@@ -203,6 +204,7 @@ func TestKill9AndRestartLosesNothing(t *testing.T) {
 // with no repeat.
 func TestSigtermStopsCleanly(t *testing.T) {
 	testutil.SkipShort(t, "process test: SIGTERM and restart of the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	ds := downstreamtest.New(t)
 	// Each answer takes 150 ms, so the SIGTERM lands during an attempt: it
 	// must finish and be recorded (no repeat after the restart).
@@ -246,6 +248,7 @@ func TestSigtermStopsCleanly(t *testing.T) {
 // downstream that dedupes on it carries out each job exactly once.
 func TestKill9DuringAnAttemptRepeatsWithTheSameKey(t *testing.T) {
 	testutil.SkipShort(t, "process test: kill -9 and restart of the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	ds := downstreamtest.New(t)
 	inAttempt, carriedOut := stallThirdJob(t, ds)
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"10/s\"\ncapacity = 50\n", ds)
@@ -341,6 +344,7 @@ func checkCarriedOutOnce(t *testing.T, done map[string]int, ids []string) {
 // log's promise checked with a real SIGKILL.
 func TestKill9DuringAdmissionsLosesNoAnsweredJob(t *testing.T) {
 	testutil.SkipShort(t, "process test: kill -9 and restart of the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	ds := downstreamtest.New(t)
 	file := writeConfig(t, "[tenant_defaults]\nrate = \"1/h\"\ncapacity = 50000\n", ds)
 	p := startProcess(t, file)

@@ -31,6 +31,7 @@ import (
 // /healthz 75 ms, fsyncs slowed by the other tests).
 func TestSlowBodiesTakeNothingFromOthers(t *testing.T) {
 	testutil.SkipShort(t, "process and load test: 2,000 slow request bodies against the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	const (
 		attackers = 2000
 		victimFor = 12 * time.Second

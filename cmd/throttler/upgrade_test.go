@@ -42,12 +42,15 @@ const upgradePerTenant = 15
 func TestUpgradeFromPreviousBuild(t *testing.T) {
 	testutil.SkipShort(t, "process test: builds the previous release from git history, kills it and starts this build on its store")
 	skipUnderRace(t)
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	old := previousBinary(t)
 	t.Run("Embedded", func(t *testing.T) {
+		t.Parallel()
 		ds := downstreamtest.New(t)
 		upgradeAfterKill9(t, old, ds, writeConfig(t, upgradeTenants, ds))
 	})
 	t.Run("Redis", func(t *testing.T) {
+		t.Parallel()
 		srv := redistest.Start(t, true)
 		ds := downstreamtest.New(t)
 		upgradeAfterKill9(t, old, ds, redisConfig(t, srv.URL(), "standalone", upgradeTenants, ds))

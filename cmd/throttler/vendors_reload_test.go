@@ -89,6 +89,7 @@ func whsec(key []byte) string { return "whsec_" + base64.StdEncoding.EncodeToStr
 // one, the new key's.
 func TestWebhookSignaturesAcrossARotation(t *testing.T) {
 	testutil.SkipShort(t, "process test: SIGHUP to the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	oldKey, newKey := make([]byte, 32), make([]byte, 32)
 	rand.Read(oldKey)
 	rand.Read(newKey)
@@ -127,6 +128,7 @@ func TestWebhookSignaturesAcrossARotation(t *testing.T) {
 // config (with the secret read before) goes on.
 func TestSecretReloadAndARefusedReload(t *testing.T) {
 	testutil.SkipShort(t, "process test: SIGHUP to the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	const unset = "THROTTLER_TEST_NEVER_SET_7a3e"
 	if _, set := os.LookupEnv(unset); set {
 		t.Fatalf("%s is set", unset)
@@ -179,6 +181,7 @@ func TestSecretReloadAndARefusedReload(t *testing.T) {
 // (and never a value).
 func TestStartRefusedWithoutASecret(t *testing.T) {
 	testutil.SkipShort(t, "process test: runs the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	file := vendorConfig(t, "", "[downstreams.vendor]\nurl = \"http://127.0.0.1:9/\"\nauth = { type = \"basic\", username = \"u\", password_file = \"/nonexistent/throttler-test-secret\" }\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -196,6 +199,7 @@ func TestStartRefusedWithoutASecret(t *testing.T) {
 // closer than T - 2 ms.
 func TestHTTPSDeliveriesArePaced(t *testing.T) {
 	testutil.SkipShort(t, "process test: runs the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	pki := tlstest.New(t)
 	ds := downstreamtest.NewTLS(t, pki.ServerConfig(false))
 	file := vendorConfig(t, "", fmt.Sprintf("[tenant_defaults]\nrate = \"20/s\"\ncapacity = 50\n[downstreams.tls]\nurl = %q\ntls_ca_file = %q\n", ds.URL+"/send", pki.CAFile))

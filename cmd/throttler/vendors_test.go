@@ -222,12 +222,14 @@ func (s *stripe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Stripe on the embedded store.
 func TestStripeShapedDelivery(t *testing.T) {
 	testutil.SkipShort(t, "process test: runs the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	stripeDelivery(t, "")
 }
 
 // Stripe on Redis: the request and the answers are kept in the job's hash.
 func TestStripeShapedDeliveryOnRedis(t *testing.T) {
 	testutil.SkipShort(t, "process test: runs the throttler binary on a redis-server")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	stripeDelivery(t, redistest.Start(t, false).URL())
 }
 
@@ -297,6 +299,7 @@ max_attempts = 3
 // not sign the bank's certificate, the job's last_error names the failure.
 func TestBankMutualTLS(t *testing.T) {
 	testutil.SkipShort(t, "process test: runs the throttler binary")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	pki := tlstest.New(t)
 	var mu sync.Mutex
 	var clients []string

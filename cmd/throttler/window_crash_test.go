@@ -27,6 +27,7 @@ import (
 // first send.
 func TestWindowCountsRealWritesAcrossACrash(t *testing.T) {
 	testutil.SkipShort(t, "process test: kill -9 of the throttler binary with a window")
+	t.Parallel() // waits on real time and other processes: overlapped with the other parallel tests
 	t.Run("Embedded", func(t *testing.T) {
 		t.Parallel()
 		windowAcrossCrash(t, "", 2*time.Second)

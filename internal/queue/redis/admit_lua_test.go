@@ -25,6 +25,7 @@ import (
 // places, jobs handed over and jobs of the same batch, and pauses and holds
 // coming and going. The Go is the rule; the Lua is its port.
 func TestLuaAdmitAgreesWithRules(t *testing.T) {
+	t.Parallel() // its own redis-server: overlapped with the other scripts' checks
 	rdb := redisClient(t, 0)
 	seqs, steps := 400, 40
 	if testing.Short() {
@@ -390,6 +391,7 @@ func TestLuaAdmitInsertsOutOfOrder(t *testing.T) {
 // The Lua pause and leaky.Pause (with the store's TAT floor) agree on
 // random sequences of pushbacks, holds and resumes.
 func TestLuaPauseAgreesWithGo(t *testing.T) {
+	t.Parallel() // its own redis-server: overlapped with the other scripts' checks
 	rdb := redisClient(t, 0)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(9, 9))

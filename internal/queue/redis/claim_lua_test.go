@@ -24,6 +24,7 @@ import (
 // retries, jobs gone, finished, claimed twice in a batch or being sent
 // already. The Go is the rule; the Lua is its port.
 func TestLuaClaimAgreesWithRules(t *testing.T) {
+	t.Parallel() // its own redis-server: overlapped with the other scripts' checks
 	rdb := redisClient(t, 0)
 	seqs, steps := 300, 30
 	if testing.Short() {

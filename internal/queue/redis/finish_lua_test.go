@@ -26,6 +26,7 @@ import (
 // sets (claimed, sending, failed, active) agree. The Go is the rule; the
 // Lua is its port.
 func TestLuaFinishAgreesWithRules(t *testing.T) {
+	t.Parallel() // its own redis-server: overlapped with the other scripts' checks
 	rdb := redisClient(t, 0)
 	seqs, steps := 300, 30
 	if testing.Short() {

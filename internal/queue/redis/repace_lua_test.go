@@ -24,6 +24,7 @@ import (
 // ahead (of any cost). The
 // Go is the rule; the Lua is its port.
 func TestLuaRepaceAgreesWithRules(t *testing.T) {
+	t.Parallel() // its own redis-server: overlapped with the other scripts' checks
 	rdb := redisClient(t, 0)
 	seqs, steps := 200, 12
 	if testing.Short() {

@@ -28,6 +28,7 @@ import (
 // earlier run, several tenants per partition and per run. The Go is the
 // rule; the Lua is its port.
 func TestLuaTakeoverAgreesWithRules(t *testing.T) {
+	t.Parallel() // its own redis-server: overlapped with the other scripts' checks
 	rdb := redisClient(t, 0)
 	seqs, steps := 300, 15
 	if testing.Short() {
