@@ -1002,6 +1002,42 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// Soak seed 20: a capped tenant's job past its deadline after
+			// crashes and a hold is still queued when the model has it
+			// expired (2 runs of 8). Open.
+			name: "CappedExpiryAfterCrashesAndAHold", skip: "open: a capped tenant's expiry after crashes and a hold (soak seed 20, 2 runs of 8)",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * time.Millisecond, Burst: 2, Capacity: 2, MaxInFlight: 2}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 100 * time.Millisecond, Burst: 2, Capacity: 2, MaxInFlight: 2}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 2, Deadline: 220 * time.Millisecond, NotBefore: 600 * time.Millisecond}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 4, Deadline: 570 * time.Millisecond}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: 620 * time.Millisecond}}},
+				{Kind: queuetest.OpAdvance, D: 200 * time.Millisecond},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k1"}, {Deadline: 120 * time.Millisecond}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k0"}}},
+				{Kind: queuetest.OpAdvance, D: 250 * time.Millisecond},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpAdvance, D: 200 * time.Millisecond},
+				{Kind: queuetest.OpCancel, Pick: 679},
+				{Kind: queuetest.OpCancel, Pick: 95},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k3", Deadline: 70 * time.Millisecond}, {}, {Key: "k3", Deadline: 570 * time.Millisecond, NotBefore: 300 * time.Millisecond}}},
+				{Kind: queuetest.OpStale},
+				{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 2}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Cost: 4, NotBefore: 1250 * time.Millisecond}, {Key: "k2"}}},
+				{Kind: queuetest.OpCrash, D: 50 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 100 * time.Millisecond},
+				{Kind: queuetest.OpHold, Tenant: "a"},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Deadline: -120 * time.Millisecond}}},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 150 * time.Millisecond, Timeout: 100 * time.Millisecond}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k4", Deadline: 570 * time.Millisecond}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{NotBefore: 1350 * time.Millisecond}}},
+				{Kind: queuetest.OpAdvance, D: 800 * time.Millisecond},
+			},
+		},
+		{
 			// Cancelling such a retry gave back a place it never held.
 			name: "RetryPacingCancel", defect: queuetest.DefectRetryPacing,
 			ops: []queuetest.Op{
