@@ -122,8 +122,9 @@ func scheduledRun(t *testing.T, redisURL string) {
 				continue
 			}
 			// Booked for its not_before, or (its place in the queue comes
-			// later) an ordinary job.
-			if booked := got["state"] == "scheduled"; booked != (got["not_before"] != nil) || (booked && j.notBefore.IsZero()) {
+			// later) an ordinary job; either way it shows the not_before
+			// it was given, and one given none shows none.
+			if booked := got["state"] == "scheduled"; (j.notBefore.IsZero() != (got["not_before"] == nil)) || (booked && j.notBefore.IsZero()) {
 				t.Errorf("job %s (not before +%v, due +%v): state %v, not_before %v", j.key, j.notBefore.Sub(start), at.Sub(start), got["state"], got["not_before"])
 			} else if booked {
 				j.booked = true
