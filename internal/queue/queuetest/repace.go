@@ -96,7 +96,7 @@ func testPolicyChangeKeepsANotBefore(t *testing.T, d Driver) {
 	nb := Payload(50)
 	nb.NotBefore = T0.Add(1200 * time.Millisecond)
 	kept := EnqueueOne(t, s, "acme", nb)
-	if !kept.Admitted() || kept.Job.State != queue.StateQueued || !kept.Job.DispatchAt.Equal(T0.Add(2*time.Second)) {
+	if !kept.Admitted() || kept.Job.State != queue.StateQueued || !kept.Job.DispatchAt.Equal(T0.Add(2*time.Second)) || !kept.Job.NotBefore.Equal(nb.NotBefore) {
 		t.Fatalf("a job whose place (T0+2s) passes its not_before (T0+1.2s): %+v, want an ordinary job due at T0+2s", kept)
 	}
 	behind := EnqueueN(t, s, "acme", 2) // T0+2.5s, T0+3s

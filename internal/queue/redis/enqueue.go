@@ -262,10 +262,10 @@ func (s *Store) admission(tenant string, p leaky.Policy, nj queue.NewJob, id str
 		ID: id, Tenant: tenant, State: queue.StateQueued, Payload: nj.Payload,
 		IdempotencyKey: nj.IdempotencyKey, EnqueuedAt: r.Now, DispatchAt: r.DispatchAt, Slot: r.Slot,
 		AdmitDelay: r.Delay, AdmitDepth: r.Depth + 1, Prompt: r.Prompt, Deadline: nj.Deadline,
-		Request: nj.Request, Type: nj.Type, Callback: nj.Callback,
+		Request: nj.Request, Type: nj.Type, Callback: nj.Callback, NotBefore: nj.NotBefore,
 	}
 	if r.Code == admitBooked {
-		j.State, j.NotBefore, j.AdmitDepth = queue.StateScheduled, nj.NotBefore, r.Depth
+		j.State, j.AdmitDepth = queue.StateScheduled, r.Depth
 	}
 	if c := max(nj.Cost, 1); c > 1 {
 		j.Cost = c
