@@ -8,18 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 )
 
-// A tenant's policy changed to a faster rate (set by the API: Repace)
-// brings its waiting backlog forward: after the job being sent, one new
-// interval apart, each job's dispatch time saying so; a job admitted
-// after goes behind it. Changed back to the slower rate, the rest of it
-// moves back.
-func testPolicyChangeRepacesTheBacklog(t *testing.T, d Driver) {
-	ctx := context.Background()
-	const slow, fast = 500 * time.Millisecond, 100 * time.Millisecond
+const slow, fast = 500 * time.Millisecond, 100 * time.Millisecond
+
+// startRepacing opens a store whose tenant acme goes at slow until change
+// sets its interval, as a policy set by the API does (Repace).
+func startRepacing(t *testing.T, d Driver) (*clock.Fake, queue.Store, func(time.Duration)) {
 	var interval atomic.Int64
 	interval.Store(int64(slow))
 	clk, s := d.start(t, func(string) leaky.Policy {
@@ -29,15 +27,25 @@ func testPolicyChangeRepacesTheBacklog(t *testing.T, d Driver) {
 	if !ok {
 		t.Skip("the store does not re-pace")
 	}
-	change := func(to time.Duration) {
+	return clk, s, func(to time.Duration) {
 		interval.Store(int64(to))
 		if pl, ok := s.(queue.PolicyListener); ok {
 			pl.PoliciesChanged()
 		}
-		if err := rp.Repace(ctx, "acme"); err != nil {
+		if err := rp.Repace(context.Background(), "acme"); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// A tenant's policy changed to a faster rate (set by the API: Repace)
+// brings its waiting backlog forward: after the job being sent, one new
+// interval apart, each job's dispatch time saying so; a job admitted
+// after goes behind it. Changed back to the slower rate, the rest of it
+// moves back.
+func testPolicyChangeRepacesTheBacklog(t *testing.T, d Driver) {
+	ctx := context.Background()
+	clk, s, change := startRepacing(t, d)
 	ids := EnqueueN(t, s, "acme", 8) // 500 ms apart from T0
 	got, _ := HandOver(t, s, clk, 10*time.Millisecond, 10, Succeed(clk))
 	first := WaitHanded(t, clk, got, 5*time.Millisecond)
@@ -82,16 +90,7 @@ func testPolicyChangeRepacesTheBacklog(t *testing.T, d Driver) {
 // and handed over no sooner.
 func testPolicyChangeKeepsANotBefore(t *testing.T, d Driver) {
 	ctx := context.Background()
-	const slow, fast = 500 * time.Millisecond, 100 * time.Millisecond
-	var interval atomic.Int64
-	interval.Store(int64(slow))
-	clk, s := d.start(t, func(string) leaky.Policy {
-		return leaky.Policy{Interval: time.Duration(interval.Load()), Burst: 1, Capacity: 100}
-	})
-	rp, ok := s.(queue.Repacer)
-	if !ok {
-		t.Skip("the store does not re-pace")
-	}
+	clk, s, change := startRepacing(t, d)
 	ahead := EnqueueN(t, s, "acme", 4) // T0 to T0+1.5s
 	nb := Payload(50)
 	nb.NotBefore = T0.Add(1200 * time.Millisecond)
@@ -104,13 +103,7 @@ func testPolicyChangeKeepsANotBefore(t *testing.T, d Driver) {
 	if first := WaitHanded(t, clk, got, 5*time.Millisecond); first.Job.ID != ahead[0] {
 		t.Fatalf("first handed over: %s, want %s", first.Job.ID, ahead[0])
 	}
-	interval.Store(int64(fast))
-	if pl, ok := s.(queue.PolicyListener); ok {
-		pl.PoliciesChanged()
-	}
-	if err := rp.Repace(ctx, "acme"); err != nil {
-		t.Fatal(err)
-	}
+	change(fast)
 	var last queue.Job
 	WaitFor(t, func() bool { // the owner of a shared store's tenant does it between two claims
 		j, err := s.Job(ctx, behind[1])
@@ -142,16 +135,7 @@ func testPolicyChangeKeepsANotBefore(t *testing.T, d Driver) {
 // reached it: no two jobs are due closer than the new interval.
 func testPolicyChangeGoesAroundScheduledJobs(t *testing.T, d Driver) {
 	ctx := context.Background()
-	const slow, fast = 500 * time.Millisecond, 100 * time.Millisecond
-	var interval atomic.Int64
-	interval.Store(int64(slow))
-	clk, s := d.start(t, func(string) leaky.Policy {
-		return leaky.Policy{Interval: time.Duration(interval.Load()), Burst: 1, Capacity: 100}
-	})
-	rp, ok := s.(queue.Repacer)
-	if !ok {
-		t.Skip("the store does not re-pace")
-	}
+	clk, s, change := startRepacing(t, d)
 	first := EnqueueN(t, s, "acme", 1)
 	nb := Payload(50)
 	nb.NotBefore = T0.Add(1200 * time.Millisecond)
@@ -164,13 +148,7 @@ func testPolicyChangeGoesAroundScheduledJobs(t *testing.T, d Driver) {
 	if h := WaitHanded(t, clk, got, 5*time.Millisecond); h.Job.ID != first[0] {
 		t.Fatalf("first handed over: %s, want %s", h.Job.ID, first[0])
 	}
-	interval.Store(int64(fast))
-	if pl, ok := s.(queue.PolicyListener); ok {
-		pl.PoliciesChanged()
-	}
-	if err := rp.Repace(ctx, "acme"); err != nil {
-		t.Fatal(err)
-	}
+	change(fast)
 	WaitFor(t, func() bool { // the owner of a shared store's tenant does it between two claims
 		j, err := s.Job(ctx, rest[11])
 		return err == nil && j.DispatchAt.Before(T0.Add(2*time.Second))
