@@ -173,3 +173,56 @@ func Written(recent []Recent, p Policy, slot, wrote time.Time, cost int) []Recen
 	}
 	return out
 }
+
+// EarliestAmong is the first time at or after at when a send of cost fits
+// in w among sends (sorted, on either side of at): no window of Length
+// that would hold it holds more than N. Unlike Recent.Earliest, which takes
+// every send as before at, it counts a send after at only in the windows
+// that hold both, so a send booked ahead bounds a job placed before it no
+// more than it must. The earliest fit is at or a send's time plus Length:
+// moving a send's window past it is the only way room comes.
+func EarliestAmong(sends []time.Time, w Window, at time.Time, cost int) time.Time {
+	cost = max(cost, 1)
+	if cost > w.N { // never fits; Policy.MaxCost refuses it first
+		if len(sends) == 0 {
+			return at
+		}
+		return clock.Later(at, sends[len(sends)-1].Add(w.Length))
+	}
+	upTo := func(t time.Time) int { // sends at or before t
+		i, _ := slices.BinarySearchFunc(sends, t, func(a, b time.Time) int {
+			if a.After(b) {
+				return 1
+			}
+			return -1
+		})
+		return i
+	}
+	fits := func(t time.Time) bool {
+		// The windows (s-Length, s] holding t end in [t, t+Length); the
+		// count rises only where one ends on a send.
+		if upTo(t)-upTo(t.Add(-w.Length))+cost > w.N {
+			return false
+		}
+		end := t.Add(w.Length)
+		for k := upTo(t); k < len(sends) && sends[k].Before(end); k++ {
+			if upTo(sends[k])-upTo(sends[k].Add(-w.Length))+cost > w.N {
+				return false
+			}
+		}
+		return true
+	}
+	k := upTo(at.Add(-w.Length)) // the first send whose window reaches past at
+	for t := at; ; k++ {
+		if fits(t) {
+			return t
+		}
+		for k < len(sends) && !sends[k].Add(w.Length).After(t) {
+			k++
+		}
+		if k == len(sends) {
+			return t // unreachable: past every send's window, cost <= N fits
+		}
+		t = sends[k].Add(w.Length)
+	}
+}

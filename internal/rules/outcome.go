@@ -27,7 +27,9 @@ func ApplyOutcome(rec *Record, j queue.Job, o queue.Outcome, now time.Time, p le
 	if !o.SentAt.IsZero() {
 		// The windows counted the attempt at its slot: from now on they
 		// count it at its write, which a crash or a takeover then keeps.
-		rec.CountWrite(p, j.EffectiveSlot(), rec.Pause.TenantTime(o.SentAt), j.EffectiveCost())
+		wrote := rec.Pause.TenantTime(o.SentAt)
+		rec.CountWrite(p, j.EffectiveSlot(), wrote, j.EffectiveCost())
+		rec.CountMade(p, clock.Later(j.EffectiveSlot(), wrote), j.EffectiveCost())
 	}
 	switch o.Result {
 	case queue.Succeeded:

@@ -29,6 +29,14 @@ type Record struct {
 	// Windows is each window's bookkeeping (by the window as written): the
 	// slots, in tenant time (unix ns), of its last N sends.
 	Windows map[string][]int64 `json:"recent,omitempty"`
+	// Sent is each window's sends made (by the window as written): the
+	// times, in tenant time (unix ns), its last N attempts written count
+	// at (CountMade), kept with their outcomes. Windows also holds the
+	// sends still to come, which crowd these out of it once more than N
+	// wait; a restart that places the waiting jobs anew counts from these
+	// (Respace). A window with no entry here was kept by a build that did
+	// not record them.
+	Sent map[string][]int64 `json:"sent,omitempty"`
 	// Booked is the retries sent later than their place in the schedule
 	// (their backoff ends after it), soonest first, until the schedule
 	// reaches them (Absorb).
@@ -90,13 +98,16 @@ func (r Record) IsBooked(job string) bool {
 }
 
 // Recent is the bookkeeping of p's windows (empty for a window new to it).
-func (r Record) Recent(p leaky.Policy) []leaky.Recent {
+func (r Record) Recent(p leaky.Policy) []leaky.Recent { return recentIn(r.Windows, p) }
+
+// recentIn is p's windows' lists in m (empty for a window m lacks).
+func recentIn(m map[string][]int64, p leaky.Policy) []leaky.Recent {
 	if len(p.Windows) == 0 {
 		return nil
 	}
 	out := make([]leaky.Recent, len(p.Windows))
 	for i, w := range p.Windows {
-		for _, ns := range r.Windows[w.String()] {
+		for _, ns := range m[w.String()] {
 			out[i] = append(out[i], time.Unix(0, ns))
 		}
 	}
@@ -112,26 +123,76 @@ func (r *Record) SetRecent(p leaky.Policy, recent []leaky.Recent) {
 	if len(p.Windows) == 0 && len(r.Windows) == 0 {
 		return
 	}
-	windows := make(map[string][]int64, max(len(p.Windows), len(r.Windows)))
-	for name, ns := range r.Windows {
-		windows[name] = ns
-	}
+	r.Windows = maps.Clone(r.Windows) // a copy of r shares the map
 	for i, w := range p.Windows {
-		ns := make([]int64, len(recent[i]))
-		for k, t := range recent[i] {
-			ns[k] = t.UnixNano()
-		}
-		windows[w.String()] = ns
+		r.Windows = withRecent(r.Windows, w.String(), recent[i])
 	}
-	r.Windows = windows
+}
+
+// withRecent sets m[name] to the times of r, allocating m if need be.
+func withRecent(m map[string][]int64, name string, r leaky.Recent) map[string][]int64 {
+	if m == nil {
+		m = map[string][]int64{}
+	}
+	ns := make([]int64, len(r))
+	for k, t := range r {
+		ns[k] = t.UnixNano()
+	}
+	m[name] = ns
+	return m
+}
+
+// Made is the sends made in each of p's windows (Sent), and whether they
+// are known: not for a window that counts sends to come (Windows) and no
+// send made, as a store written by a build that did not record them has
+// it. (Redis keeps no empty list, so neither does a record: a window with
+// no send made yet waits for its first as if unknown.)
+func (r Record) Made(p leaky.Policy) (made []leaky.Recent, known bool) {
+	known = true
+	for _, w := range p.Windows {
+		if len(r.Windows[w.String()]) > 0 && len(r.Sent[w.String()]) == 0 {
+			known = false
+		}
+	}
+	return recentIn(r.Sent, p), known
+}
+
+// SetMade stores the sends made in p's windows (a store that keeps them
+// apart from the record reads them in).
+func (r *Record) SetMade(p leaky.Policy, made []leaky.Recent) {
+	r.Sent = maps.Clone(r.Sent)
+	for i, w := range p.Windows {
+		r.Sent = withRecent(r.Sent, w.String(), made[i])
+	}
+}
+
+// CountMade counts an attempt of cost written, at at (tenant time: the
+// later of its slot and its write), in the sends made of p's windows.
+func (r *Record) CountMade(p leaky.Policy, at time.Time, cost int) {
+	if len(p.Windows) == 0 {
+		return
+	}
+	made := recentIn(r.Sent, p)
+	for i, w := range p.Windows {
+		made[i] = made[i].Add(w, at, cost)
+	}
+	r.SetMade(p, made)
 }
 
 // ForgetSpentWindows drops the bookkeeping of each window p does not have
 // whose sends all lie a window's length or more before tenant time tnow:
-// no slot from tnow on is in the same window as any of them.
+// no slot from tnow on is in the same window as any of them. Its sends made
+// (Sent) go by the same rule.
 func (r *Record) ForgetSpentWindows(p leaky.Policy, tnow time.Time) {
-	shared := true // a copy of r shares the map: clone it before a delete
-	for name, ns := range r.Windows {
+	r.Windows = forgetSpent(r.Windows, p, tnow)
+	r.Sent = forgetSpent(r.Sent, p, tnow)
+}
+
+// forgetSpent is m without the windows ForgetSpentWindows drops (a copy
+// if it drops any: a copy of a record shares its maps).
+func forgetSpent(m map[string][]int64, p leaky.Policy, tnow time.Time) map[string][]int64 {
+	shared := true
+	for name, ns := range m {
 		if slices.ContainsFunc(p.Windows, func(w leaky.Window) bool { return w.String() == name }) {
 			continue
 		}
@@ -140,13 +201,14 @@ func (r *Record) ForgetSpentWindows(p leaky.Policy, tnow time.Time) {
 			continue
 		}
 		if shared {
-			r.Windows, shared = maps.Clone(r.Windows), false
+			m, shared = maps.Clone(m), false
 		}
-		delete(r.Windows, name)
+		delete(m, name)
 	}
-	if len(r.Windows) == 0 {
-		r.Windows = nil
+	if len(m) == 0 {
+		return nil
 	}
+	return m
 }
 
 // CountSend counts a send of cost at slot in the tenant's windows.

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"slices"
 	"time"
 
 	"github.com/throttler-dev/throttler/internal/clock"
@@ -95,8 +96,11 @@ func RestartPickup(rec Record, jobs []Placed, now, sentBy time.Time, clean bool)
 // Respace moves a tenant's waiting jobs (in slot order, then id) that the
 // handover makes too soon: from the later of Now, the next send by what
 // was recorded, and a lost send's cost after Now; one job's cost apart, in
-// their order, within the windows. The old slots stay in the windows'
-// bookkeeping: they may have been sent. A pause that ends after that
+// their order, within the windows. The sends that may have gone
+// unrecorded count in the windows as made. Where the windows know the
+// sends made, the jobs are placed anew from them (placeAnew); else the
+// old slots stay in the windows' bookkeeping, as if sent, and the jobs
+// move past them (moveFrom). A pause that ends after that
 // floor moves nothing. A held tenant's clock stands still: only a lost
 // send moves its jobs, past the frozen tenant time (respaceHeld). Then the
 // schedule runs past the last job waiting (jobs placed at a vacant
@@ -116,6 +120,8 @@ func Respace(rec *Record, jobs []Placed, p leaky.Policy, h Pickup) int {
 		}
 		for _, u := range h.Unrecorded {
 			rec.CountWrite(p, u.Slot, rec.Pause.TenantTime(by), u.cost())
+			// Made, for all anyone knows: a later restart counts it too.
+			rec.CountMade(p, rec.Pause.TenantTime(by), u.cost())
 		}
 		if rec.Pause.Held.IsZero() {
 			moved = respaceRunning(rec, jobs, p, h, next)
@@ -144,7 +150,94 @@ func respaceRunning(rec *Record, jobs []Placed, p leaky.Policy, h Pickup, next t
 		return 0 // every job goes at the pause's end or later
 	}
 	// Real(slot) is slot + Shift from here on: the pause ends before floor.
+	if made, ok := rec.Made(p); ok && len(p.Windows) > 0 {
+		return placeAnew(rec, jobs, p, floor.Add(-pz.Shift), made, h.Credit)
+	}
 	return moveFrom(rec, jobs, p, floor.Add(-pz.Shift), h.Credit)
+}
+
+// placeAnew is moveFrom for a tenant whose windows know the sends made
+// (made: Record.Made, the sends that may have gone unrecorded in it). The
+// windows' lists hold the sends to come too, and once more than N wait
+// only those: the jobs placed from them would wait a window past the
+// backlog's end. Here every job but those booked from from on is placed
+// again, in order, from the sends made: at its slot if that still fits,
+// else at the first place from from that the rate, the windows and the
+// bookings allow; so the backlog behind an outage moves only as far as
+// the outage and the windows ask, and catches up where they let it. The
+// bookings keep their slots; a job is placed around them, counting them
+// in a window only where they share one (leaky.EarliestAmong). The lists
+// then hold the sends made, the jobs as placed and the bookings, as
+// admissions would have left them.
+func placeAnew(rec *Record, jobs []Placed, p leaky.Policy, from time.Time, made []leaky.Recent, credit bool) int {
+	var ahead []Booking
+	kept := map[string]bool{}
+	for _, b := range rec.Booked {
+		if !time.Unix(0, b.Slot).Before(from) {
+			ahead = append(ahead, b)
+			kept[b.Job] = true
+		}
+	}
+	recent := made
+	moved := 0
+	for i := range jobs {
+		w := &jobs[i]
+		if kept[w.ID] {
+			continue
+		}
+		at := placeAround(p, recent, ahead, clock.Later(w.Slot, from), w.cost())
+		from = at.Add(time.Duration(w.cost()) * p.Interval)
+		recent = leaky.Record(recent, p, at, w.cost())
+		rec.Unbook(w.ID) // an overdue booking: in the schedule now
+		if at.Equal(w.Slot) {
+			continue
+		}
+		w.Slot, w.Moved = at, true
+		next := from
+		if !credit {
+			next = next.Add(p.Tolerance()) // the sends before may have used it
+		}
+		rec.TAT = clock.Later(rec.TAT, next)
+		moved++
+	}
+	for _, b := range ahead {
+		recent = leaky.Record(recent, p, time.Unix(0, b.Slot), b.cost())
+	}
+	rec.SetRecent(p, recent)
+	return moved
+}
+
+// placeAround is the first time at or after at when a send of cost is a
+// whole cost apart from every booking of ahead and fits in every window of
+// p, counting the sends of recent (before at) and the bookings.
+func placeAround(p leaky.Policy, recent []leaky.Recent, ahead []Booking, at time.Time, cost int) time.Time {
+	sends := make([][]time.Time, len(p.Windows))
+	for i := range p.Windows {
+		sends[i] = slices.Clone(recent[i])
+		for _, b := range ahead {
+			for range b.cost() {
+				sends[i] = append(sends[i], time.Unix(0, b.Slot))
+			}
+		}
+		slices.SortFunc(sends[i], time.Time.Compare)
+	}
+	for {
+		moved := false
+		for _, b := range ahead {
+			bs := time.Unix(0, b.Slot)
+			if at.Before(bs.Add(time.Duration(b.cost())*p.Interval)) && bs.Before(at.Add(time.Duration(cost)*p.Interval)) {
+				at, moved = bs.Add(time.Duration(b.cost())*p.Interval), true
+			}
+		}
+		for i, w := range p.Windows {
+			if t := leaky.EarliestAmong(sends[i], w, at, cost); t.After(at) {
+				at, moved = t, true
+			}
+		}
+		if !moved {
+			return at
+		}
+	}
 }
 
 // respaceHeld is Respace for a tenant an operator holds. Its clock stands

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -139,12 +140,14 @@ func TestRespaceFloorsTheNextSend(t *testing.T) {
 	}
 }
 
-// A moved job keeps within its windows, and the old slots still count: they
-// may have been sent.
+// A moved job keeps within its windows: the sends made before count.
 func TestRespaceKeepsTheWindows(t *testing.T) {
 	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10, Windows: []leaky.Window{{N: 2, Length: time.Second}}}
 	var rec Record
-	rec.SetRecent(p, []leaky.Recent{{t0.Add(-900 * ms), t0.Add(-800 * ms)}})
+	for _, at := range []time.Time{t0.Add(-900 * ms), t0.Add(-800 * ms)} {
+		rec.CountSend(p, at, 1)
+		rec.CountMade(p, at, 1)
+	}
 	jobs := []Placed{{Slot: t0.Add(-100 * ms), ID: "a"}}
 	Respace(&rec, jobs, p, RestartPickup(rec, jobs, t0, t0, true))
 	if want := t0.Add(100 * ms); !jobs[0].Slot.Equal(want) {
@@ -180,21 +183,23 @@ func TestMissedDeadline(t *testing.T) {
 // its windows at the latest moment it could have been: the restart, or
 // the end of the last process's lease on sending if that came first (a
 // crash, then a long outage). A job that came due after the lease ended
-// was not sent, and counts at its slot. Here a window of 3 per 10 s holds
-// jobs a (5 s ago), b (3 s ago) and c (in 1 s); a moves first.
+// was not sent. Here a window of 3 per 10 s holds jobs a (5 s ago), b (3 s
+// ago) and c (in 1 s), none recorded sent; they go again in their order.
 func TestUnrecordedSendsCountWhenTheyMayHaveGone(t *testing.T) {
 	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 10, Windows: []leaky.Window{{N: 3, Length: 10 * time.Second}}}
+	s := time.Second
 	for _, tc := range []struct {
 		name       string
 		sentBy     time.Time
 		unrecorded []string
-		aAt        time.Duration // a's new slot, from t0
+		at         []time.Duration // a's, b's and c's new slots, from t0
 	}{
-		// Counted at their slots, a would go 10 s after its old slot, 5 s
-		// from now: 10 s after b's possible write just before the crash,
-		// a's resend and c would make 4 sends in 10 s.
-		{"restarted within the lease", t0, []string{"a", "b"}, 10 * time.Second},
-		{"the lease ended 4 s before the restart", t0.Add(-4 * time.Second), []string{"a"}, 6 * time.Second},
+		// a and b may have gone at t0: a's resend fills the window, b
+		// goes once they leave it, and c after b.
+		{"restarted within the lease", t0, []string{"a", "b"}, []time.Duration{100 * ms, 10 * s, 10*s + 100*ms}},
+		// Only a may have gone, 4 s ago: a and b fill the window with it,
+		// and c waits until it leaves.
+		{"the lease ended 4 s before the restart", t0.Add(-4 * s), []string{"a"}, []time.Duration{100 * ms, 200 * ms, 6 * s}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			jobs := []Placed{{Slot: t0.Add(-5 * time.Second), ID: "a"}, {Slot: t0.Add(-3 * time.Second), ID: "b"}, {Slot: t0.Add(time.Second), ID: "c"}}
@@ -211,9 +216,61 @@ func TestUnrecordedSendsCountWhenTheyMayHaveGone(t *testing.T) {
 				t.Errorf("unrecorded %v, want %v", ids, tc.unrecorded)
 			}
 			Respace(&rec, jobs, p, h)
-			if got := jobs[0].Slot.Sub(t0); got != tc.aAt {
-				t.Errorf("a moved to t0%+v, want t0%+v", got, tc.aAt)
+			for i, j := range jobs {
+				if got := j.Slot.Sub(t0); got != tc.at[i] {
+					t.Errorf("%s moved to t0%+v, want t0%+v", j.ID, got, tc.at[i])
+				}
 			}
 		})
+	}
+}
+
+// A backlog longer than a window's N, after a stop: the window's list then
+// holds only sends to come (the backlog's end), and the jobs the stop made
+// overdue would be placed a window past it. From the sends made they move
+// by the stop, and the backlog behind them with them. Here 3 per second at
+// 100 ms, 12 jobs in four groups of three from t0, the first group sent;
+// a clean stop makes the second overdue by 300 ms.
+func TestRespaceALongBacklogFromTheSendsMade(t *testing.T) {
+	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 20, Windows: []leaky.Window{{N: 3, Length: time.Second}}}
+	now := t0.Add(1300 * ms)
+	backlog := func(made bool) (Record, []Placed) {
+		var rec Record
+		var jobs []Placed
+		for g := range 4 {
+			for k := range 3 {
+				slot := t0.Add(time.Duration(g)*time.Second + time.Duration(k)*100*ms)
+				rec.CountSend(p, slot, 1)
+				if g == 0 {
+					if made {
+						rec.CountMade(p, slot, 1)
+					}
+					continue
+				}
+				jobs = append(jobs, Placed{Slot: slot, ID: fmt.Sprintf("j%d%d", g, k)})
+			}
+		}
+		rec.TAT = t0.Add(3300 * ms)
+		return rec, jobs
+	}
+	rec, jobs := backlog(true)
+	old := slices.Clone(jobs)
+	if moved := Respace(&rec, jobs, p, RestartPickup(rec, jobs, now, now, true)); moved != len(jobs) {
+		t.Errorf("moved %d, want %d", moved, len(jobs))
+	}
+	for i, j := range jobs {
+		if off := j.Slot.Sub(old[i].Slot); off != 300*ms {
+			t.Errorf("%s moved from t0+%v to t0+%v, want 300 ms later", j.ID, old[i].Slot.Sub(t0), j.Slot.Sub(t0))
+		}
+	}
+	if got, want := rec.Recent(p)[0], (leaky.Recent{t0.Add(3300 * ms), t0.Add(3400 * ms), t0.Add(3500 * ms)}); !slices.EqualFunc(got, want, time.Time.Equal) {
+		t.Errorf("window's list %v, want the backlog's new end", got)
+	}
+	// Not knowing the sends made (a store written before they were kept),
+	// it keeps the old slots as sends and goes past them.
+	rec, jobs = backlog(false)
+	Respace(&rec, jobs, p, RestartPickup(rec, jobs, now, now, true))
+	if first := jobs[0].Slot; first.Before(t0.Add(4 * time.Second)) {
+		t.Errorf("with the sends made unknown the first job went at t0+%v, want after the backlog's end", first.Sub(t0))
 	}
 }

@@ -294,17 +294,19 @@ func (d *decoder) time() time.Time {
 // A tenant's record in the tenants bucket is binary too (it is written with
 // every admission): a version byte, then TenantRecord's fields in order.
 // Version 2 adds LastAttemptCost at the end, version 3 the bookings after
-// it, version 4 Behind after them. Records written by earlier versions (1
-// to 3, or JSON objects) are still read.
+// it, version 4 Behind after them, version 5 the windows' sends made
+// (Sent) after that. Records written by earlier versions (1 to 4, or JSON
+// objects) are still read.
 const (
 	tenantRecordV1 = 1
 	tenantRecordV2 = 2
 	tenantRecordV3 = 3
 	tenantRecordV4 = 4
+	tenantRecordV5 = 5
 )
 
 func encodeTenant(b []byte, r rules.Record) []byte {
-	b = append(b, tenantRecordV4)
+	b = append(b, tenantRecordV5)
 	b = appendTime(b, r.TAT)
 	b = binary.AppendVarint(b, int64(r.Pause.Shift))
 	b = appendTime(b, r.Pause.Until)
@@ -313,14 +315,7 @@ func encodeTenant(b []byte, r rules.Record) []byte {
 	for _, n := range []int64{r.Accepted, r.Rejected, r.Delivered, r.Failed, r.Cancelled, r.Expired} {
 		b = binary.AppendVarint(b, n)
 	}
-	b = binary.AppendUvarint(b, uint64(len(r.Windows)))
-	for _, name := range slices.Sorted(maps.Keys(r.Windows)) {
-		b = appendString(b, name)
-		b = binary.AppendUvarint(b, uint64(len(r.Windows[name])))
-		for _, ns := range r.Windows[name] {
-			b = binary.AppendVarint(b, ns)
-		}
-	}
+	b = appendWindows(b, r.Windows)
 	b = binary.AppendUvarint(b, uint64(max(r.LastAttemptCost, 0)))
 	b = binary.AppendUvarint(b, uint64(len(r.Booked)))
 	for _, bk := range r.Booked {
@@ -328,7 +323,49 @@ func encodeTenant(b []byte, r rules.Record) []byte {
 		b = binary.AppendUvarint(b, uint64(max(bk.Cost, 0)))
 		b = appendString(b, bk.Job)
 	}
-	return appendTime(b, r.Behind)
+	b = appendTime(b, r.Behind)
+	return appendWindows(b, r.Sent)
+}
+
+// appendWindows appends windows' lists: their count, then each one's name,
+// length and times, by name.
+func appendWindows(b []byte, m map[string][]int64) []byte {
+	b = binary.AppendUvarint(b, uint64(len(m)))
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		b = appendString(b, name)
+		b = binary.AppendUvarint(b, uint64(len(m[name])))
+		for _, ns := range m[name] {
+			b = binary.AppendVarint(b, ns)
+		}
+	}
+	return b
+}
+
+// windows reads what appendWindows wrote (nil for none).
+func (d *decoder) windows() map[string][]int64 {
+	n := d.uvarint()
+	if d.bad || n == 0 {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.bad = true
+		return nil
+	}
+	m := make(map[string][]int64, n)
+	for range n {
+		name := d.string()
+		k := d.uvarint()
+		if d.bad || k > uint64(len(d.b)) {
+			d.bad = true
+			return nil
+		}
+		ns := make([]int64, k)
+		for i := range ns {
+			ns[i] = d.varint()
+		}
+		m[name] = ns
+	}
+	return m
 }
 
 func decodeTenant(raw []byte) (rules.Record, error) {
@@ -339,7 +376,7 @@ func decodeTenant(raw []byte) (rules.Record, error) {
 	}
 	d := decoder{b: raw}
 	version := d.byte()
-	if version < tenantRecordV1 || version > tenantRecordV4 {
+	if version < tenantRecordV1 || version > tenantRecordV5 {
 		return r, errBadRecord
 	}
 	r.TAT = d.time()
@@ -350,24 +387,7 @@ func decodeTenant(raw []byte) (rules.Record, error) {
 	for _, n := range []*int64{&r.Accepted, &r.Rejected, &r.Delivered, &r.Failed, &r.Cancelled, &r.Expired} {
 		*n = d.varint()
 	}
-	if n := d.uvarint(); n > 0 && !d.bad {
-		if n > uint64(len(d.b)) {
-			return rules.Record{}, errBadRecord
-		}
-		r.Windows = make(map[string][]int64, n)
-		for range n {
-			name := d.string()
-			k := d.uvarint()
-			if d.bad || k > uint64(len(d.b)) {
-				return rules.Record{}, errBadRecord
-			}
-			ns := make([]int64, k)
-			for i := range ns {
-				ns[i] = d.varint()
-			}
-			r.Windows[name] = ns
-		}
-	}
+	r.Windows = d.windows()
 	if version >= tenantRecordV2 {
 		r.LastAttemptCost = int(min(d.uvarint(), math.MaxInt32))
 	}
@@ -384,6 +404,9 @@ func decodeTenant(raw []byte) (rules.Record, error) {
 	}
 	if version >= tenantRecordV4 {
 		r.Behind = d.time()
+	}
+	if version >= tenantRecordV5 {
+		r.Sent = d.windows()
 	}
 	if d.bad || len(d.b) != 0 {
 		return rules.Record{}, errBadRecord

@@ -154,8 +154,8 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 	t.Parallel()
 	// The codec writes every field of TenantRecord: a new one must be
 	// added to it (and here).
-	if n := reflect.TypeFor[rules.Record]().NumField(); n != 13 {
-		t.Fatalf("rules.Record has %d fields; encodeTenant and decodeTenant know 13: add the new one to both", n)
+	if n := reflect.TypeFor[rules.Record]().NumField(); n != 14 {
+		t.Fatalf("rules.Record has %d fields; encodeTenant and decodeTenant know 14: add the new one to both", n)
 	}
 	if n := reflect.TypeFor[leaky.Pause]().NumField(); n != 3 {
 		t.Fatalf("leaky.Pause has %d fields; encodeTenant and decodeTenant know 3: add the new one to both", n)
@@ -167,6 +167,7 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 		{TAT: t0, Pause: leaky.Pause{Shift: -3 * time.Second, Until: t0.Add(time.Minute), Held: t0}, Windows: map[string][]int64{"1000/d": {1, -2, t0.UnixNano()}, "5/s": {}}},
 		{TAT: t0, LastAttemptCost: 2, Booked: []rules.Booking{{Slot: t0.UnixNano(), Job: "a"}, {Slot: t0.Add(time.Second).UnixNano(), Cost: 3, Job: "b"}}},
 		{TAT: t0, Behind: t0.Add(340 * time.Millisecond)},
+		{TAT: t0, Windows: map[string][]int64{"5/s": {t0.UnixNano()}}, Sent: map[string][]int64{"5/s": {t0.UnixNano(), -7}, "2/h": {}}},
 	}
 	for i, r := range recs {
 		got, err := decodeTenant(encodeTenant(nil, r))
@@ -186,6 +187,16 @@ func TestTenantRecordRoundTrip(t *testing.T) {
 			t.Fatalf("%d: JSON record\n got %s\nwant %s", i, again, want)
 		}
 		full := encodeTenant(nil, r)
+		if len(r.Sent) > 0 {
+			continue // the older versions below cannot hold it
+		}
+		// Version 4, before Sent: the same bytes without the last one
+		// (its count, zero).
+		v4 := append([]byte{tenantRecordV4}, full[1:len(full)-1]...)
+		if old, err := decodeTenant(v4); err != nil || !reflect.DeepEqual(old, got) {
+			t.Fatalf("%d: version 4 record: %+v, %v; want %+v", i, old, err, got)
+		}
+		full = full[:len(full)-1]
 		if r.Behind.IsZero() {
 			// Version 3, before Behind: the same bytes without the last
 			// one (its zero).
@@ -383,6 +394,7 @@ func FuzzTenantRecord(f *testing.F) {
 		{TAT: t0, LastAttemptAt: t0, LastAttemptCost: 3, Accepted: 7, Windows: map[string][]int64{"5/s": {1, 2}}},
 		{TAT: t0, Booked: []rules.Booking{{Slot: t0.UnixNano(), Job: "a"}, {Slot: t0.Add(time.Second).UnixNano(), Cost: 2, Job: "b"}}},
 		{TAT: t0, Behind: t0.Add(time.Second)},
+		{TAT: t0, Sent: map[string][]int64{"5/s": {1, 2}, "1/h": {}}},
 	} {
 		f.Add(encodeTenant(nil, r))
 	}

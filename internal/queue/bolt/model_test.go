@@ -13,6 +13,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 	"github.com/throttler-dev/throttler/internal/testutil"
@@ -73,6 +74,16 @@ func modelDriver(known queuetest.Defect) queuetest.ModelDriver {
 				return time.Time{}, err
 			}
 			return tm.rec.TAT, nil
+		},
+		Windows: func(s queue.Store, tenant string, w leaky.Window) ([]time.Time, error) {
+			st := s.(*Store)
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			tm, err := st.loadTenant(tenant)
+			if err != nil {
+				return nil, err
+			}
+			return tm.rec.Recent(leaky.Policy{Windows: []leaky.Window{w}})[0], nil
 		},
 		Known: known,
 	}

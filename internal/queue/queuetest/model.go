@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttler-dev/throttler/internal/leaky"
+
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
@@ -105,6 +107,10 @@ type ModelDriver struct {
 	// Without it the model infers the schedule from Tenant's expected delay
 	// where it can.
 	TAT func(s queue.Store, tenant string) (time.Time, error)
+	// Windows, if set, is the sends a store counts in a tenant's window w
+	// (tenant time): after a restart that places its jobs anew the model
+	// takes them, as it takes TAT. Without it the model keeps its own.
+	Windows func(s queue.Store, tenant string, w leaky.Window) ([]time.Time, error)
 	// Durable: every change of a tenant's schedule is written as it is
 	// made (Redis, where the schedule lives in the server), so a crash
 	// takes none of it back; without it the model goes back to the

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 )
 
@@ -192,7 +193,30 @@ func (r *runner) recoverTenant(tn *mtenant, at time.Time) {
 		}
 	}
 	r.respaceOverdue(tn, overdue, at)
+	if respaced && !held && r.d.Windows != nil {
+		r.takeRestartWindows(tn)
+	}
 	r.takeRestartTAT(tn, respaced, at)
+}
+
+// takeRestartWindows takes the store's windows after a restart placed a
+// tenant's jobs anew. What they count is the store's to choose, as its
+// schedule is (takeRestartTAT): one that knows its sends made counts the
+// slots the jobs had before no more, as no send will come at them. Too
+// little counted shows at the downstream, where every write is checked
+// against every window.
+func (r *runner) takeRestartWindows(tn *mtenant) {
+	for _, w := range tn.wins {
+		got, err := r.d.Windows(r.store, tn.name, leaky.Window{N: w.spec.N, Length: w.spec.Length})
+		if err != nil {
+			r.failf("tenant", "Windows(%s): %v", tn.name, err)
+			return
+		}
+		w.entries = w.entries[:0:0]
+		for _, at := range got {
+			w.entries = append(w.entries, mentry{at: at, weight: 1})
+		}
+	}
 }
 
 // restartBound is the soonest j may go after a restart: no sooner than the

@@ -84,6 +84,7 @@ func Run(t *testing.T, d Driver) {
 		{"ScheduledJobsWaitForTheirTime", testScheduledJobsWaitForTheirTime},
 		{"ScheduledJobReleasedIsCountedOnce", testScheduledJobReleasedIsCountedOnce},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
+		{"RestartMovesALongBacklogInAWindowByTheStop", testRestartMovesALongBacklogInAWindowByTheStop},
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},
 		{"TypesAndHandlerCancels", testTypesAndHandlerCancels},
 		{"CallbacksOwedWithTheFinalState", testCallbacksOwedWithTheFinalState},

@@ -29,7 +29,11 @@
 --          handed over and not yet written (0: on time), the tenant's
 --          interval, and '1' if its tenant's admission counts the jobs
 --          being sent by slot (rules.CountsWaiting: its claimed set is
---          kept)
+--          kept), then its tenant's number of windows and per window its
+--          key's suffix (leaky.Window.String), N and length
+--
+-- A send made counts in its tenant's windows' sends made (their sent
+-- lists: rules.Record.CountMade), at its slot or its write if later.
 --
 -- A late write moves the tenant's behind (rules.Record.RunLate) on to
 -- when the jobs behind it can go: an interval more for each job still
@@ -52,14 +56,15 @@ local tenant_of, tenants = tenant_batch(prefix,
   function(t) t.after, t.delivered, t.failed, t.last_slot, t.new_behind = 0, 0, 0, 0, 0 end)
 
 local out, ended, callbacks = {}, {}, {}
-for i = 6, #ARGV, 12 do
+local i = 6
+while i <= #ARGV do
   local id, tname, state = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local sent, status, err, key = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
   local after = tonumber(ARGV[i + 7]) or 0
   local resp = ARGV[i + 8]
   local late, interval = tonumber(ARGV[i + 9]) or 0, tonumber(ARGV[i + 10]) or 0
   local jk = prefix .. 'job:' .. id
-  local j = redis.call('HMGET', jk, 'state', 'slot', 'sent', 'status', 'cbu', 'cbon')
+  local j = redis.call('HMGET', jk, 'state', 'slot', 'sent', 'status', 'cbu', 'cbon', 'cost')
   if j[1] ~= 'dispatching' then
     out[#out + 1] = 0
   else
@@ -83,10 +88,24 @@ for i = 6, #ARGV, 12 do
       redis.call('ZREMRANGEBYSCORE', fk, '-inf', now - retention * 1000)
       redis.call('PEXPIRE', fk, retention)
     end
+    if ARGV[i + 3] ~= '0' then -- this attempt was written
+      -- Tenant time (leaky.Pause.TenantTime) of the write.
+      local wrote = tonumber(ARGV[i + 3])
+      if t.held > 0 and t.held < wrote then wrote = t.held end
+      if wrote < t.untl then wrote = t.untl end
+      local at = at_least(tonumber(j[2]) or 0, wrote - t.shift)
+      for w = 1, tonumber(ARGV[i + 12]) do
+        local suffix, n, len = ARGV[i + 10 + w * 3], tonumber(ARGV[i + 11 + w * 3]), tonumber(ARGV[i + 12 + w * 3])
+        local sk = prefix .. 'sent:' .. tname .. ':' .. suffix
+        windows_record({{key = sk, n = n}}, at, at_least(tonumber(j[7]) or 1, 1))
+        keep(sk, at_least(redis.call('PTTL', prefix .. 'window:' .. tname .. ':' .. suffix), math.floor(len / 1000) + idle_ms))
+      end
+    end
     out[#out + 1] = 1
     ended[#ended + 1] = id
     callbacks[id] = {j[5], j[6], state}
   end
+  i = i + 13 + 3 * tonumber(ARGV[i + 12])
 end
 if #ended > 0 then redis.call('ZREM', KEYS[3], unpack(ended)) end -- one command for the batch
 owe_callbacks(prefix, ended, now, callbacks)

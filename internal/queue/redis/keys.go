@@ -82,6 +82,12 @@ func (k partKeys) window(t string, w leaky.Window) string {
 	return k.tag + "window:" + t + ":" + w.String()
 }
 
+// sent is the list of a tenant's sends made in window w, beside its list
+// (rules.Record.Sent): the times its newest N attempts recorded count at.
+func (k partKeys) sent(t string, w leaky.Window) string {
+	return k.tag + "sent:" + t + ":" + w.String()
+}
+
 // arrivals is the list that tells the partition's owner of jobs admitted
 // (and sent again): "id dispatch_at tenant", pushed by enqueue.lua in the
 // same step as the job, popped in batches by the owner. Losing it loses

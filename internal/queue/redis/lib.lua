@@ -217,6 +217,80 @@ local function windows_written(windows, slot, at, cost)
   end
 end
 
+-- leaky.EarliestAmong: the first time at or after at when a send of cost
+-- fits in a window of n per len among sends (numbers, sorted, on either
+-- side of at), each send counted only in the windows that hold it.
+local function earliest_among(sends, n, len, at, cost)
+  if cost > n then -- never fits; refused before
+    if #sends == 0 then return at end
+    return at_least(at, sends[#sends] + len)
+  end
+  local function upto(t) -- how many sends are at or before t
+    local lo, hi = 1, #sends + 1
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if sends[mid] > t then hi = mid else lo = mid + 1 end
+    end
+    return lo - 1
+  end
+  local function fits(t)
+    if upto(t) - upto(t - len) + cost > n then return false end
+    local k = upto(t) + 1
+    while k <= #sends and sends[k] < t + len do
+      if upto(sends[k]) - upto(sends[k] - len) + cost > n then return false end
+      k = k + 1
+    end
+    return true
+  end
+  local k, t = upto(at - len) + 1, at
+  while true do
+    if fits(t) then return t end
+    while k <= #sends and sends[k] + len <= t do k = k + 1 end
+    if k > #sends then return t end -- not reached: past every send, cost <= n fits
+    t = sends[k] + len
+    k = k + 1
+  end
+end
+
+-- Adds cost sends at at to list (numbers, sorted) and keeps its newest n
+-- (leaky.Recent.Add).
+local function list_record(list, n, at, cost)
+  for _ = 1, cost do
+    local i = #list + 1
+    while i > 1 and list[i - 1] > at do i = i - 1 end
+    table.insert(list, i, at)
+  end
+  while #list > n do table.remove(list, 1) end
+end
+
+-- rules.placeAround: the first time at or after at when a send of cost is
+-- a whole cost apart from every booking of ahead ({slot, cost}) and fits
+-- in every window of windows ({n, len}), counting the sends of lists
+-- (lists[i] for windows[i], before at) and the bookings.
+local function place_around(lists, windows, ahead, at, cost, T)
+  local sends = {}
+  for w, l in ipairs(lists) do
+    local s = {}
+    for i, v in ipairs(l) do s[i] = v end
+    for _, b in ipairs(ahead) do
+      for _ = 1, b.cost do s[#s + 1] = b.slot end
+    end
+    table.sort(s)
+    sends[w] = s
+  end
+  while true do
+    local moved = false
+    for _, b in ipairs(ahead) do
+      if at < b.slot + b.cost * T and b.slot < at + cost * T then at, moved = b.slot + b.cost * T, true end
+    end
+    for w, win in ipairs(windows) do
+      local e = earliest_among(sends[w], win.n, win.len, at, cost)
+      if e > at then at, moved = e, true end
+    end
+    if not moved then return at end
+  end
+end
+
 -- A tenant's bookings (queue.TenantRecord.Booked): its hash's 'booked'
 -- field, "slot cost id" per booking, soonest first, joined by ';'
 -- (tenants.go's parseBooked). A list of {slot, cost, id}.

@@ -55,6 +55,10 @@ func newLuaWorld(rng *rand.Rand, prefix string) *luaWorld {
 	w := &luaWorld{prefix: prefix, token: "owner-1", unit: unit, grain: grain, rng: rng, now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), recent: map[string]time.Time{}, dirty: map[string]bool{}}
 	for i := range 1 + rng.IntN(3) {
 		p := leaky.Policy{Interval: us(unit * (1 + rng.Int64N(3))), Burst: 1 + rng.IntN(4), Capacity: 10}
+		if rng.IntN(3) == 0 { // its sends made are kept (finish.lua)
+			p.Windows = []leaky.Window{{N: 2 + rng.IntN(5), Length: us(unit * (5 + rng.Int64N(15)))}}
+			p.Burst = min(p.Burst, p.Windows[0].N)
+		}
 		w.tenants = append(w.tenants, &luaTenant{name: fmt.Sprintf("t%d", i), p: p})
 	}
 	return w
@@ -212,6 +216,14 @@ func (w *luaWorld) writeTenant(ctx context.Context, pipe goredis.Pipeliner, tn *
 	}
 	pipe.Persist(ctx, tk)
 	pipe.Del(ctx, w.prefix+"waiting:"+tn.name, w.prefix+"claimed:"+tn.name)
+	made, _ := tn.rec.Made(tn.p)
+	for i, win := range tn.p.Windows {
+		key := w.prefix + "sent:" + tn.name + ":" + win.String()
+		pipe.Del(ctx, key)
+		if len(made[i]) > 0 {
+			pipe.RPush(ctx, key, anySlice(microsList(made[i]))...)
+		}
+	}
 	if depth+inflight > 0 {
 		pipe.ZAdd(ctx, w.prefix+"active", goredis.Z{Score: float64(depth + inflight), Member: tn.name})
 	}
@@ -230,6 +242,7 @@ type luaSnap struct {
 	sending map[string]int64
 	recent  map[string]int64
 	active  map[string]int64
+	made    map[string][]string // "tenant window" -> its sends made (a sent list)
 }
 
 type keySnap struct {
@@ -264,6 +277,12 @@ func (w *luaWorld) snapshot(ctx context.Context, rdb *goredis.Client, from int64
 		waiting[tn.name], claimed[tn.name] = zset(w.prefix+"waiting:"+tn.name), zset(w.prefix+"claimed:"+tn.name)
 		failed[tn.name] = zset(w.prefix + "failed:" + tn.name)
 	}
+	made := map[string]*goredis.StringSliceCmd{}
+	for _, tn := range w.tenants {
+		for _, win := range tn.p.Windows {
+			made[tn.name+" "+win.String()] = pipe.LRange(ctx, w.prefix+"sent:"+tn.name+":"+win.String(), 0, -1)
+		}
+	}
 	jobHashes := map[string]func() keySnap{}
 	for _, j := range jobs {
 		jobHashes[j.ID] = read(w.prefix + "job:" + j.ID)
@@ -274,7 +293,10 @@ func (w *luaWorld) snapshot(ctx context.Context, rdb *goredis.Client, from int64
 	}
 	s := luaSnap{kept: expiryWindow{from, now.Val().UnixMilli()}, tenants: map[string]keySnap{}, jobs: map[string]keySnap{},
 		waiting: map[string]map[string]int64{}, claimed: map[string]map[string]int64{}, failed: map[string]map[string]int64{},
-		sending: sending(), recent: recent(), active: active()}
+		sending: sending(), recent: recent(), active: active(), made: map[string][]string{}}
+	for k, c := range made {
+		s.made[k] = c.Val()
+	}
 	for name, f := range tenants {
 		s.tenants[name], s.waiting[name], s.claimed[name], s.failed[name] = f(), waiting[name](), claimed[name](), failed[name]()
 	}
@@ -324,6 +346,12 @@ func (w *luaWorld) tenantDiff(s luaSnap, tn *luaTenant) string {
 		}
 		if got != want[f] {
 			return fmt.Sprintf("%s Lua %q, rule %q", f, got, want[f])
+		}
+	}
+	made, _ := tn.rec.Made(tn.p)
+	for i, win := range tn.p.Windows {
+		if got, want := s.made[tn.name+" "+win.String()], microsList(made[i]); fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Sprintf("sends made in window %v: Lua %v, rule %v", win, got, want)
 		}
 	}
 	return ""

@@ -16,6 +16,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/throttler-dev/throttler/internal/clock"
+	"github.com/throttler-dev/throttler/internal/leaky"
 	"github.com/throttler-dev/throttler/internal/queue"
 	"github.com/throttler-dev/throttler/internal/queue/queuetest"
 	"github.com/throttler-dev/throttler/internal/queue/redis/owner"
@@ -374,6 +375,11 @@ func modelDriver(ks *modelKeyspaces, known queuetest.Defect) queuetest.ModelDriv
 				return time.Time{}, err
 			}
 			return fromMicros(v), nil
+		},
+		Windows: func(s queue.Store, tenant string, w leaky.Window) ([]time.Time, error) {
+			st := s.(*Store)
+			l, err := st.rdb.LRange(context.Background(), keysOf(st.partOf(tenant)).window(tenant, w), 0, -1).Result()
+			return parseRecent(l), err
 		},
 		// Every change of a schedule is a script's write in Redis.
 		Durable: true,

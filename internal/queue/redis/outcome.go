@@ -68,8 +68,12 @@ func finishArgs(j queue.Job, o queue.Outcome, p leaky.Policy, margin time.Durati
 	if !late.IsZero() {
 		late = late.Add(time.Duration(beside) * p.Interval)
 	}
-	return []any{j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey, microsOf(after), responseArg(o.Response),
-		microsOf(late), p.Interval.Microseconds(), flag(rules.CountsWaiting(p))}
+	args := []any{j.ID, j.Tenant, string(state), microsOf(o.SentAt), o.Status, msg, j.IdempotencyKey, microsOf(after), responseArg(o.Response),
+		microsOf(late), p.Interval.Microseconds(), flag(rules.CountsWaiting(p)), len(p.Windows)}
+	for _, w := range p.Windows {
+		args = append(args, w.String(), w.N, w.Length.Microseconds())
+	}
+	return args
 }
 
 // finishReplies is finish.lua's answer: whether each job was recorded.
@@ -91,7 +95,7 @@ func (s *Store) finishByRule(ctx context.Context, f owner.Fence, k partKeys, j q
 	p := s.policy(j.Tenant)
 	watch := []string{f.Key(), k.tenant(j.Tenant), k.job(j.ID)}
 	for _, w := range p.Windows {
-		watch = append(watch, k.window(j.Tenant, w))
+		watch = append(watch, k.window(j.Tenant, w), k.sent(j.Tenant, w))
 	}
 	txf := func(tx *goredis.Tx) error {
 		ok, paused = false, false
@@ -189,8 +193,10 @@ func (s *Store) readForOutcome(ctx context.Context, tx *goredis.Tx, f owner.Fenc
 		timeCmd = pipe.Time(ctx)
 	}
 	wcmds := make([]*goredis.StringSliceCmd, len(p.Windows))
+	scmds := make([]*goredis.StringSliceCmd, len(p.Windows))
 	for i, w := range p.Windows {
 		wcmds[i] = pipe.LRange(ctx, k.window(j.Tenant, w), 0, -1)
+		scmds[i] = pipe.LRange(ctx, k.sent(j.Tenant, w), 0, -1)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
 		return st, false, err
@@ -215,6 +221,10 @@ func (s *Store) readForOutcome(ctx context.Context, tx *goredis.Tx, f owner.Fenc
 			recent[i] = parseRecent(c.Val())
 		}
 		st.rec.SetRecent(p, recent)
+		for i, c := range scmds {
+			recent[i] = parseRecent(c.Val())
+		}
+		st.rec.SetMade(p, recent)
 	}
 	return st, true, nil
 }
@@ -302,19 +312,28 @@ func (s *Store) leaveClaimed(ctx context.Context, pipe goredis.Pipeliner, k part
 	}
 }
 
-// writeWindows queues the rewrite of tenant's windows from rec.
+// writeWindows queues the rewrite of tenant's windows from rec, and of
+// their sends made (each kept as long as its window's list).
 func (s *Store) writeWindows(ctx context.Context, pipe goredis.Pipeliner, k partKeys, tenant string, rec rules.Record, now time.Time, p leaky.Policy) {
 	recent := rec.Recent(p)
+	made, _ := rec.Made(p)
 	for i, w := range p.Windows {
-		key := k.window(tenant, w)
-		pipe.Del(ctx, key)
-		var list []any
-		for _, t := range recent[i] {
-			list = append(list, micros(t))
-		}
-		if len(list) > 0 {
-			pipe.RPush(ctx, key, list...)
-			pipe.PExpire(ctx, key, max(rules.DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0)+w.Length+s.idle)
-		}
+		ttl := max(rules.DispatchAt(rec.Pause, rec.TAT, now).Sub(now), 0) + w.Length + s.idle
+		writeList(ctx, pipe, k.window(tenant, w), recent[i], ttl)
+		writeList(ctx, pipe, k.sent(tenant, w), made[i], ttl)
+	}
+}
+
+// writeList queues the rewrite of list key as times (microseconds), kept
+// for ttl (none: no key).
+func writeList(ctx context.Context, pipe goredis.Pipeliner, key string, times []time.Time, ttl time.Duration) {
+	pipe.Del(ctx, key)
+	var list []any
+	for _, t := range times {
+		list = append(list, micros(t))
+	}
+	if len(list) > 0 {
+		pipe.RPush(ctx, key, list...)
+		pipe.PExpire(ctx, key, ttl)
 	}
 }

@@ -40,10 +40,13 @@
 -- after that moves nothing: its end holds them. A held tenant's clock
 -- stands still and its resume may come at once: its jobs move only if a
 -- job taken back may have been written, past the frozen clock by that
--- job's cost or its last claim's. A tenant's windows hold too: each moved
--- job goes no sooner than its windows allow, counting the old slots (a
--- job taken back may have been sent at its old slot), and its new slot is
--- counted in them. So each job says when it goes, and a job admitted
+-- job's cost or its last claim's. A tenant's windows hold too: a job
+-- taken back counts as a send made at the takeover; where the windows'
+-- sends made are known (their sent lists, which finish.lua keeps), every
+-- job not booked ahead is placed again from them, in order, at its slot
+-- if it still fits (place_anew); else each moved job goes no sooner than
+-- its windows allow, counting the old slots, and its new slot is counted
+-- in them. So each job says when it goes, and a job admitted
 -- after the takeover is promised what it will see, not a slot the backlog
 -- has taken. The rule is rules.Respace, which the embedded store's
 -- restart follows too (bolt's respaceTenant); only what each can know of
@@ -88,6 +91,81 @@ if ARGV[4] == '1' then
   redis.call('DEL', KEYS[2])
 end
 
+-- Gives list key the time to live of key like (a window's list), and at
+-- least a window's length len plus the idle time: the sends it counts
+-- last as long as the list beside them.
+local function keep_like(key, like, len)
+  local ttl = redis.call('PTTL', like)
+  keep(key, at_least(ttl, math.floor(len / 1000) + idle_ms))
+end
+
+-- rules.Record.Made: each window's sends made (its sent list), or false
+-- if they are not known: a window that counts sends to come and no send
+-- made (a store written by a build that did not record them).
+local function made_lists(windows)
+  local out = {}
+  for w, win in ipairs(windows) do
+    local l = {}
+    for k, v in ipairs(redis.call('LRANGE', win.sent, 0, -1)) do l[k] = tonumber(v) end
+    if #l == 0 and redis.call('LLEN', win.key) > 0 then return false end
+    out[w] = l
+  end
+  return out
+end
+
+-- rules.placeAnew: every waiting job but those booked from t on is placed
+-- again, in order, from the sends made (made: made_lists): at its slot
+-- if that still fits, else at the first place from t that the rate, the
+-- windows and the bookings allow. The bookings keep their slots. Then the
+-- windows' lists hold the sends made, the jobs as placed and the
+-- bookings. Returns whether a job moved, and the end of the last one
+-- moved (its slot plus its cost in intervals).
+local function place_anew(tk, name, waiting, in_sched, T, windows, made, t, real)
+  local booked = booked_parse(redis.call('HGET', tk, 'booked'))
+  local ahead, kept, placed = {}, {}, {}
+  for _, b in ipairs(booked) do
+    if b.slot >= t then
+      ahead[#ahead + 1] = b
+      kept[b.id] = true
+    end
+  end
+  local moved, last = false, t
+  for i = 1, #waiting, 2 do
+    local id = waiting[i]
+    if not kept[id] then
+      local slot = tonumber(waiting[i + 1])
+      local jk = prefix .. 'job:' .. id
+      local cost = at_least(tonumber(redis.call('HGET', jk, 'cost')) or 1, 1)
+      local at = place_around(made, windows, ahead, at_least(slot, t), cost, T)
+      t = at + cost * T
+      for w, win in ipairs(windows) do list_record(made[w], win.n, at, cost) end
+      placed[id] = true -- an overdue booking: in the schedule now
+      if at ~= slot then
+        redis.call('ZADD', prefix .. (in_sched[id] and 'sched:' or 'waiting:') .. name, at, id)
+        redis.call('HSET', jk, 'slot', at, 'dispatch', real(at))
+        waiting[i + 1] = string.format('%d', at) -- as ZRANGE gives it
+        moved, last = true, t
+      end
+    end
+  end
+  local left = {}
+  for _, b in ipairs(booked) do
+    if not placed[b.id] then left[#left + 1] = b end
+  end
+  if #left < #booked then booked_write(tk, left, 1) end
+  for w, win in ipairs(windows) do
+    local l = made[w]
+    for _, b in ipairs(ahead) do list_record(l, win.n, b.slot, b.cost) end
+    local ttl = redis.call('PTTL', win.key)
+    redis.call('DEL', win.key)
+    if #l > 0 then
+      redis.call('RPUSH', win.key, unpack(l))
+      keep(win.key, at_least(ttl, math.floor((real(t) - now + win.len) / 1000) + idle_ms))
+    end
+  end
+  return moved, last
+end
+
 -- Moves tk's waiting jobs that the takeover makes too soon, and its tat
 -- past them (see above; rules.Respace is the rule, and
 -- TestLuaTakeoverAgreesWithRules holds the two together): waiting is
@@ -104,6 +182,11 @@ local function respace(tk, name, waiting, in_sched, T, tau, windows, shift, untl
     redis.call('HDEL', tk, 'unrecorded')
     for slot, cost in string.gmatch(unrecorded, '(%d+):(%d+)') do
       windows_written(windows, tonumber(slot), tnow, tonumber(cost))
+      -- Made, for all anyone knows: a later takeover counts it too.
+      for _, w in ipairs(windows) do
+        windows_record({{key = w.sent, n = w.n}}, tnow, tonumber(cost))
+        keep_like(w.sent, w.key, w.len)
+      end
     end
   end
   local t -- tenant time: the jobs before it move (nil: none does)
@@ -123,8 +206,12 @@ local function respace(tk, name, waiting, in_sched, T, tau, windows, shift, untl
     return at_least(u, slot + u - tnow)
   end
   local moved = false
+  local made = held == 0 and t ~= nil and #windows > 0 and made_lists(windows)
+  if made then
+    moved, t = place_anew(tk, name, waiting, in_sched, T, windows, made, t, real)
+  end
   for i = 1, #waiting, 2 do
-    if t == nil or tonumber(waiting[i + 1]) >= t then break end -- on schedule: so are the later ones
+    if made or t == nil or tonumber(waiting[i + 1]) >= t then break end -- on schedule: so are the later ones
     -- Written where the new owner will send it, so that what Job says and
     -- what is sent agree.
     local jk = prefix .. 'job:' .. waiting[i]
@@ -177,7 +264,8 @@ while i <= #ARGV do
   local windows = {}
   for w = 1, tonumber(ARGV[i + 3]) do
     local at = i + 4 + (w - 1) * 3
-    windows[w] = {key = prefix .. 'window:' .. name .. ':' .. ARGV[at], n = tonumber(ARGV[at + 1]), len = tonumber(ARGV[at + 2])}
+    windows[w] = {key = prefix .. 'window:' .. name .. ':' .. ARGV[at], sent = prefix .. 'sent:' .. name .. ':' .. ARGV[at],
+                  n = tonumber(ARGV[at + 1]), len = tonumber(ARGV[at + 2])}
   end
   i = i + 4 + #windows * 3
   local tk = prefix .. 'tenant:' .. name

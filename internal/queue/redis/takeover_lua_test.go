@@ -47,7 +47,7 @@ func TestLuaTakeoverAgreesWithRules(t *testing.T) {
 		"tenants": seen.Tenants, "moved": seen.Moved, "moved held": seen.MovedHeld, "moved paused": seen.MovedPaused,
 		"held, left": seen.HeldLeft, "paused, left": seen.PausedLeft, "taken back": seen.TakenBack,
 		"in windows": seen.MovedInWindows, "booked": seen.MovedBooked, "deadlines told": seen.Missed,
-		"taken back, in windows": seen.UnrecordedInWindows,
+		"taken back, in windows": seen.UnrecordedInWindows, "placed anew from the sends made": seen.PlacedAnew,
 	} {
 		if n == 0 {
 			t.Errorf("no sequence reached %q", name)
@@ -62,6 +62,9 @@ type tkSeen struct {
 	// UnrecordedInWindows: a send taken back, counted in its windows at
 	// its slot, that the windows count at the takeover instead.
 	UnrecordedInWindows int
+	// PlacedAnew: a tenant with windows whose sends made are known, its
+	// jobs moved from them (rules.placeAnew).
+	PlacedAnew int
 }
 
 // count counts what the rule did to a tenant at a takeover at now.
@@ -95,6 +98,9 @@ func (s *tkSeen) count(tn *tkTenant, w tkWant, now time.Time) {
 		}
 	}
 	s.Moved += moved
+	if _, known := tn.rec.Made(tn.p); known && moved > 0 && len(tn.p.Windows) > 0 && pz.Held.IsZero() {
+		s.PlacedAnew++
+	}
 	held, paused := !pz.Held.IsZero(), pz.Until.After(now)
 	switch {
 	case held && moved > 0:
@@ -356,6 +362,9 @@ func (tn *tkTenant) evolve(rng *rand.Rand, now time.Time, ids *int, seed uint64)
 			return false
 		case r < 3: // sent, its outcome recorded
 			rec.LastAttemptAt, rec.LastAttemptCost = now.Add(-us(rng.Int64N(T))), j.cost
+			if rng.IntN(4) > 0 { // else as a build that did not record sends made
+				rec.CountMade(p, clock.Later(j.slot, rec.Pause.TenantTime(rec.LastAttemptAt)), j.cost)
+			}
 			rec.Unbook(j.id)
 			if rng.IntN(2) == 0 {
 				tn.next = rec.LastAttemptAt.Add(time.Duration(j.cost)*p.Interval + us(rng.Int64N(T)))
@@ -410,10 +419,14 @@ func writeTakeoverState(ctx context.Context, rdb *goredis.Client, k partKeys, tn
 				pipe.ZAdd(ctx, k.claimed(tn.name), goredis.Z{Score: float64(micros(j.slot)), Member: j.id})
 				writeTakeoverJob(ctx, pipe, k, tn.name, j, "dispatching")
 			}
+			made, _ := rec.Made(tn.p)
 			for i, w := range tn.p.Windows {
-				pipe.Del(ctx, k.window(tn.name, w))
+				pipe.Del(ctx, k.window(tn.name, w), k.sent(tn.name, w))
 				if r := rec.Recent(tn.p)[i]; len(r) > 0 {
 					pipe.RPush(ctx, k.window(tn.name, w), anySlice(microsList(r))...)
+				}
+				if len(made[i]) > 0 {
+					pipe.RPush(ctx, k.sent(tn.name, w), anySlice(microsList(made[i]))...)
 				}
 			}
 		}
@@ -481,6 +494,7 @@ type tkRead struct {
 	hash  *goredis.SliceCmd
 	set   *goredis.ZSliceCmd
 	lists []*goredis.StringSliceCmd
+	made  []*goredis.StringSliceCmd
 	jobs  []*goredis.SliceCmd
 }
 
@@ -493,6 +507,7 @@ func readTakeover(ctx context.Context, pipe goredis.Pipeliner, k partKeys, tn *t
 	}
 	for _, win := range tn.p.Windows {
 		r.lists = append(r.lists, pipe.LRange(ctx, k.window(tn.name, win), 0, -1))
+		r.made = append(r.made, pipe.LRange(ctx, k.sent(tn.name, win), 0, -1))
 	}
 	for _, j := range w.jobs {
 		r.jobs = append(r.jobs, pipe.HMGet(ctx, k.job(j.id), "slot", "dispatch", "state", "attempts"))
@@ -521,6 +536,12 @@ func takeoverRecordDiff(r tkRead, tn *tkTenant, w tkWant, now time.Time) string 
 	for i, l := range lists {
 		if fmt.Sprint(l.Val()) != fmt.Sprint(microsList(recent[i])) {
 			return fmt.Sprintf("window %v: Lua %v, rule %v", tn.p.Windows[i], l.Val(), microsList(recent[i]))
+		}
+	}
+	made, _ := w.rec.Made(tn.p)
+	for i, l := range r.made {
+		if fmt.Sprint(l.Val()) != fmt.Sprint(microsList(made[i])) {
+			return fmt.Sprintf("sends made in window %v: Lua %v, rule %v", tn.p.Windows[i], l.Val(), microsList(made[i]))
 		}
 	}
 	order := slices.Clone(w.jobs)
