@@ -16,10 +16,12 @@ import (
 // sends just before may have used it). A faster policy brings the backlog
 // forward, a slower one moves it back, so that each job says when it goes.
 //
-// The jobs' old places leave the windows' bookkeeping first, as they were
-// not sent; but a window whose list is full keeps them (the sends before
-// them have left it, and would be forgotten with them), and the jobs are
-// placed after them as far as that window asks. A booked retry and a job
+// The windows count, first, the sends made (Record.Made), the jobs handed
+// over (handed: sent, or about to be) and the bookings: the jobs' old
+// places were not sent. Where the sends made are not known, the old places
+// leave each window's list that is not full; a full one keeps them (the
+// sends before them have left it, and would be forgotten with them), and
+// the jobs are placed after them as far as that window asks. A booked retry and a job
 // booked for its not_before (Scheduled) keep their slots, and the others
 // are placed around them as admissions are (Absorb). A job whose
 // not_before its new place would come before is booked at its not_before
@@ -27,7 +29,7 @@ import (
 // A paused or held tenant is left as it is: its jobs go at the pause's
 // end, paced at the gate by the policy in force then. It returns how many
 // jobs moved.
-func Repace(rec *Record, jobs []Placed, p leaky.Policy, now, after time.Time) int {
+func Repace(rec *Record, jobs []Placed, p leaky.Policy, now, after time.Time, handed []Placed) int {
 	pz := rec.Pause
 	queued := slices.ContainsFunc(jobs, func(j Placed) bool { return !j.Scheduled })
 	if !pz.Held.IsZero() || pz.Until.After(now) || !queued {
@@ -46,7 +48,16 @@ func Repace(rec *Record, jobs []Placed, p leaky.Policy, now, after time.Time) in
 		}
 	}
 	floor := clock.Later(clock.Later(now, after), rec.NextAfterLastAttempt(p)).Add(-pz.Shift) // tenant time
-	if len(p.Windows) > 0 {
+	if made, known := rec.Made(p); known && len(p.Windows) > 0 {
+		recent := made
+		for _, h := range handed {
+			recent = leaky.Record(recent, p, h.Slot, h.cost())
+		}
+		for _, b := range rec.Booked {
+			recent = leaky.Record(recent, p, time.Unix(0, b.Slot), b.cost())
+		}
+		rec.SetRecent(p, recent)
+	} else if len(p.Windows) > 0 {
 		recent := rec.Recent(p)
 		for i, w := range p.Windows {
 			if len(recent[i]) >= w.N {

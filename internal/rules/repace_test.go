@@ -44,7 +44,7 @@ func TestRepace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec, jobs := tc.rec, backlog()
-			moved := Repace(&rec, jobs, tc.p, t0, tc.after)
+			moved := Repace(&rec, jobs, tc.p, t0, tc.after, nil)
 			var got []time.Duration
 			for _, j := range jobs {
 				got = append(got, j.Slot.Sub(t0))
@@ -79,7 +79,7 @@ func TestRepaceKeepsANotBefore(t *testing.T) {
 	}
 	jobs[2].NotBefore = t0.Add(900 * ms) // its place, 1 s, came after it
 	rec := Record{TAT: t0.Add(2 * time.Second)}
-	if moved := Repace(&rec, jobs, fast, t0, time.Time{}); moved != 3 {
+	if moved := Repace(&rec, jobs, fast, t0, time.Time{}, nil); moved != 3 {
 		t.Errorf("%d moved; want 3 (j1, j2 to its not_before, j3)", moved)
 	}
 	var got []time.Duration
@@ -94,7 +94,7 @@ func TestRepaceKeepsANotBefore(t *testing.T) {
 	if !rec.IsBooked("j2") {
 		t.Fatalf("j2 is not booked at its not_before: %+v", rec.Booked)
 	}
-	if moved := Repace(&rec, jobs, leaky.Policy{Interval: 10 * ms, Burst: 1, Capacity: 100}, t0, time.Time{}); moved != 2 || !jobs[2].Slot.Equal(t0.Add(900*ms)) {
+	if moved := Repace(&rec, jobs, leaky.Policy{Interval: 10 * ms, Burst: 1, Capacity: 100}, t0, time.Time{}, nil); moved != 2 || !jobs[2].Slot.Equal(t0.Add(900*ms)) {
 		t.Fatalf("a second change moved %d and j2 to %v; want 2 moved, j2 kept at 900ms", moved, jobs[2].Slot.Sub(t0))
 	}
 }
@@ -114,7 +114,7 @@ func TestRepaceGoesAroundScheduledJobs(t *testing.T) {
 		if !absorbed {
 			rec.Booked = []Booking{{Slot: t0.Add(200 * ms).UnixNano(), Job: "s"}}
 		}
-		Repace(&rec, jobs, fast, t0, time.Time{})
+		Repace(&rec, jobs, fast, t0, time.Time{}, nil)
 		var got []time.Duration
 		for _, j := range jobs {
 			got = append(got, j.Slot.Sub(t0))
@@ -133,7 +133,7 @@ func TestRepaceKeepsTheWindows(t *testing.T) {
 	jobs := []Placed{{Slot: t0, ID: "a"}, {Slot: t0.Add(500 * ms), ID: "b"}}
 	rec := Record{TAT: t0.Add(time.Second)}
 	rec.SetRecent(p, []leaky.Recent{{t0, t0.Add(500 * ms)}})
-	Repace(&rec, jobs, p, t0, time.Time{})
+	Repace(&rec, jobs, p, t0, time.Time{}, nil)
 	if jobs[1].Slot.Sub(t0) != 100*ms {
 		t.Errorf("b at %v; want 100ms: its old place left the window", jobs[1].Slot.Sub(t0))
 	}
@@ -141,10 +141,45 @@ func TestRepaceKeepsTheWindows(t *testing.T) {
 	full := Record{TAT: t0.Add(time.Second)}
 	full.SetRecent(p, []leaky.Recent{{t0.Add(-800 * ms), t0, t0.Add(500 * ms)}})
 	jobs = []Placed{{Slot: t0, ID: "a"}, {Slot: t0.Add(500 * ms), ID: "b"}}
-	Repace(&full, jobs, p, t0, time.Time{})
+	Repace(&full, jobs, p, t0, time.Time{}, nil)
 	for _, j := range jobs {
 		if j.Slot.Before(t0.Add(200 * ms)) {
 			t.Errorf("%s at %v: a full window's list cannot tell the sends before from the backlog's", j.ID, j.Slot.Sub(t0))
+		}
+	}
+}
+
+// Where the sends made are known, a backlog placed anew counts them and the
+// jobs handed over, not the backlog's old places, even when a window's
+// list is full of those: here a send made 800 ms ago, one handed over
+// 100 ms ago, and three jobs at +1 s, +1.1 s and +2 s that a window of 3
+// per second lets go at 0, +200 ms (when the send made leaves it) and
+// +900 ms (when the handed one does).
+func TestRepaceCountsTheSendsMade(t *testing.T) {
+	p := leaky.Policy{Interval: 100 * ms, Burst: 1, Capacity: 100, Windows: []leaky.Window{mustWindow(t, "3/s")}}
+	slots := []time.Duration{time.Second, 1100 * ms, 2 * time.Second}
+	for _, handed := range []bool{true, false} {
+		var jobs []Placed
+		rec := Record{TAT: t0.Add(2100 * ms)}
+		for i, d := range slots {
+			jobs = append(jobs, Placed{Slot: t0.Add(d), ID: fmt.Sprint("j", i)})
+			rec.CountSend(p, t0.Add(d), 1)
+		}
+		rec.CountMade(p, t0.Add(-800*ms), 1)
+		var h []Placed
+		want := []time.Duration{0, 200 * ms, 900 * ms}
+		if handed {
+			h = []Placed{{Slot: t0.Add(-100 * ms), ID: "h"}}
+		} else {
+			want = []time.Duration{0, 100 * ms, 200 * ms}
+		}
+		Repace(&rec, jobs, p, t0, time.Time{}, h)
+		var got []time.Duration
+		for _, j := range jobs {
+			got = append(got, j.Slot.Sub(t0))
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("handed over %v: slots %v, want %v", handed, got, want)
 		}
 	}
 }

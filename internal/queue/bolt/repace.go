@@ -32,11 +32,13 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 	s.sched.tenantEntries(tenant, func(e dueEntry) { entries = append(entries, e) })
 	slices.SortFunc(entries, func(a, b dueEntry) int { return cmp.Or(a.slot.Compare(b.slot), cmp.Compare(a.id, b.id)) })
 	var after time.Time // the jobs handed over keep their places
+	var handed []rules.Placed
 	for _, j := range s.claims {
 		if j.Tenant == tenant && !j.Slot.IsZero() {
 			if end := rules.RealAt(tm.rec.Pause, j.EffectiveSlot()).Add(time.Duration(j.EffectiveCost()) * p.Interval); end.After(after) {
 				after = end
 			}
+			handed = append(handed, rules.Placed{Slot: j.EffectiveSlot(), Cost: j.Cost, ID: j.ID})
 		}
 	}
 	notBefore, err := s.notBefores(entries)
@@ -48,7 +50,7 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 	for i, e := range entries {
 		placed[i] = rules.Placed{Slot: e.slot, Cost: e.cost, ID: e.id, NotBefore: notBefore[e.id], Scheduled: e.scheduled}
 	}
-	if rules.Repace(&tm.rec, placed, p, now, after) == 0 {
+	if rules.Repace(&tm.rec, placed, p, now, after, handed) == 0 {
 		tm.dirty = true // its schedule may have moved all the same (no credit)
 		s.mu.Unlock()
 		return nil

@@ -81,6 +81,7 @@ func Run(t *testing.T, d Driver) {
 		{"PolicyChangeRepacesTheBacklog", testPolicyChangeRepacesTheBacklog},
 		{"PolicyChangeKeepsANotBefore", testPolicyChangeKeepsANotBefore},
 		{"PolicyChangeGoesAroundScheduledJobs", testPolicyChangeGoesAroundScheduledJobs},
+		{"PolicyChangeWithALongBacklogInAWindow", testPolicyChangeWithALongBacklogInAWindow},
 		{"ScheduledJobsWaitForTheirTime", testScheduledJobsWaitForTheirTime},
 		{"ScheduledJobReleasedIsCountedOnce", testScheduledJobReleasedIsCountedOnce},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},

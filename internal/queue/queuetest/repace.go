@@ -168,3 +168,51 @@ func testPolicyChangeGoesAroundScheduledJobs(t *testing.T, d Driver) {
 		}
 	}
 }
+
+// A policy change with a backlog longer than a window's N: 12 jobs at
+// 10/s with a window of 3 per second go in four groups of three, the
+// window's list then holding only the backlog's end. The first group is
+// sent; the rate changed to 5/s places the rest anew from the sends made,
+// not from the backlog's old places: 1, 1.2 and 1.4 s (the window frees at
+// 1 s), then 2, 2.2, 2.4 and 3, 3.2, 3.4 s; not past the old backlog's
+// end, which is where a full list of old places would put them.
+func testPolicyChangeWithALongBacklogInAWindow(t *testing.T, d Driver) {
+	ctx := context.Background()
+	w, _ := leaky.ParseWindow("3/1s")
+	var interval atomic.Int64
+	interval.Store(int64(100 * time.Millisecond))
+	clk, s := d.start(t, func(string) leaky.Policy {
+		return leaky.Policy{Interval: time.Duration(interval.Load()), Burst: 1, Capacity: 100, Windows: []leaky.Window{w}}
+	})
+	rp, ok := s.(queue.Repacer)
+	if !ok {
+		t.Skip("the store does not re-pace")
+	}
+	ids := EnqueueN(t, s, "acme", 12)
+	got, stop := HandOver(t, s, clk, 10*time.Millisecond, 10, SucceedOnTime)
+	defer stop()
+	for range 3 {
+		WaitHanded(t, clk, got, 5*time.Millisecond)
+	}
+	for _, id := range ids[:3] {
+		WaitState(t, s, id, queue.StateSucceeded)
+	}
+	interval.Store(int64(200 * time.Millisecond))
+	if pl, ok := s.(queue.PolicyListener); ok {
+		pl.PoliciesChanged()
+	}
+	if err := rp.Repace(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	want := []time.Duration{1000, 1200, 1400, 2000, 2200, 2400, 3000, 3200, 3400}
+	WaitFor(t, func() bool { // the owner of a shared store's tenant does it between two claims
+		j, err := s.Job(ctx, ids[11])
+		return err == nil && !j.DispatchAt.Equal(T0.Add(3200*time.Millisecond))
+	})
+	for i, id := range ids[3:] {
+		j, err := s.Job(ctx, id)
+		if at := T0.Add(want[i] * time.Millisecond); err != nil || !j.DispatchAt.Equal(at) {
+			t.Errorf("job %d due at T0+%v (%v), want T0+%v", i+3, j.DispatchAt.Sub(T0), err, at.Sub(T0))
+		}
+	}
+}

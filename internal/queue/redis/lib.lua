@@ -291,6 +291,20 @@ local function place_around(lists, windows, ahead, at, cost, T)
   end
 end
 
+-- rules.Record.Made: each window's sends made (its sent list: windows[i].sent), or false
+-- if they are not known: a window that counts sends to come and no send
+-- made (a store written by a build that did not record them).
+local function made_lists(windows)
+  local out = {}
+  for w, win in ipairs(windows) do
+    local l = {}
+    for k, v in ipairs(redis.call('LRANGE', win.sent, 0, -1)) do l[k] = tonumber(v) end
+    if #l == 0 and redis.call('LLEN', win.key) > 0 then return false end
+    out[w] = l
+  end
+  return out
+end
+
 -- A tenant's bookings (queue.TenantRecord.Booked): its hash's 'booked'
 -- field, "slot cost id" per booking, soonest first, joined by ';'
 -- (tenants.go's parseBooked). A list of {slot, cost, id}.

@@ -139,27 +139,34 @@ func (o *owned) repace() {
 func (o *owned) repaceTenant(tenant string) ([]movedJob, error) {
 	p := o.s.policy(tenant)
 	var handedEnd time.Time // tenant time: the jobs handed over keep their places
+	var handed []rules.Placed
 	o.mu.Lock()
-	for _, h := range o.handed {
+	for id, h := range o.handed {
 		if h.tenant == tenant && !h.slot.IsZero() {
 			if end := h.slot.Add(time.Duration(h.cost) * p.Interval); end.After(handedEnd) {
 				handedEnd = end
 			}
+			handed = append(handed, rules.Placed{Slot: h.slot, Cost: h.cost, ID: id})
 		}
 	}
 	o.mu.Unlock()
-	args := repaceArgs(o.fence, o.s.now(), o.k, tenant, p, handedEnd, o.s.idle)
+	args := repaceArgs(o.fence, o.s.now(), o.k, tenant, p, handedEnd, handed, o.s.idle)
 	var r repaceMoved
 	err := o.fence.Err(repaceScript.Run(context.WithoutCancel(o.ctx), o.s.rdb, o.fence.Keys(), args, &r))
 	return r.moved, err
 }
 
 // repaceArgs is ARGV of a run of repace.lua under fence f at now
-// (microseconds, 0: Redis's TIME).
-func repaceArgs(f owner.Fence, now int64, k partKeys, tenant string, p leaky.Policy, handedEnd time.Time, idle time.Duration) []any {
+// (microseconds, 0: Redis's TIME); handed is the tenant's jobs handed over
+// and not recorded (slot, tenant time, and cost), which end at handedEnd.
+func repaceArgs(f owner.Fence, now int64, k partKeys, tenant string, p leaky.Policy, handedEnd time.Time, handed []rules.Placed, idle time.Duration) []any {
 	args := []any{f.Token(), now, k.tag, tenant, usCeil(p.Interval), usCeil(p.Tolerance()), p.Capacity, microsOf(handedEnd), idle.Milliseconds(), len(p.Windows)}
 	for _, w := range p.Windows {
 		args = append(args, w.String(), w.N, usCeil(w.Length))
+	}
+	args = append(args, len(handed))
+	for _, h := range handed {
+		args = append(args, micros(h.Slot), max(h.Cost, 1))
 	}
 	return args
 }

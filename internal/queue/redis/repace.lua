@@ -7,7 +7,9 @@
 -- for its not_before keep their slots and the others go around them
 -- (Record.Absorb, as admit.lua); a job whose not_before ('nbo': admitted
 -- into the queue) its new place would come before is booked there
--- instead. A paused or held tenant is left as it is. Fenced
+-- instead. Where the windows' sends made are known (their sent lists),
+-- each window's list is first made of them, the jobs handed over and the
+-- bookings, as rules.Repace does. A paused or held tenant is left as it is. Fenced
 -- (owner.FenceLua is put in front).
 -- Run by owned.repace (repace.go). Microseconds.
 --
@@ -23,7 +25,9 @@
 --          in intervals, tenant time; 0: none)
 -- ARGV[9]  idle ttl (ms)
 -- ARGV[10] its number of windows, then per window its key's suffix
---          (leaky.Window.String), N and length
+--          (leaky.Window.String), N and length; then the number of its
+--          jobs handed over and not recorded, then each one's slot and
+--          cost
 --
 -- Returns {now, id, slot, dispatch, ...}: the jobs moved, each with its
 -- new slot (tenant time) and dispatch time.
@@ -35,7 +39,13 @@ local handed_end, idle_ms = tonumber(ARGV[8]), tonumber(ARGV[9])
 local windows = {}
 for w = 1, tonumber(ARGV[10]) do
   local at = 11 + (w - 1) * 3
-  windows[w] = {key = prefix .. 'window:' .. name .. ':' .. ARGV[at], n = tonumber(ARGV[at + 1]), len = tonumber(ARGV[at + 2])}
+  windows[w] = {key = prefix .. 'window:' .. name .. ':' .. ARGV[at], sent = prefix .. 'sent:' .. name .. ':' .. ARGV[at],
+                n = tonumber(ARGV[at + 1]), len = tonumber(ARGV[at + 2])}
+end
+local handed = {}
+local hat = 11 + #windows * 3
+for k = 1, tonumber(ARGV[hat]) do
+  handed[k] = {slot = tonumber(ARGV[hat + 2 * k - 1]), cost = tonumber(ARGV[hat + 2 * k])}
 end
 
 local out = {now}
@@ -76,11 +86,20 @@ for i = 1, #waiting, 2 do
   not_before[i] = (tonumber(j[2]) or 0) > 0 and tonumber(j[2]) - shift or nil -- tenant time
 end
 
--- Their old places leave the windows that are not full: they were not sent.
-for _, w in ipairs(windows) do
-  if redis.call('LLEN', w.key) < w.n then
+-- The windows count the sends made, the jobs handed over and the
+-- bookings; not knowing the sends made, the old places leave the windows
+-- that are not full: they were not sent.
+local made = #windows > 0 and made_lists(windows)
+for w, win in ipairs(windows) do
+  if made then
+    local l = made[w]
+    for _, j in ipairs(handed) do list_record(l, win.n, j.slot, j.cost) end
+    for _, b in ipairs(booked) do list_record(l, win.n, b.slot, b.cost) end
+    redis.call('DEL', win.key)
+    if #l > 0 then redis.call('RPUSH', win.key, unpack(l)) end
+  elseif redis.call('LLEN', win.key) < win.n then
     for i = 1, #waiting, 2 do
-      if not is_booked[waiting[i]] then redis.call('LREM', w.key, costs[i], waiting[i + 1]) end
+      if not is_booked[waiting[i]] then redis.call('LREM', win.key, costs[i], waiting[i + 1]) end
     end
   end
 end
@@ -127,7 +146,7 @@ redis.call('HSET', tk, 'tat', tat)
 redis.call('HDEL', tk, 'behind')
 -- The windows' lists live as long as they count the jobs placed, plus the
 -- idle time, as admission keeps them.
-if moved_any then
+if moved_any or made then
   for _, w in ipairs(windows) do keep(w.key, math.floor((tat + shift - now + w.len) / 1000) + idle_ms) end
 end
 return out

@@ -99,20 +99,6 @@ local function keep_like(key, like, len)
   keep(key, at_least(ttl, math.floor(len / 1000) + idle_ms))
 end
 
--- rules.Record.Made: each window's sends made (its sent list), or false
--- if they are not known: a window that counts sends to come and no send
--- made (a store written by a build that did not record them).
-local function made_lists(windows)
-  local out = {}
-  for w, win in ipairs(windows) do
-    local l = {}
-    for k, v in ipairs(redis.call('LRANGE', win.sent, 0, -1)) do l[k] = tonumber(v) end
-    if #l == 0 and redis.call('LLEN', win.key) > 0 then return false end
-    out[w] = l
-  end
-  return out
-end
-
 -- rules.placeAnew: every waiting job but those booked from t on is placed
 -- again, in order, from the sends made (made: made_lists): at its slot
 -- if that still fits, else at the first place from t that the rate, the
