@@ -33,9 +33,9 @@ type Record struct {
 	// times, in tenant time (unix ns), its last N attempts written count
 	// at (CountMade), kept with their outcomes. Windows also holds the
 	// sends still to come, which crowd these out of it once more than N
-	// wait; a restart that places the waiting jobs anew counts from these
-	// (Respace). A window with no entry here was kept by a build that did
-	// not record them.
+	// wait; a restart or a policy change that places the waiting jobs
+	// anew counts from these (Respace, Repace; Made says when they are
+	// known).
 	Sent map[string][]int64 `json:"sent,omitempty"`
 	// Booked is the retries sent later than their place in the schedule
 	// (their backoff ends after it), soonest first, until the schedule
