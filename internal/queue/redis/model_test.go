@@ -1008,6 +1008,58 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// Soak seed 64 (with the windows' sends made; it fails alike on
+			// the build before): at a reload to a slower rate of a tenant
+			// capped, booked and crashed, the store's schedule (tat) is one
+			// new interval short of the model's (2 to 3 runs of 8). Open.
+			name: "CappedReloadAfterACrash", skip: "open: a capped tenant's schedule at a reload after a crash (soak seed 64, 2-3 runs of 8)",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 3, Capacity: 0, MaxInFlight: 1}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 3}},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: 1 * time.Second}}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
+				{Kind: queuetest.OpResume, Tenant: "a"},
+				{Kind: queuetest.OpCrash},
+				{Kind: queuetest.OpCancel, Pick: 606},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 4, MaxInFlight: 1}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{NotBefore: 850 * time.Millisecond}}},
+				{Kind: queuetest.OpAdvance, D: 200 * time.Millisecond},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k5"}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}, {}, {}}},
+				{Kind: queuetest.OpCancel, Pick: 216},
+				{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 200 * time.Millisecond},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},
+				{Kind: queuetest.OpRetry, Pick: 474},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Cost: 4}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Key: "k2"}}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 3, Capacity: 0, MaxInFlight: 1}},
+				{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * time.Millisecond, Burst: 1, Capacity: 3, Windows: []queuetest.WindowSpec{{N: 3, Length: 1 * time.Second}}}},
+				{Kind: queuetest.OpResume, Tenant: "a"},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 100 * time.Millisecond},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{NotBefore: 1400 * time.Millisecond}}},
+				{Kind: queuetest.OpResume, Tenant: "b"},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}, {Key: "k2"}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{NotBefore: 50 * time.Millisecond}}},
+				{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 100 * time.Millisecond, Burst: 1, Capacity: 2, MaxScheduled: 2}},
+			},
+		},
+		{
 			// Soak seed 20: a capped tenant's job past its deadline after
 			// crashes and a hold is still queued when the model has it
 			// expired (2 runs of 8). Open.
