@@ -352,3 +352,59 @@ func BenchmarkEnqueueScheduled(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEnqueueWindowSendsMade is BenchmarkEnqueueParallel for 100
+// tenants with a window of 1000 per hour whose lists are full, with and
+// without each window's sends made (rules.Record.Sent) full too, in the
+// same run: the record written with each admission holds them.
+//
+//	go test -run '^$' -bench EnqueueWindowSendsMade -benchtime 5s ./internal/queue/bolt
+func BenchmarkEnqueueWindowSendsMade(b *testing.B) {
+	w, _ := leaky.ParseWindow("1000/h")
+	p := leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 1_000_000, Windows: []leaky.Window{w}}
+	for _, made := range []bool{false, true} {
+		name := "no-sends-made"
+		if made {
+			name = "1000-sends-made"
+		}
+		b.Run(name, func(b *testing.B) {
+			s, err := Open(filepath.Join(b.TempDir(), "b.db"), Options{Policy: func(string) leaky.Policy { return p }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			// Full lists, a window's length ago: they bind nothing.
+			old := make(leaky.Recent, w.N)
+			for i := range old {
+				old[i] = time.Now().Add(-2*time.Hour + time.Duration(i)*time.Millisecond)
+			}
+			s.mu.Lock()
+			for i := range 100 {
+				tm, err := s.loadTenant(fmt.Sprintf("t%d", i))
+				if err != nil {
+					b.Fatal(err)
+				}
+				tm.rec.SetRecent(p, []leaky.Recent{old})
+				if made {
+					tm.rec.SetMade(p, []leaky.Recent{old})
+				}
+			}
+			s.mu.Unlock()
+			var n atomic.Int64
+			payload := []byte(`{"n":1}`)
+			b.SetParallelism(32)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := n.Add(1)
+					out, err := s.Enqueue(context.Background(), fmt.Sprintf("t%d", i%100), []queue.NewJob{{Payload: payload}})
+					if err != nil || out[0].Rejected != nil {
+						b.Errorf("enqueue: %v %+v", err, out)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(n.Load())/b.Elapsed().Seconds(), "admissions/s")
+		})
+	}
+}
