@@ -294,7 +294,7 @@ func TestDroppedWindowKeepsItsSends(t *testing.T) {
 	}
 }
 
-func mustWindow(t *testing.T, s string) leaky.Window {
+func mustWindow(t testing.TB, s string) leaky.Window {
 	t.Helper()
 	w, err := leaky.ParseWindow(s)
 	if err != nil {

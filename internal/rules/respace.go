@@ -178,16 +178,30 @@ func placeAnew(rec *Record, jobs []Placed, p leaky.Policy, from time.Time, made 
 			kept[b.Job] = true
 		}
 	}
-	recent := made
+	recent := made // recentIn's: this call's own
 	moved := 0
 	for i := range jobs {
 		w := &jobs[i]
 		if kept[w.ID] {
 			continue
 		}
-		at := placeAround(p, recent, ahead, clock.Later(w.Slot, from), w.cost())
+		at := clock.Later(w.Slot, from)
+		if len(ahead) == 0 && !after(recent, at) {
+			// Every send counted is at or before at (the sends made by now,
+			// the jobs placed before it): the newest N tell, as at an
+			// admission.
+			at = leaky.WindowSlot(recent, p, at, w.cost())
+		} else {
+			at = placeAround(p, recent, ahead, at, w.cost())
+		}
 		from = at.Add(time.Duration(w.cost()) * p.Interval)
-		recent = leaky.Record(recent, p, at, w.cost())
+		for k, win := range p.Windows {
+			if n := len(recent[k]); n > 0 && recent[k][n-1].After(at) {
+				recent[k] = recent[k].Add(win, at, w.cost()) // a send made after it (a clock ahead)
+			} else {
+				recent[k] = appendNewest(recent[k], win, at, w.cost())
+			}
+		}
 		rec.Unbook(w.ID) // an overdue booking: in the schedule now
 		if at.Equal(w.Slot) {
 			continue
@@ -205,6 +219,23 @@ func placeAnew(rec *Record, jobs []Placed, p leaky.Policy, from time.Time, made 
 	}
 	rec.SetRecent(p, recent)
 	return moved
+}
+
+// after reports whether any list of recent (each in order) holds a send
+// after at.
+func after(recent []leaky.Recent, at time.Time) bool {
+	return slices.ContainsFunc(recent, func(r leaky.Recent) bool { return len(r) > 0 && r[len(r)-1].After(at) })
+}
+
+// appendNewest is r with cost sends at at, no earlier than r's last,
+// added, and only its newest N kept: in place, in O(cost) amortised
+// (append copies the newest N when it outgrows its array), where
+// Recent.Add inserts and trims by copying, O(N) each.
+func appendNewest(r leaky.Recent, w leaky.Window, at time.Time, cost int) leaky.Recent {
+	for range cost {
+		r = append(r, at)
+	}
+	return r[max(len(r)-w.N, 0):]
 }
 
 // placeAround is the first time at or after at when a send of cost is a

@@ -274,3 +274,26 @@ func TestRespaceALongBacklogFromTheSendsMade(t *testing.T) {
 		t.Errorf("with the sends made unknown the first job went at t0+%v, want after the backlog's end", first.Sub(t0))
 	}
 }
+
+// BenchmarkRespaceAWindowedBacklog places anew, at a restart, 20,000 jobs
+// of a tenant with a window of 1000 per hour (twenty hours of backlog)
+// from a send made a minute before: what a restart or a takeover (its Lua
+// twin) spends on such a tenant.
+//
+//	go test -run '^$' -bench RespaceAWindowedBacklog ./internal/rules
+func BenchmarkRespaceAWindowedBacklog(b *testing.B) {
+	w := mustWindow(b, "1000/h")
+	p := leaky.Policy{Interval: time.Millisecond, Burst: 1, Capacity: 1_000_000, Windows: []leaky.Window{w}}
+	backlog := make([]Placed, 20_000)
+	for i := range backlog {
+		backlog[i] = Placed{Slot: t0.Add(time.Duration(i/1000)*time.Hour + time.Duration(i%1000)*time.Millisecond), ID: fmt.Sprint(i)}
+	}
+	for range b.N {
+		var rec Record
+		rec.SetRecent(p, []leaky.Recent{{backlog[len(backlog)-1].Slot}})
+		rec.CountMade(p, t0.Add(-time.Minute), 1)
+		jobs := slices.Clone(backlog)
+		now := t0.Add(time.Second)
+		Respace(&rec, jobs, p, RestartPickup(rec, jobs, now, now, true))
+	}
+}

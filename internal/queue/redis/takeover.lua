@@ -115,6 +115,16 @@ local function place_anew(tk, name, waiting, in_sched, T, windows, made, t, real
       kept[b.id] = true
     end
   end
+  -- Each window's newest n are made[w][head[w]..]: a job placed is at or
+  -- after every send counted, so it is appended, in O(1), and the oldest
+  -- left behind (Recent.Add would copy them each time).
+  local head = {}
+  for w in ipairs(windows) do head[w] = 1 end
+  local function newest(w)
+    local l, out = made[w], {}
+    for k = head[w], #l do out[#out + 1] = l[k] end
+    return out
+  end
   local moved, last = false, t
   for i = 1, #waiting, 2 do
     local id = waiting[i]
@@ -122,9 +132,36 @@ local function place_anew(tk, name, waiting, in_sched, T, windows, made, t, real
       local slot = tonumber(waiting[i + 1])
       local jk = prefix .. 'job:' .. id
       local cost = at_least(tonumber(redis.call('HGET', jk, 'cost')) or 1, 1)
-      local at = place_around(made, windows, ahead, at_least(slot, t), cost, T)
+      local at = at_least(slot, t)
+      local ordered = #ahead == 0
+      for w in ipairs(windows) do
+        local l = made[w]
+        if #l >= head[w] and l[#l] > at then ordered = false end -- a send made after it (a clock ahead)
+      end
+      if ordered then
+        -- Every send counted is at or before at: the newest n tell
+        -- (windows_slot, on the lists in memory).
+        for w, win in ipairs(windows) do
+          local size = #made[w] - head[w] + 1
+          local out = math.min(size + cost - win.n, size)
+          if out > 0 then at = at_least(at, made[w][head[w] + out - 1] + win.len) end
+        end
+      else
+        local views = {}
+        for w in ipairs(windows) do views[w] = newest(w) end
+        at = place_around(views, windows, ahead, at, cost, T)
+      end
       t = at + cost * T
-      for w, win in ipairs(windows) do list_record(made[w], win.n, at, cost) end
+      for w, win in ipairs(windows) do
+        local l = made[w]
+        if #l >= head[w] and l[#l] > at then
+          made[w], head[w] = newest(w), 1
+          list_record(made[w], win.n, at, cost)
+        else
+          for _ = 1, cost do l[#l + 1] = at end
+          head[w] = at_least(head[w], #l - win.n + 1)
+        end
+      end
       placed[id] = true -- an overdue booking: in the schedule now
       if at ~= slot then
         redis.call('ZADD', prefix .. (in_sched[id] and 'sched:' or 'waiting:') .. name, at, id)
@@ -140,7 +177,7 @@ local function place_anew(tk, name, waiting, in_sched, T, windows, made, t, real
   end
   if #left < #booked then booked_write(tk, left, 1) end
   for w, win in ipairs(windows) do
-    local l = made[w]
+    local l = newest(w)
     for _, b in ipairs(ahead) do list_record(l, win.n, b.slot, b.cost) end
     local ttl = redis.call('PTTL', win.key)
     redis.call('DEL', win.key)
