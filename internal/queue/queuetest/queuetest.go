@@ -84,6 +84,7 @@ func Run(t *testing.T, d Driver) {
 		{"PolicyChangeWithALongBacklogInAWindow", testPolicyChangeWithALongBacklogInAWindow},
 		{"ScheduledJobsWaitForTheirTime", testScheduledJobsWaitForTheirTime},
 		{"ScheduledJobReleasedIsCountedOnce", testScheduledJobReleasedIsCountedOnce},
+		{"NotBeforeToTheNanosecond", testNotBeforeToTheNanosecond},
 		{"RestartKeepsJobsAndSpacesOverdueOnes", testRestartKeepsJobsAndSpacesOverdueOnes},
 		{"RestartMovesALongBacklogInAWindowByTheStop", testRestartMovesALongBacklogInAWindowByTheStop},
 		{"RequestsAndAnswersAreKept", testRequestsAndAnswersAreKept},

@@ -176,3 +176,20 @@ func testScheduledJobReleasedIsCountedOnce(t *testing.T, d Driver) {
 		t.Fatalf("after cancelling it: %+v %v", st, err)
 	}
 }
+
+// A not_before between two microseconds (a store may keep times to the
+// microsecond) is neither promised nor handed over before it: the store
+// rounds it up, not down.
+func testNotBeforeToTheNanosecond(t *testing.T, d Driver) {
+	clk, s := d.start(t, Leaky20(3))
+	nj := Payload(1)
+	nj.NotBefore = T0.Add(time.Second + 500*time.Nanosecond)
+	a := EnqueueOne(t, s, "acme", nj)
+	if !a.Admitted() || a.Job.State != queue.StateScheduled || a.Job.DispatchAt.Before(nj.NotBefore) {
+		t.Fatalf("a job not before T0+1s+500ns: %+v, want it booked no sooner", a)
+	}
+	got, _ := HandOver(t, s, clk, 10*time.Millisecond, 1, Succeed(clk))
+	if h := WaitHanded(t, clk, got, 5*time.Millisecond); h.Job.DispatchAt.Before(nj.NotBefore) || h.Job.DispatchAt.Sub(nj.NotBefore) > time.Millisecond {
+		t.Fatalf("handed over for +%v: want it within a millisecond from its not_before +%v", h.Job.DispatchAt.Sub(T0), nj.NotBefore.Sub(T0))
+	}
+}

@@ -133,7 +133,7 @@ func (s *Store) newAdmitCall(k partKeys, tenant string, p leaky.Policy, ceiling 
 func (c *admitCall) add(jobKey, idemKey, id string, nj queue.NewJob, maxScheduled int, capped bool) {
 	var notBefore int64
 	if !nj.NotBefore.IsZero() {
-		notBefore = micros(nj.NotBefore)
+		notBefore = microsUp(nj.NotBefore)
 	}
 	c.keys = append(c.keys, jobKey, idemKey)
 	c.args = append(c.args, id, []byte(nj.Payload), nj.IdempotencyKey, max(nj.Cost, 1), deadlineArg(nj.Deadline), requestArg(nj.Request), nj.Type,

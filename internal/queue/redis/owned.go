@@ -510,6 +510,12 @@ func (o *owned) claim(due []*entry, horizon time.Duration) error {
 			paced := o.pace[j.Tenant].Add(-o.s.policy(j.Tenant).Tolerance())
 			o.mu.Unlock()
 			j.DispatchAt = clock.Later(clock.Later(j.DispatchAt, floor), paced)
+			if !j.NotBefore.IsZero() {
+				// Its not_before is a time of Redis's clock, which this
+				// process reads up to its margin early: waited for past
+				// the margin, the job cannot go before it.
+				j.DispatchAt = clock.Later(j.DispatchAt, j.NotBefore.Add(o.s.clockMargin()))
+			}
 			o.claimedPace(j)
 			o.startSend(j)
 		}

@@ -34,6 +34,10 @@ func fromMicros(us int64) time.Time {
 	return time.UnixMicro(us)
 }
 
+// microsUp is t in whole microseconds, rounded up: a not_before kept to
+// the microsecond below it would let its job go before it.
+func microsUp(t time.Time) int64 { return micros(t.Add(time.Microsecond - 1)) }
+
 // microsOf is t in microseconds, 0 for the zero time.
 func microsOf(t time.Time) int64 {
 	if t.IsZero() {
