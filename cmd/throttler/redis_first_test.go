@@ -18,11 +18,13 @@ import (
 // lease that long), so a tenant's first jobs wait that long. Their answers
 // say so: each job posted as soon as the process answers is promised the
 // wait, and arrives when its expected_delay_ms said, within DESIGN.md's
-// max(50 ms, 5%) (invariant 5); GET /v1/tenants/{t} says the partition
+// max(50 ms, 5%) (invariant 5), or late by no more than the machine
+// stalled meanwhile (testutil.Stalls); GET /v1/tenants/{t} says the partition
 // waits for an owner, and until when. Before, the answers promised 0-400
 // ms and the jobs came a lease later.
 func TestNewRedisPromisesTheWaitForAnOwner(t *testing.T) {
 	testutil.SkipShort(t, "process test: the throttler binary waits a lease on a new redis-server")
+	stalls := testutil.StartStalls(t)
 	srv := redistest.Start(t, false)
 	ds := downstreamtest.New(t)
 	const lease = 2 * time.Second
@@ -78,14 +80,18 @@ func TestNewRedisPromisesTheWaitForAnOwner(t *testing.T) {
 		off := waited - pr.delay
 		tol := max(50*time.Millisecond, pr.delay/20)
 		t.Logf("job %d: promised %v, waited %v (%+v)", i, pr.delay, waited.Round(time.Millisecond), off.Round(time.Millisecond))
-		if off > tol || off < -tol {
+		if st := stalls.Within(pr.admitted, at); off > tol && off-tol <= st {
+			t.Logf("job %d: late by no more than the machine stalled while it waited (%v): the machine's (testutil.Stalls)", i, st.Round(time.Millisecond))
+		} else if off > tol || off < -tol {
 			t.Errorf("job %d: promised %v, arrived after %v: off by %v, more than %v", i, pr.delay, waited.Round(time.Millisecond), off.Round(time.Millisecond), tol)
 		}
 	}
 	first := got[promises[0].id]
 	t.Logf("the tenant's status said its owner comes in %v; the first job arrived %v after that",
 		ownerAt.Sub(asked).Round(time.Millisecond), first.Sub(ownerAt).Round(time.Millisecond))
-	if d := first.Sub(ownerAt); d < -50*time.Millisecond || d > 50*time.Millisecond {
+	if d, st := first.Sub(ownerAt), stalls.Within(asked, first); d > 50*time.Millisecond && d-50*time.Millisecond <= st {
+		t.Logf("the first job late by no more than the machine stalled meanwhile (%v): the machine's (testutil.Stalls)", st.Round(time.Millisecond))
+	} else if d < -50*time.Millisecond || d > 50*time.Millisecond {
 		t.Errorf("the partition got its owner at about %v, %v from what the tenant's status said", first.Format("15:04:05.000"), d)
 	}
 	downstreamtest.CheckWindows(t, ds.All(), 100*time.Millisecond, 1)

@@ -1,5 +1,6 @@
 // Package testutil holds what tests of several packages share and nothing
-// else: waiting for a condition with a deadline, whether the race detector
+// else: waiting for a condition with a deadline, the machine's stalls a
+// promise on real time may be late by, whether the race detector
 // is on, the programs a test needs, the auth tokens of a test's config,
 // and which tests the quick edit loop (go test -short) leaves out.
 package testutil
