@@ -196,14 +196,20 @@ func briefly(d time.Duration, cond func() bool) bool {
 	return true
 }
 
-// restingOn reports whether exactly n sends wait on key's lane and no send
-// of it is out (let go, not yet reported written or done): nothing of that
-// lane moves until the clock does.
+// restingOn reports whether exactly n sends wait on key's lane, no send of
+// it is out (let go, not yet reported written or done), and the first in
+// line is not due yet (a lane of burst 1): nothing of that lane moves until
+// the clock does. One whose time has come is still to move, however long
+// a busy machine takes to wake it: a clock moved on meanwhile sent it late.
 func (g *Gate) restingOn(key string, n int) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	k := g.keys[key]
-	return k != nil && len(k.waiters) == n && k.outstanding == nil
+	if k == nil || len(k.waiters) != n || k.outstanding != nil {
+		return false
+	}
+	first := k.first()
+	return first != nil && clock.Later(first.at, k.tat).After(g.clock.Now())
 }
 
 // tellingClock is a fake clock that says how long each After waits, once it
