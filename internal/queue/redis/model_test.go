@@ -1008,6 +1008,48 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// CI's own -race run (4 seeds x 50 steps) of the build before
+			// the stall-aware tests failed once on seed 3: after a crash
+			// and a restart, tenant b's queue_depth was 2, the model's 1
+			// (its job #8 queued in the store, in flight in the model).
+			// Its shrunk case passed 80 of 80 replays (30 of them under
+			// -race beside two busy loops). Open.
+			name: "DepthAfterACrashUnderRace", skip: "open: a tenant's depth one over the model's after a crash (CI -race seed 3, 1 run)",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 100 * time.Millisecond, Burst: 2, Capacity: 2, MaxInFlight: 2}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 150 * time.Millisecond, Burst: 1, Capacity: 4}},
+				{Kind: queuetest.OpAdvance, D: 150 * time.Millisecond},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPermanent}},
+				{Kind: queuetest.OpResume, Tenant: "b"},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 200 * time.Millisecond, Timeout: 150 * time.Millisecond}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}, {NotBefore: 400 * time.Millisecond}, {Cost: 3}}},
+				{Kind: queuetest.OpRetry, Pick: 614},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 70 * time.Millisecond}, {}}},
+				{Kind: queuetest.OpCancel, Pick: 93},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 570 * time.Millisecond}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{NotBefore: 1 * time.Second}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{NotBefore: 50 * time.Millisecond}}},
+				{Kind: queuetest.OpAdvance, D: 200 * time.Millisecond},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},
+				{Kind: queuetest.OpAdvance, D: 100 * time.Millisecond},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 100 * time.Millisecond, Timeout: 50 * time.Millisecond}},
+				{Kind: queuetest.OpResume, Tenant: "b"},
+				{Kind: queuetest.OpAdvance, D: 50 * time.Millisecond},
+				{Kind: queuetest.OpHold, Tenant: "a"},
+				{Kind: queuetest.OpAdvance, D: 200 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 100 * time.Millisecond},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Key: "k0"}}},
+				{Kind: queuetest.OpAdvance, D: 100 * time.Millisecond},
+				{Kind: queuetest.OpCrash, D: 200 * time.Millisecond},
+				{Kind: queuetest.OpAdvance, D: 300 * time.Millisecond},
+				{Kind: queuetest.OpCancel, Pick: 671},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPermanent}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 2}}},
+			},
+		},
+		{
 			// Soak seed 64 (with the windows' sends made; it fails alike on
 			// the build before): at a reload to a slower rate of a tenant
 			// capped, booked and crashed, the store's schedule (tat) is one
