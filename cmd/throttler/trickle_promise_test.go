@@ -15,7 +15,9 @@ import (
 // at 10/s, so each waits a little longer than the one before (20 ms
 // more). Every job arrives when its expected_delay_ms said, within
 // DESIGN.md's max(50 ms, 5%): a wake-up of the dispatcher missed or late
-// would send a job an interval (100 ms) after its promise.
+// would send a job an interval (100 ms) after its promise. A job late by
+// no more than the machine stalled while it waited (testutil.Stalls) is
+// counted apart: a missed wake-up on a machine that ran still fails.
 func TestPromisesToATrickle(t *testing.T) {
 	testutil.SkipShort(t, "process test: promises to jobs posted one at a time")
 	onEachStore(t, promisesToATrickle)
@@ -23,6 +25,7 @@ func TestPromisesToATrickle(t *testing.T) {
 
 func promisesToATrickle(t *testing.T, redisURL string) {
 	const jobs, every = 30, 80 * time.Millisecond
+	stalls := testutil.StartStalls(t)
 	ds := downstreamtest.New(t)
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	p := startReady(t, oneProcessConfig(t, redisURL,
@@ -61,7 +64,7 @@ func promisesToATrickle(t *testing.T, redisURL string) {
 			arrived[a.Key] = a.At
 		}
 	}
-	worst := time.Duration(0)
+	worst, excused := time.Duration(0), 0
 	for i, j := range all {
 		at := arrived[j.id]
 		// The promise counts from the decision, somewhere between the
@@ -69,12 +72,16 @@ func promisesToATrickle(t *testing.T, redisURL string) {
 		// from the answer.
 		tol := max(50*time.Millisecond, j.promised/20)
 		early, late := j.sent.Add(j.promised).Sub(at), at.Sub(j.answered.Add(j.promised))
+		if st := stalls.Within(j.sent, at); late > tol && late-tol <= st && early <= tol {
+			excused++
+			continue
+		}
 		worst = max(worst, late)
 		if early > tol || late > tol {
 			t.Errorf("job %d: promised %v, arrived %v after its request (%v early, %v late; tolerance %v)", i,
 				j.promised.Round(time.Millisecond), at.Sub(j.sent).Round(time.Millisecond), early.Round(time.Millisecond), late.Round(time.Millisecond), tol)
 		}
 	}
-	t.Logf("%d jobs every %v at 10/s: the last promised %v; latest arrival %v after its promise", jobs, every,
-		all[jobs-1].promised.Round(time.Millisecond), worst.Round(time.Millisecond))
+	t.Logf("%d jobs every %v at 10/s: the last promised %v; latest arrival %v after its promise; %d late by no more than the machine stalled while they waited (worst stall %v)", jobs, every,
+		all[jobs-1].promised.Round(time.Millisecond), worst.Round(time.Millisecond), excused, stalls.Worst().Round(time.Millisecond))
 }
