@@ -24,7 +24,7 @@ import (
 // ms and the jobs came a lease later.
 func TestNewRedisPromisesTheWaitForAnOwner(t *testing.T) {
 	testutil.SkipShort(t, "process test: the throttler binary waits a lease on a new redis-server")
-	stalls := testutil.StartStalls(t)
+	machine := testutil.StartStalls(t)
 	srv := redistest.Start(t, false)
 	ds := downstreamtest.New(t)
 	const lease = 2 * time.Second
@@ -80,7 +80,7 @@ func TestNewRedisPromisesTheWaitForAnOwner(t *testing.T) {
 		off := waited - pr.delay
 		tol := max(50*time.Millisecond, pr.delay/20)
 		t.Logf("job %d: promised %v, waited %v (%+v)", i, pr.delay, waited.Round(time.Millisecond), off.Round(time.Millisecond))
-		if st := stalls.Within(pr.admitted, at); off > tol && off-tol <= st {
+		if st := machine.Within(pr.admitted, at); off > tol && off-tol <= st {
 			t.Logf("job %d: late by no more than the machine stalled while it waited (%v): the machine's (testutil.Stalls)", i, st.Round(time.Millisecond))
 		} else if off > tol || off < -tol {
 			t.Errorf("job %d: promised %v, arrived after %v: off by %v, more than %v", i, pr.delay, waited.Round(time.Millisecond), off.Round(time.Millisecond), tol)
@@ -89,7 +89,7 @@ func TestNewRedisPromisesTheWaitForAnOwner(t *testing.T) {
 	first := got[promises[0].id]
 	t.Logf("the tenant's status said its owner comes in %v; the first job arrived %v after that",
 		ownerAt.Sub(asked).Round(time.Millisecond), first.Sub(ownerAt).Round(time.Millisecond))
-	if d, st := first.Sub(ownerAt), stalls.Within(asked, first); d > 50*time.Millisecond && d-50*time.Millisecond <= st {
+	if d, st := first.Sub(ownerAt), machine.Within(asked, first); d > 50*time.Millisecond && d-50*time.Millisecond <= st {
 		t.Logf("the first job late by no more than the machine stalled meanwhile (%v): the machine's (testutil.Stalls)", st.Round(time.Millisecond))
 	} else if d < -50*time.Millisecond || d > 50*time.Millisecond {
 		t.Errorf("the partition got its owner at about %v, %v from what the tenant's status said", first.Format("15:04:05.000"), d)

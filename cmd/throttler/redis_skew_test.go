@@ -73,8 +73,8 @@ type skewRig struct {
 	ds   *downstreamtest.Server
 	rate string
 	api  *process
-	// stalls excuse a promise late by no more than the machine stalled.
-	stalls *testutil.Stalls
+	// machine excuses a promise late by no more than the machine stalled.
+	machine *testutil.Stalls
 
 	mu   sync.Mutex
 	sent []skewArrival
@@ -86,7 +86,7 @@ type skewArrival struct {
 }
 
 func startSkewRig(t *testing.T, rate string) *skewRig {
-	r := &skewRig{t: t, srv: redistest.Start(t, false), ds: downstreamtest.New(t), rate: rate, stalls: testutil.StartStalls(t)}
+	r := &skewRig{t: t, srv: redistest.Start(t, false), ds: downstreamtest.New(t), rate: rate, machine: testutil.StartStalls(t)}
 	r.ds.Answer(func(w http.ResponseWriter, req *http.Request) {
 		a := skewArrival{Arrival: downstreamtest.Arrival{At: downstreamtest.ArrivalTime(req), Key: req.Header.Get("Idempotency-Key"),
 			Tenant: req.Header.Get("X-Throttler-Tenant"), Attempt: req.Header.Get("X-Throttler-Attempt")}, by: req.URL.Path}
@@ -194,7 +194,7 @@ func (r *skewRig) check(ids []string, admitted []time.Time, delays []time.Durati
 	first := all[0]
 	off := first.At.Sub(admitted[0]) - delays[0]
 	t.Logf("the first job, sent by %s: promised %v, off by %v", first.by, delays[0], off.Round(time.Millisecond))
-	tol, st := max(50*time.Millisecond, delays[0]/20), r.stalls.Within(admitted[0], first.At)
+	tol, st := max(50*time.Millisecond, delays[0]/20), r.machine.Within(admitted[0], first.At)
 	if off > tol && off-tol <= st {
 		t.Logf("the first job late by no more than the machine stalled while it waited (%v): the machine's (testutil.Stalls)", st.Round(time.Millisecond))
 	} else if first.Key == ids[0] && off.Abs() > tol {

@@ -73,7 +73,7 @@ func scheduledRun(t *testing.T, redisURL string) {
 	rate := envOr("THROTTLER_SCHEDULED_RATE", 10)
 	T := time.Second / time.Duration(rate)
 	winN, winLen := rate*9/2, 5*time.Second // a window under the rate: it binds
-	stalls := testutil.StartStalls(t)
+	machine := testutil.StartStalls(t)
 	ds := downstreamtest.New(t)
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	body := fmt.Sprintf("[tenant_defaults]\nrate = \"%d/s\"\ncapacity = 100000\nwindows = [\"%d/5s\"]\n", rate, winN)
@@ -216,7 +216,7 @@ func scheduledRun(t *testing.T, redisURL string) {
 			moved = max(moved, off)
 			continue
 		}
-		if st := stalls.Within(j.posted, a.At); off > tol && off-tol <= st {
+		if st := machine.Within(j.posted, a.At); off > tol && off-tol <= st {
 			excused++ // the machine's: see testutil.Stalls
 			stalled = max(stalled, st)
 			continue
@@ -231,7 +231,7 @@ func scheduledRun(t *testing.T, redisURL string) {
 	}
 	t.Logf("%d jobs (%d with a not_before, %d of them booked for it) at %d/s with %d/5s, killed at +%v, ready again +%v; %d arrivals (%d repeats, each with its key) in %v; promises kept %d (worst %v off), broken %d, late by no more than the machine stalled in their wait %d (up to %v stalled; worst stall %v); placed anew by the restart %d (nothing sent for %v after the kill; up to %v late); before their not_before: %d",
 		n, scheduled, booked, rate, winN, killed.Sub(start).Round(time.Millisecond), ready.Sub(start).Round(time.Millisecond), len(all), repeats,
-		all[len(all)-1].At.Sub(all[0].At).Round(time.Millisecond), kept, worst.Round(time.Millisecond), late, excused, stalled.Round(time.Millisecond), stalls.Worst().Round(time.Millisecond), skipped, outage.Round(time.Millisecond), moved.Round(time.Millisecond), early)
+		all[len(all)-1].At.Sub(all[0].At).Round(time.Millisecond), kept, worst.Round(time.Millisecond), late, excused, stalled.Round(time.Millisecond), machine.Worst().Round(time.Millisecond), skipped, outage.Round(time.Millisecond), moved.Round(time.Millisecond), early)
 	if repeats > 1 {
 		t.Errorf("%d repeats: only the attempt in flight at the kill may repeat", repeats)
 	}

@@ -25,7 +25,7 @@ func TestPromisesToATrickle(t *testing.T) {
 
 func promisesToATrickle(t *testing.T, redisURL string) {
 	const jobs, every = 30, 80 * time.Millisecond
-	stalls := testutil.StartStalls(t)
+	machine := testutil.StartStalls(t)
 	ds := downstreamtest.New(t)
 	ds.Answer(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	p := startReady(t, oneProcessConfig(t, redisURL,
@@ -72,7 +72,7 @@ func promisesToATrickle(t *testing.T, redisURL string) {
 		// from the answer.
 		tol := max(50*time.Millisecond, j.promised/20)
 		early, late := j.sent.Add(j.promised).Sub(at), at.Sub(j.answered.Add(j.promised))
-		if st := stalls.Within(j.sent, at); late > tol && late-tol <= st && early <= tol {
+		if st := machine.Within(j.sent, at); late > tol && late-tol <= st && early <= tol {
 			excused++
 			continue
 		}
@@ -83,5 +83,5 @@ func promisesToATrickle(t *testing.T, redisURL string) {
 		}
 	}
 	t.Logf("%d jobs every %v at 10/s: the last promised %v; latest arrival %v after its promise; %d late by no more than the machine stalled while they waited (worst stall %v)", jobs, every,
-		all[jobs-1].promised.Round(time.Millisecond), worst.Round(time.Millisecond), excused, stalls.Worst().Round(time.Millisecond))
+		all[jobs-1].promised.Round(time.Millisecond), worst.Round(time.Millisecond), excused, machine.Worst().Round(time.Millisecond))
 }

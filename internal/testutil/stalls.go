@@ -15,7 +15,10 @@ import (
 // lateness down the queue behind it (DESIGN.md invariant 1). A test of
 // promises on real time may excuse a broken one by no more than the
 // stalls seen while it waited, and says how many it excused: it still
-// fails on a promise broken while the machine ran.
+// fails on a promise broken while the machine ran. It measures the
+// machine apart from the sends, so a send late for reasons of its own
+// is not excused, as it would be when stalls are read off the gaps
+// between arrivals.
 type Stalls struct {
 	mu     sync.Mutex
 	stalls []span
