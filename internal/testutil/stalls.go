@@ -30,8 +30,8 @@ type Stalls struct {
 type span struct{ from, to time.Time }
 
 // StallFloor is the lateness a wake may have and not count as a stall:
-// a Go timer on an idle runtime wakes up to a millisecond late, a busy
-// quiet machine's a few.
+// a Go timer on an idle runtime wakes up to a millisecond late, and on a
+// quiet machine with a busy process a few.
 const StallFloor = 5 * time.Millisecond
 
 const stallTick = 2 * time.Millisecond

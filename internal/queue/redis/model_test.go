@@ -1008,10 +1008,10 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
-			// CI's own -race run (4 seeds x 50 steps) of the build before
-			// the stall-aware tests failed once on seed 3: after a crash
-			// and a restart, tenant b's queue_depth was 2, the model's 1
-			// (its job #8 queued in the store, in flight in the model).
+			// CI's own -race run (4 seeds x 50 steps) failed once on seed
+			// 3 (2026-12-07): after a crash and a restart, tenant b's
+			// queue_depth was 2, the model's 1 (its job #8 queued in the
+			// store, in flight in the model).
 			// Its shrunk case passed 80 of 80 replays (30 of them under
 			// -race beside two busy loops). Open.
 			name: "DepthAfterACrashUnderRace", skip: "open: a tenant's depth one over the model's after a crash (CI -race seed 3, 1 run)",
