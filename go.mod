@@ -11,6 +11,7 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/rs/zerolog v1.28.0
 	github.com/spf13/cobra v1.10.2
+	github.com/tidwall/btree v1.8.2
 	go.etcd.io/bbolt v1.5.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sync v0.23.0

@@ -17,9 +17,10 @@ import (
 	"github.com/throttler-dev/throttler/internal/testutil"
 )
 
-// upgradeFrom is the build before the rulebook refactor (per-tenant rules
-// moved into internal/rules): a store it wrote must open in this build.
-const upgradeFrom = "f45cf31"
+// upgradeFrom is the build before the embedded store's index of waiting
+// jobs held their places (it held their tenants alone, and a restart read
+// every job's record): a store it wrote must open in this build.
+const upgradeFrom = "224eb88"
 
 // upgradeTenants are two tenants at different rates (upgradeT), so that
 // each is held to its own interval after the upgrade, not one shared one.
@@ -31,7 +32,7 @@ var upgradeT = map[string]time.Duration{"t0": 50 * time.Millisecond, "t1": 100 *
 // sends and 1.5 s of t1's, so most still wait at the kill.
 const upgradePerTenant = 15
 
-// A store written by the build before the rulebook refactor, with jobs
+// A store written by the build before (upgradeFrom), with jobs
 // waiting and one attempt under way when that build is killed with
 // SIGKILL, is opened by this build: every job arrives (at least once; a
 // repeat only of an attempt the kill cut, with its key and payload), and
@@ -209,7 +210,7 @@ func resolvePrevious(git string) (commit, why string) {
 	if err == nil {
 		return strings.TrimSpace(string(out)), ""
 	}
-	why = fmt.Sprintf("the upgrade test needs commit %s (the build before the rulebook refactor), which this checkout lacks", upgradeFrom)
+	why = fmt.Sprintf("the upgrade test needs commit %s (the build before this one), which this checkout lacks", upgradeFrom)
 	switch shallow, err := exec.Command(git, "rev-parse", "--is-shallow-repository").Output(); {
 	case err != nil:
 		why += ": not a git repository"

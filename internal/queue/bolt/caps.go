@@ -96,7 +96,7 @@ func (s *Store) openIn(key string, now time.Time) (int, time.Time) {
 // per job of it whose time had come by sentBy (its cap at most), until
 // sentBy plus the downstream's timeout. Run by recover, before the store
 // is shared.
-func (s *Store) countOpenAtCrash(byTenant map[string][]*waitingJob, sentBy time.Time) {
+func (s *Store) countOpenAtCrash(byTenant map[string][]waitingJob, sentBy time.Time) {
 	due := map[string]int{}
 	caps := map[string]int{}
 	until := map[string]time.Time{}
@@ -107,7 +107,7 @@ func (s *Store) countOpenAtCrash(byTenant map[string][]*waitingJob, sentBy time.
 		}
 		n := 0
 		for _, w := range jobs {
-			if w.job.DispatchAt.Before(sentBy) {
+			if w.dispatchAt < nanos(sentBy) {
 				n++
 			}
 		}

@@ -110,7 +110,7 @@ func (s *Store) pickDue(p *pick) {
 			s.fairQueue(ds, policy).push(e)
 			continue
 		}
-		s.sched.remove(e.id)
+		s.sched.remove(e.tenant, e.slot, e.id)
 		s.claims[e.id] = queue.Job{ID: e.id, Tenant: e.tenant} // held while read
 		s.capHold(e.id, e.tenant, caps)
 		p.chosen = append(p.chosen, e)
@@ -166,7 +166,7 @@ func (s *Store) pickFair(p *pick, ds string, q *fairQueue) {
 		}
 		q.take()
 		skipped = 0
-		s.sched.remove(e.id)
+		s.sched.remove(e.tenant, e.slot, e.id)
 		if slot.After(e.at) {
 			e.at = slot
 			e.held = true

@@ -170,6 +170,144 @@ func decodeJob(raw []byte, id string) (j queue.Job, inline []byte, err error) {
 	return j, inline, nil
 }
 
+// A waiting job's value in the index of waiting jobs is what a restart
+// needs of it, so that a restart reads that index alone, not every job's
+// record: a version byte (waitingV1), its slot, dispatch time and deadline
+// (Unix nanoseconds, big endian; noDeadline: none), its cost, flags
+// (scheduled, has a not_before), then its tenant's name. Earlier versions
+// wrote the tenant's name alone (a name never starts with waitingV1: it is
+// printable); such a job's place is read from its record.
+const waitingV1 = 1
+
+const (
+	waitingScheduled = 1 << iota
+	waitingNotBefore
+)
+
+// encodeWaiting appends j's value in the index of waiting jobs to b.
+func encodeWaiting(b []byte, j queue.Job) []byte {
+	deadline := int64(noDeadline)
+	if !j.Deadline.IsZero() {
+		deadline = nanos(j.Deadline)
+	}
+	var flags byte
+	if j.State == queue.StateScheduled {
+		flags |= waitingScheduled
+	}
+	if !j.NotBefore.IsZero() {
+		flags |= waitingNotBefore
+	}
+	b = append(b, waitingV1)
+	b = binary.BigEndian.AppendUint64(b, uint64(nanos(j.EffectiveSlot())))
+	b = binary.BigEndian.AppendUint64(b, uint64(nanos(j.DispatchAt)))
+	b = binary.BigEndian.AppendUint64(b, uint64(deadline))
+	b = binary.AppendUvarint(b, uint64(max(j.Cost, 0)))
+	b = append(b, flags)
+	return append(b, j.Tenant...)
+}
+
+// decodeWaitingValue reads a value of encodeWaiting; ok is false for a
+// value of an earlier version (the tenant alone), whose job's place is in
+// its record.
+func decodeWaitingValue(v []byte) (w waitingFields, ok bool, err error) {
+	if len(v) == 0 || v[0] != waitingV1 {
+		return w, false, nil
+	}
+	d := decoder{b: v[1:]}
+	slot, dispatchAt, deadline := d.int64(), d.int64(), d.int64()
+	cost := d.uvarint()
+	flags := d.byte()
+	// nanos never gives math.MinInt64 (noDeadline) for a time.
+	if d.bad || len(d.b) == 0 || cost > math.MaxInt32 || slot == math.MinInt64 || dispatchAt == math.MinInt64 {
+		return w, true, errBadRecord
+	}
+	w = waitingFields{tenant: d.b, slot: fromNanos(slot), dispatchAt: fromNanos(dispatchAt), cost: int(cost), state: queue.StateQueued}
+	if deadline != noDeadline {
+		w.deadline = fromNanos(deadline)
+	}
+	if flags&waitingScheduled != 0 {
+		w.state = queue.StateScheduled
+	}
+	if flags&waitingNotBefore != 0 {
+		w.notBefore = w.slot // only its presence is read
+	}
+	return w, true, nil
+}
+
+// waitingFields are what a restart reads of a waiting job: its place, not
+// its content.
+type waitingFields struct {
+	tenant     []byte // a part of the record
+	state      queue.JobState
+	dispatchAt time.Time
+	slot       time.Time // Job.EffectiveSlot
+	deadline   time.Time
+	notBefore  time.Time
+	cost       int
+}
+
+// decodeWaiting reads what waitingFields hold of a record written by
+// encodeJob, skipping the rest without copying it: a restart reads every
+// waiting job's record, and decodeJob's strings and JSON would be most of
+// its time and memory. An older JSON record is read by decodeJob.
+func decodeWaiting(raw []byte) (waitingFields, error) {
+	if len(raw) > 0 && raw[0] == '{' {
+		j, _, err := decodeJob(raw, "")
+		return waitingFields{tenant: []byte(j.Tenant), state: j.State, dispatchAt: j.DispatchAt, slot: j.EffectiveSlot(),
+			deadline: j.Deadline, notBefore: j.NotBefore, cost: j.Cost}, err
+	}
+	var w waitingFields
+	d := decoder{b: raw}
+	version := d.byte()
+	if version < jobRecordV1 || version > jobRecordV5 {
+		return w, errBadRecord
+	}
+	code := d.byte()
+	w.tenant = d.bytes()
+	if name := d.bytes(); len(name) > 0 {
+		w.state = queue.JobState(name)
+	} else if int(code) < len(jobStates) {
+		w.state = jobStates[code]
+	}
+	d.bytes()  // idempotency key
+	d.varint() // attempts
+	d.time()   // enqueued
+	w.dispatchAt = d.time()
+	w.slot = d.time()
+	d.varint() // failures
+	w.cost = int(d.varint())
+	w.deadline = d.time()
+	d.time()   // sent
+	d.time()   // finished
+	d.bytes()  // last error
+	d.varint() // response status
+	d.varint() // admit delay
+	d.varint() // admit depth
+	d.byte()   // prompt
+	if version >= jobRecordV2 {
+		d.bytes() // request
+	}
+	if version >= jobRecordV3 {
+		d.bytes() // type
+	}
+	if version >= jobRecordV4 {
+		d.bytes() // callback
+	}
+	if version >= jobRecordV5 {
+		w.notBefore = d.time()
+	}
+	if d.byte() == 1 {
+		d.bytes() // payload
+	}
+	if d.bad || len(d.b) != 0 {
+		return waitingFields{}, errBadRecord
+	}
+	if w.slot.IsZero() {
+		w.slot = w.dispatchAt
+	}
+	return w, nil
+}
+
 // appendRequest appends a job's request as a string: its JSON, or ""
 // for none.
 func appendRequest(b []byte, r *queue.JobRequest) []byte {
@@ -265,6 +403,17 @@ func readVarint[T int64 | uint64](d *decoder, read func([]byte) (T, int)) T {
 }
 
 func (d *decoder) string() string { return string(d.bytes()) }
+
+// int64 reads 8 bytes, big endian.
+func (d *decoder) int64() int64 {
+	if len(d.b) < 8 {
+		d.bad = true
+		return 0
+	}
+	v := int64(binary.BigEndian.Uint64(d.b))
+	d.b = d.b[8:]
+	return v
+}
 
 // bytes reads a string's bytes (a part of the record, not a copy).
 func (d *decoder) bytes() []byte {

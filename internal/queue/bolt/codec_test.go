@@ -57,6 +57,9 @@ func TestJobRecordRoundTrip(t *testing.T) {
 		if _, _, err := decodeJob(full[:n], "b"); err == nil {
 			t.Fatalf("a record cut to %d of %d bytes was read", n, len(full))
 		}
+		if _, err := decodeWaiting(full[:n]); err == nil {
+			t.Fatalf("a record cut to %d of %d bytes was read for a restart", n, len(full))
+		}
 	}
 }
 
@@ -381,6 +384,51 @@ func FuzzJobRecord(f *testing.F) {
 		again, inline2, err := decodeJob(encodeJob(nil, j, inline), "id")
 		if err != nil || !sameJob(again, j) || string(inline2) != string(inline) {
 			t.Fatalf("a decoded job does not round trip: %v\n got %+v\nwant %+v", err, again, j)
+		}
+		// A restart's reading agrees with the whole record's.
+		w, err := decodeWaiting(raw)
+		if err != nil || string(w.tenant) != j.Tenant || w.state != j.State || !w.dispatchAt.Equal(j.DispatchAt) ||
+			!w.slot.Equal(j.EffectiveSlot()) || !w.deadline.Equal(j.Deadline) || !w.notBefore.Equal(j.NotBefore) || w.cost != j.Cost {
+			t.Fatalf("decodeWaiting: %v %+v, the record holds %+v", err, w, j)
+		}
+	})
+}
+
+// A waiting job's value in the index of waiting jobs holds what a restart
+// reads of its record; any bytes decode to a value or an error, never a
+// panic, and a value decoded encodes to one that decodes to it again.
+func FuzzWaitingValue(f *testing.F) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
+	for _, j := range []queue.Job{
+		{Tenant: "acme", State: queue.StateQueued, DispatchAt: t0, Slot: t0.Add(time.Second)},
+		{Tenant: "t+é@x", State: queue.StateScheduled, DispatchAt: t0, Slot: t0, Deadline: t0.Add(time.Hour), Cost: 7, NotBefore: t0},
+		{Tenant: "b", State: queue.StateRetrying, DispatchAt: t0}, // an old record: no slot
+	} {
+		v := encodeWaiting(nil, j)
+		w, current, err := decodeWaitingValue(v)
+		record, _ := decodeWaiting(encodeJob(nil, j, nil))
+		if err != nil || !current || string(w.tenant) != j.Tenant || !w.slot.Equal(record.slot) || !w.dispatchAt.Equal(j.DispatchAt) ||
+			!w.deadline.Equal(j.Deadline) || w.cost != j.Cost || (w.state == queue.StateScheduled) != (j.State == queue.StateScheduled) ||
+			w.notBefore.IsZero() != j.NotBefore.IsZero() {
+			f.Fatalf("%+v: %v %v %+v", j, err, current, w)
+		}
+		f.Add(v)
+	}
+	f.Add([]byte("acme")) // an earlier version's value: the tenant alone
+	f.Fuzz(func(t *testing.T, v []byte) {
+		w, current, err := decodeWaitingValue(v)
+		if err != nil || !current {
+			return
+		}
+		st := queue.StateQueued
+		if w.state == queue.StateScheduled {
+			st = queue.StateScheduled
+		}
+		j := queue.Job{Tenant: string(w.tenant), State: st, Slot: w.slot, DispatchAt: w.dispatchAt, Deadline: w.deadline, Cost: w.cost, NotBefore: w.notBefore}
+		again, current, err := decodeWaitingValue(encodeWaiting(nil, j))
+		if err != nil || !current || string(again.tenant) != string(w.tenant) || !again.slot.Equal(w.slot) || !again.dispatchAt.Equal(w.dispatchAt) ||
+			!again.deadline.Equal(w.deadline) || again.cost != w.cost || again.state != w.state || again.notBefore.IsZero() != w.notBefore.IsZero() {
+			t.Fatalf("does not round trip: %v\n got %+v\nwant %+v", err, again, w)
 		}
 	})
 }

@@ -212,7 +212,7 @@ func admissionOps(c *call) ([]byte, error) {
 			ops = appendPut(ops, walPayloads, id, j.Payload)
 		}
 		ops = appendPut(ops, walJobs, id, encodeJob(scratch[:0], j, inline))
-		ops = appendPut(ops, walWaiting, id, []byte(j.Tenant))
+		ops = appendPut(ops, walWaiting, id, encodeWaiting(scratch[:0], j))
 		if j.IdempotencyKey != "" {
 			k := idemKey(c.tenant, j.IdempotencyKey)
 			if len(k) > bbolt.MaxKeySize {
@@ -347,6 +347,8 @@ func (s *Store) jobByKey(tenant, key string) (queue.Job, bool, error) {
 	}
 	if c, ok := s.claims[j.ID]; found && ok {
 		j.State, j.Attempts = queue.StateDispatching, c.Attempts
+	} else if found && j.State.Waiting() {
+		s.placeWaiting(&j)
 	}
 	return j, found, queue.Unavailable(err)
 }

@@ -28,13 +28,25 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	s.mu.Lock()
 	if c, ok := s.claims[id]; ok {
 		j.State, j.Attempts, j.DispatchAt = queue.StateDispatching, c.Attempts, c.DispatchAt
-	} else if e, ok := s.sched.get(id); ok {
-		if tm, ok := s.tenants[e.tenant]; ok {
-			j.DispatchAt = rules.DispatchAt(tm.rec.Pause, e.slot, s.clock.Now()) // pauses move it
-		}
+	} else {
+		s.placeWaiting(&j)
 	}
 	s.mu.Unlock()
 	return j, nil
+}
+
+// placeWaiting gives a waiting job its place as the schedule has it (s.mu
+// held): a pause moves its dispatch time, and a restart may have moved its
+// slot before its record was written (writeRespaced).
+func (s *Store) placeWaiting(j *queue.Job) {
+	e, ok := s.sched.get(j.Tenant, j.EffectiveSlot(), j.ID)
+	if !ok {
+		return
+	}
+	j.Slot = e.slot
+	if tm, ok := s.tenants[e.tenant]; ok {
+		j.DispatchAt = rules.DispatchAt(tm.rec.Pause, e.slot, s.clock.Now())
+	}
 }
 
 // viewJob is getShown in a read transaction of its own, or the admitted
@@ -69,6 +81,20 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 	if !queue.ValidID(id) {
 		return queue.Job{}, queue.ErrNotFound
 	}
+	// Its tenant and slot say where the schedule keeps it.
+	s.mu.Lock()
+	seen, found := s.loggedJob(id)
+	s.mu.Unlock()
+	var err error
+	if !found {
+		seen, found, err = s.viewStored(id, false)
+	}
+	if err != nil {
+		return queue.Job{}, queue.Unavailable(err)
+	}
+	if !found {
+		return queue.Job{}, queue.ErrNotFound
+	}
 	// Take the job out of the schedule first, so the dispatcher cannot hand
 	// it over meanwhile; put it back if the cancel does not happen.
 	s.mu.Lock()
@@ -76,12 +102,12 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 		s.mu.Unlock()
 		return queue.Job{}, &queue.StateError{ID: id, State: queue.StateDispatching, Op: "cancel"}
 	}
-	entry, waiting := s.sched.remove(id)
+	entry, waiting := s.sched.remove(seen.Tenant, seen.EffectiveSlot(), id)
 	s.mu.Unlock()
 
 	var j queue.Job
 	var wasScheduled bool
-	err := s.commit(func(tx *bbolt.Tx) error {
+	err = s.commit(func(tx *bbolt.Tx) error {
 		var found bool
 		var err error
 		j, found, err = getJob(tx, id, false)
@@ -93,6 +119,9 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 		}
 		if !j.State.Waiting() {
 			return &queue.StateError{ID: id, State: j.State, Op: "cancel"}
+		}
+		if waiting {
+			j.Slot = entry.slot // the schedule's: a restart may have moved it
 		}
 		if err := delWaiting(tx, j.ID); err != nil {
 			return err

@@ -257,6 +257,71 @@ func TestModelRegression(t *testing.T) {
 			},
 		},
 		{
+			// Found by a soak (seed 207 of 200-349), on the build before the
+			// schedule's lines too: after pushbacks, a cap dropped by a
+			// reload and a crash, a job of a tenant whose count is full
+			// (capacity 0, burst 2, 2 waiting) is admitted.
+			name: "CountFullAfterPushbacksAndACrash",
+			skip: "open: admitted with the count full (depth 3 where the model refuses at 2), see the closing note",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerOK}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 4, MaxInFlight: 1}},
+				{Kind: queuetest.OpAdvance, D: 100 * ms},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 2}},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerPushback, N: 1}},
+				{Kind: queuetest.OpRetry, Pick: 981},
+				{Kind: queuetest.OpAdvance, D: 150 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 300 * ms},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpAdvance, D: 800 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 270 * ms}}},
+				{Kind: queuetest.OpAdvance, D: 150 * ms},
+				{Kind: queuetest.OpResume, Tenant: "b"},
+				{Kind: queuetest.OpCancel, Pick: 924},
+				{Kind: queuetest.OpCrashOnWrite},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Deadline: 120 * ms}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{Cost: 2, Key: "k5"}}},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{NotBefore: 1300 * ms}}},
+				{Kind: queuetest.OpCancel, Pick: 324},
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 1, Capacity: 3, Windows: []queuetest.WindowSpec{{N: 3, Length: 1 * time.Second}}}},
+				{Kind: queuetest.OpAdvance, D: 200 * ms},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 100 * ms, Burst: 2, Capacity: 0}},
+				{Kind: queuetest.OpCancel, Pick: 823},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{NotBefore: 250 * ms}, {}, {}, {}}},
+				{Kind: queuetest.OpHold, Tenant: "a"},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+			},
+		},
+		{
+			// Found by the model: a restart placed retries around a booking,
+			// out of their order, and the schedule, given each tenant's jobs
+			// in one piece, took them as in order: a due retry was never
+			// handed out.
+			name: "RestartOrderAroundABooking",
+			ops: []queuetest.Op{
+				{Kind: queuetest.OpReload, Tenant: "a", Policy: queuetest.PolicySpec{Interval: 50 * ms, Burst: 2, Capacity: 0, Windows: []queuetest.WindowSpec{{N: 3, Length: time.Second}}}},
+				{Kind: queuetest.OpReload, Tenant: "b", Policy: queuetest.PolicySpec{Interval: 150 * ms, Burst: 1, Capacity: 4}},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpAdvance, D: time.Second},
+				{Kind: queuetest.OpDownstream, Answer: queuetest.Answer{Kind: queuetest.AnswerTimeout, Backoff: 150 * ms, Timeout: 150 * ms}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Cost: 4, Key: "k4"}}},
+				{Kind: queuetest.OpRetry, Pick: 609},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpCancel, Pick: 931},
+				{Kind: queuetest.OpEnqueue, Tenant: "a", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 50 * ms},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{Cost: 4, Key: "k4", NotBefore: 800 * ms}, {}, {Deadline: 70 * ms}, {Cost: 4, Key: "k4", Deadline: 570 * ms}}},
+				{Kind: queuetest.OpEnqueue, Tenant: "b", Jobs: []queuetest.JobSpec{{}}},
+				{Kind: queuetest.OpAdvance, D: 150 * ms},
+				{Kind: queuetest.OpCrashOnWrite},
+			},
+		},
+		{
 			// Found by the model: a repeat of an admitted key was answered 422
 			// cost_too_large after a reload lowered the bucket.
 			name: "RepeatCost", defect: queuetest.DefectRepeatCost,

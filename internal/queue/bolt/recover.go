@@ -3,7 +3,9 @@ package bolt
 import (
 	"bytes"
 	"cmp"
+	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -45,7 +47,8 @@ func (s *Store) recover() error {
 // passed while the process was down, moves them: from the later of now and
 // the last moment a send may have happened, plus one interval, one interval
 // apart, in their original order. After an unclean stop, any job whose time
-// passed may have been sent at that time.
+// passed may have been sent at that time. The moved jobs' records are
+// written after the open (writeRespaced): the schedule has their new slots.
 func (s *Store) respace(tx *bbolt.Tx, now, sentBy time.Time, clean bool) error {
 	byTenant, tenants, err := readWaiting(tx)
 	if err != nil {
@@ -61,18 +64,15 @@ func (s *Store) respace(tx *bbolt.Tx, now, sentBy time.Time, clean bool) error {
 			return err
 		}
 		for _, w := range byTenant[name] {
-			if w.job.State == queue.StateScheduled {
+			if w.scheduled {
 				tm.scheduled++
 			} else {
 				tm.depth++
 			}
 		}
-		moved += respaceTenant(tm, byTenant[name], s.policy(name), now, sentBy, clean)
-	}
-	for _, name := range tenants {
-		if err := s.scheduleWaiting(tx, name, byTenant[name], now); err != nil {
-			return err
-		}
+		moved += s.respaceTenant(tm, byTenant[name], s.policy(name), now, sentBy, clean)
+		s.scheduleWaiting(name, byTenant[name])
+		delete(byTenant, name) // its memory goes as the next tenant's comes
 	}
 	for name, tm := range s.tenants {
 		if err := putTenantRecord(tx, name, tm.rec); err != nil {
@@ -102,72 +102,211 @@ func moveDueIndex(tx *bbolt.Tx) error {
 	return tx.DeleteBucket(bucketDue)
 }
 
-// waitingJob is a waiting job, read at open.
+// waitingJob is a waiting job as a restart reads it: its place, in a
+// value without pointers (times in Unix nanoseconds), so that a restart
+// holds a few dozen bytes per job, not the job.
 type waitingJob struct {
-	slot  time.Time
-	moved bool
-	job   queue.Job
+	slot, dispatchAt, deadline int64
+	key                        jobKey
+	cost                       int32
+	scheduled, notBefore       bool
+	// placeInRecord: its value in the index is an earlier version's, and
+	// its place was read from its record (writeRespaced writes it anew).
+	placeInRecord bool
 }
 
-// readWaiting reads the waiting jobs: each tenant's in slot order (then
-// id), and the tenants in the order of their earliest slot.
-func readWaiting(tx *bbolt.Tx) (map[string][]*waitingJob, []string, error) {
-	byTenant := map[string][]*waitingJob{}
+// readWaiting reads the waiting jobs from the index of waiting jobs (a
+// job's record only where an earlier version wrote its value there): each
+// tenant's in slot order (then id), and the tenants in the order of their
+// earliest slot.
+func readWaiting(tx *bbolt.Tx) (map[string][]waitingJob, []string, error) {
+	index := map[string]int{}
+	var lists [][]waitingJob
 	var tenants []string
+	records := recordWalk{c: tx.Bucket(bucketJobs).Cursor()}
 	c := tx.Bucket(bucketWaiting).Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
-		id, name := string(k), string(v)
-		if _, ok := keyOf(id); !ok {
-			return nil, nil, fmt.Errorf("job %q in the index of waiting jobs has an id this version cannot read", id)
+		key, ok := keyOf(string(k))
+		if !ok {
+			return nil, nil, fmt.Errorf("job %q in the index of waiting jobs has an id this version cannot read", k)
 		}
-		if _, ok := byTenant[name]; !ok {
-			tenants = append(tenants, name)
+		f, current, err := decodeWaitingValue(v)
+		if err == nil && !current {
+			f, err = records.place(k)
+			if err == nil && string(f.tenant) != string(v) {
+				err = fmt.Errorf("its record is of tenant %q, the index says %q", f.tenant, v)
+			}
 		}
-		j, ok, err := getJob(tx, id, false)
-		if err != nil || !ok {
-			return nil, nil, fmt.Errorf("job %s in the index of waiting jobs but not stored (%v)", id, err)
+		if err != nil {
+			return nil, nil, fmt.Errorf("job %s in the index of waiting jobs: %w", k, err)
 		}
-		byTenant[name] = append(byTenant[name], &waitingJob{slot: j.EffectiveSlot(), job: j})
+		w := waitingJob{slot: nanos(f.slot), dispatchAt: nanos(f.dispatchAt), deadline: noDeadline, key: key,
+			cost: int32(min(f.cost, math.MaxInt32)), scheduled: f.state == queue.StateScheduled, notBefore: !f.notBefore.IsZero(),
+			placeInRecord: !current}
+		if !f.deadline.IsZero() {
+			w.deadline = nanos(f.deadline)
+		}
+		i, known := index[string(f.tenant)] // no copy of the name to look it up
+		if !known {
+			i = len(lists)
+			index[string(f.tenant)] = i
+			tenants = append(tenants, string(f.tenant))
+			lists = append(lists, nil)
+		}
+		lists[i] = append(lists[i], w)
 	}
-	for _, jobs := range byTenant {
-		slices.SortFunc(jobs, func(a, b *waitingJob) int {
-			return cmp.Or(a.slot.Compare(b.slot), cmp.Compare(a.job.ID, b.job.ID))
-		})
+	byTenant := make(map[string][]waitingJob, len(tenants))
+	for i, name := range tenants {
+		jobs := lists[i]
+		// Admitted in slot order, most often: the index is by id, by time.
+		if !slices.IsSortedFunc(jobs, byPlace) {
+			slices.SortFunc(jobs, byPlace)
+		}
+		byTenant[name] = jobs
 	}
-	slices.SortStableFunc(tenants, func(a, b string) int { return byTenant[a][0].slot.Compare(byTenant[b][0].slot) })
+	slices.SortStableFunc(tenants, func(a, b string) int { return cmp.Compare(byTenant[a][0].slot, byTenant[b][0].slot) })
 	return byTenant, tenants, nil
+}
+
+// byPlace orders a tenant's waiting jobs by slot, then id.
+func byPlace(a, b waitingJob) int {
+	return cmp.Or(cmp.Compare(a.slot, b.slot), bytes.Compare(a.key[:], b.key[:]))
+}
+
+// recordWalk reads waiting jobs' records in id order, walking along the
+// jobs bucket (also by id) instead of looking each up.
+type recordWalk struct {
+	c       *bbolt.Cursor
+	k, v    []byte
+	started bool
+}
+
+// place reads the place of job k from its record (k after the last asked).
+func (r *recordWalk) place(k []byte) (waitingFields, error) {
+	if !r.started {
+		r.k, r.v = r.c.Seek(k)
+		r.started = true
+	}
+	for step := 0; r.k != nil && bytes.Compare(r.k, k) < 0; step++ {
+		if step == 8 { // a run of finished jobs: jump over it
+			r.k, r.v = r.c.Seek(k)
+			break
+		}
+		r.k, r.v = r.c.Next()
+	}
+	if !bytes.Equal(r.k, k) {
+		return waitingFields{}, errors.New("not stored")
+	}
+	return decodeWaiting(r.v)
 }
 
 // respaceTenant moves a tenant's overdue jobs by rules.Respace, as a
 // restart at now finds them (the last process may have sent up to
-// sentBy), and returns how many it moved.
-func respaceTenant(tm *tenantMem, jobs []*waitingJob, p leaky.Policy, now, sentBy time.Time, clean bool) int {
+// sentBy), keeps the moves for writeRespaced (with the jobs whose place
+// was read from their records), and returns how many it moved.
+func (s *Store) respaceTenant(tm *tenantMem, jobs []waitingJob, p leaky.Policy, now, sentBy time.Time, clean bool) int {
 	placed := make([]rules.Placed, len(jobs))
+	booked := len(tm.rec.Booked) > 0 // only bookings are found by id
 	for i, w := range jobs {
-		placed[i] = rules.Placed{Slot: w.slot, Cost: w.job.Cost, ID: w.job.ID}
+		placed[i] = rules.Placed{Slot: fromNanos(w.slot), Cost: int(w.cost)}
+		if booked {
+			placed[i].ID = w.key.String()
+		}
 	}
 	moved := rules.Respace(&tm.rec, placed, p, rules.RestartPickup(tm.rec, placed, now, sentBy, clean))
-	for i, w := range jobs {
-		w.slot, w.moved = placed[i].Slot, placed[i].Moved
+	var written []respacedSlot
+	for i := range jobs {
+		w := &jobs[i]
+		switch {
+		case placed[i].Moved:
+			to := nanos(placed[i].Slot)
+			written = append(written, respacedSlot{key: w.key, from: w.slot, to: to,
+				at: nanos(rules.DispatchAt(tm.rec.Pause, placed[i].Slot, now))})
+			w.slot = to
+		case w.placeInRecord:
+			written = append(written, respacedSlot{key: w.key, from: w.slot, to: w.slot, at: w.dispatchAt})
+		}
+	}
+	if len(written) > 0 {
+		s.respaced = append(s.respaced, slices.Clip(written))
 	}
 	return moved
 }
 
-// scheduleWaiting writes a tenant's moved jobs at their new slots and puts
-// all its waiting jobs in the in-memory schedule.
-func (s *Store) scheduleWaiting(tx *bbolt.Tx, name string, jobs []*waitingJob, now time.Time) error {
+// scheduleWaiting puts a tenant's waiting jobs in the in-memory schedule.
+func (s *Store) scheduleWaiting(name string, jobs []waitingJob) {
 	pz := s.tenants[name].rec.Pause
-	for _, w := range jobs {
-		j := w.job
-		if w.moved {
-			j.Slot, j.DispatchAt = w.slot, rules.DispatchAt(pz, w.slot, now)
-			if err := putJob(tx, j); err != nil {
-				return err
-			}
+	line := make([]slimEntry, len(jobs))
+	for i, w := range jobs {
+		e := slimEntry{at: nanos(rules.RealAt(pz, fromNanos(w.slot))), slot: w.slot, deadline: w.deadline, id: w.key, cost: max(w.cost, 1)}
+		if w.scheduled {
+			e.flags |= flagScheduled
 		}
-		s.sched.add(entryOf(j, rules.RealAt(pz, w.slot)))
+		if w.notBefore {
+			e.flags |= flagNotBefore
+		}
+		line[i] = e
 	}
-	return nil
+	s.sched.fill(name, line)
+}
+
+// respacedSlot is a job a restart moved, to be written (writeRespaced):
+// from its record's slot to the schedule's, with its dispatch time.
+type respacedSlot struct {
+	key          jobKey
+	from, to, at int64
+}
+
+// respacedBatch is how many moved jobs one commit of writeRespaced writes:
+// a few milliseconds of the committer, which admissions wait behind.
+const respacedBatch = 1000
+
+// writeRespaced writes the records of the jobs the restart moved, and the
+// index values of those an earlier version wrote (putJob writes both), a
+// batch per commit, after the store opened: a restart's time and memory do
+// not grow with the backlog it moves. Until then a record has the slot it had
+// before the restart, which only a crash before the write would read: the
+// next restart places the job again from there, as this one did. A record
+// whose slot changed meanwhile (a re-pacing) or that no longer waits is
+// left as it is. It returns when all are written or the store closes.
+func (s *Store) writeRespaced() {
+	defer close(s.respacedDone)
+	for len(s.respaced) > 0 && !s.isClosing() {
+		// A tenant's moves, up to a batch of them.
+		batch := s.respaced[0][:min(respacedBatch, len(s.respaced[0]))]
+		err := s.commit(func(tx *bbolt.Tx) error {
+			for _, m := range batch {
+				j, found, err := getJob(tx, m.key.String(), false)
+				if err != nil {
+					return err
+				}
+				if !found || !j.State.Waiting() || nanos(j.EffectiveSlot()) != m.from {
+					continue
+				}
+				j.Slot, j.DispatchAt = fromNanos(m.to), fromNanos(m.at)
+				if err := putJob(tx, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			if s.isClosing() {
+				return
+			}
+			s.log.Warn("cannot write the slots of jobs a restart moved; trying again", "err", err)
+			select {
+			case <-s.stop:
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		if s.respaced[0] = s.respaced[0][len(batch):]; len(s.respaced[0]) == 0 {
+			s.respaced[0] = nil
+			s.respaced = s.respaced[1:]
+		}
+	}
+	s.respaced = nil
 }
 
 // replayWAL writes the log's records that the bbolt file lacks (admissions

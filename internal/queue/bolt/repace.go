@@ -59,7 +59,7 @@ func (s *Store) Repace(_ context.Context, tenant string) error {
 	for i, w := range placed {
 		if w.Moved {
 			e := entries[i]
-			s.sched.remove(e.id)
+			s.sched.remove(e.tenant, e.slot, e.id)
 			e.slot, e.at = w.Slot, rules.RealAt(tm.rec.Pause, w.Slot)
 			s.sched.add(e)
 			moved[e.id] = w.Slot

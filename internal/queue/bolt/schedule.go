@@ -1,9 +1,14 @@
 package bolt
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/base32"
 	"math"
+	"slices"
 	"time"
+
+	"github.com/tidwall/btree"
 
 	"github.com/throttler-dev/throttler/internal/clock"
 	"github.com/throttler-dev/throttler/internal/leaky"
@@ -11,27 +16,51 @@ import (
 	"github.com/throttler-dev/throttler/internal/rules"
 )
 
-// schedule is the dispatcher's in-memory view of the waiting jobs: a
-// min-heap by real dispatch time, with lazy deletion (an entry counts only
-// while waiting[id] still holds its time). It is changed only after the
-// matching write commits, so it never shows a job that is not durable.
+// schedule is the dispatcher's in-memory view of the waiting jobs. It is
+// changed only after the matching write commits, so it never shows a job
+// that is not durable.
 //
-// It holds what scheduling needs and nothing else (the file has the rest):
-// per job an id, a tenant number, its times and cost, 56 bytes, in
-// structures without pointers, so that the collector does not scan them
-// (BenchmarkHeapPerWaitingJob measures the whole per waiting job).
+// Each tenant's jobs are a line in slot order (then id): a job's time is
+// its slot under its tenant's pause, which keeps their order, so a line's
+// first job is its earliest. The lines are in a heap by their first job's
+// time: what is due comes from the top, and a tenant's lookups are a
+// search of its line. A line is a B-tree of 48-byte entries without
+// pointers, which the collector does not scan, filled full as admissions
+// append (plus 40 bytes for a job with a deadline);
+// BenchmarkHeapPerWaitingJob measures the whole per waiting job.
 type schedule struct {
-	heap     slimHeap
-	waiting  map[jobKey]slimEntry           // each waiting job not held by the dispatcher
-	byTenant map[uint32]map[jobKey]struct{} // tenant -> ids in waiting: to retime a tenant's jobs when it pauses
-	expiry   slimHeap                       // waiting jobs with a deadline, by deadline (at = deadline)
-	names    tenantNames
-	// peak is the most jobs waiting since the structures were last built
-	// to size (shrink): Go's maps never give back their buckets, nor a
-	// slice its array, so a backlog's peak would stay in memory after it
-	// drained.
-	peak int
+	lines  map[string]*line
+	byNum  []*line              // lines by number (expiry entries name their line so)
+	free   []uint32             // numbers of lines gone
+	order  []*line              // lines with a job not yet popped, by that job's time
+	expiry minHeap[expiryEntry] // the waiting jobs with a deadline
+	// withDeadline counts the waiting jobs with one: expiry's entries past
+	// that are stale and rebuilt away.
+	withDeadline int
+	count        int
 }
+
+// line is a tenant's waiting jobs: those not popped (wait), and those pop
+// took (held: a fair queue holds them, and they wait until removed). It is
+// in the heap, at heapAt, while wait has a job.
+type line struct {
+	tenant string
+	num    uint32
+	wait   *btree.BTreeG[slimEntry]
+	held   *btree.BTreeG[slimEntry]
+	heapAt int
+}
+
+// lineDegree is a line's B-tree's: nodes of up to 63 entries (3 KB).
+const lineDegree = 32
+
+func newLine(tenant string) *line {
+	opts := btree.Options{Degree: lineDegree, NoLocks: true} // s.mu guards it
+	return &line{tenant: tenant, heapAt: -1,
+		wait: btree.NewBTreeGOptions(slimEntry.before, opts), held: btree.NewBTreeGOptions(slimEntry.before, opts)}
+}
+
+func (l *line) len() int { return l.wait.Len() + l.held.Len() }
 
 // dueEntry is a waiting job's entry as the rest of the store uses it.
 type dueEntry struct {
@@ -82,17 +111,37 @@ func keyOf(id string) (jobKey, bool) {
 
 func (k jobKey) String() string { return idEncoding.EncodeToString(k[:]) }
 
-// slimEntry is how the schedule keeps an entry: times in Unix nanoseconds
-// (clock.Never and every slot within the horizon fit), the tenant by number.
+// slimEntry is how a line keeps a job: times in Unix nanoseconds
+// (clock.Never and every slot within the horizon fit), 48 bytes.
 type slimEntry struct {
-	at, slot  int64
-	deadline  int64 // noDeadline: none
-	id        jobKey
-	tenant    uint32
-	cost      int32
-	held      bool
-	scheduled bool
-	notBefore bool
+	at, slot int64
+	deadline int64 // noDeadline: none
+	id       jobKey
+	cost     int32
+	flags    entryFlags
+}
+
+type entryFlags uint8
+
+const (
+	flagHeld      entryFlags = 1 << iota // dueEntry.held
+	flagScheduled                        // dueEntry.scheduled
+	flagNotBefore                        // dueEntry.notBefore
+)
+
+// expiryEntry is a job with a deadline, in the deadlines' heap: where to
+// find it (its line by number, its slot) and when it expires.
+type expiryEntry struct {
+	deadline, slot int64
+	id             jobKey
+	line           uint32
+}
+
+func (x expiryEntry) earlier(o expiryEntry) bool {
+	if x.deadline == o.deadline {
+		return string(x.id[:]) < string(o.id[:])
+	}
+	return x.deadline < o.deadline
 }
 
 const noDeadline = math.MinInt64
@@ -111,63 +160,64 @@ var minNanos, maxNanos = time.Unix(0, math.MinInt64+1), time.Unix(0, math.MaxInt
 
 func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
 
-// tenantNames numbers the tenants that have entries; a number is reused once
-// its tenant has none.
-type tenantNames struct {
-	byName map[string]uint32
-	names  []string
-	refs   []int32
-	free   []uint32
-}
+func (e slimEntry) is(f entryFlags) bool { return e.flags&f != 0 }
 
-func (tn *tenantNames) ref(name string) uint32 {
-	n, ok := tn.byName[name]
-	if !ok {
-		if tn.byName == nil {
-			tn.byName = map[string]uint32{}
-		}
-		if k := len(tn.free); k > 0 {
-			n, tn.free = tn.free[k-1], tn.free[:k-1]
-			tn.names[n], tn.refs[n] = name, 0
-		} else {
-			n = uint32(len(tn.names))
-			tn.names, tn.refs = append(tn.names, name), append(tn.refs, 0)
-		}
-		tn.byName[name] = n
-	}
-	tn.refs[n]++
-	return n
-}
-
-func (tn *tenantNames) unref(n uint32) {
-	if tn.refs[n]--; tn.refs[n] == 0 {
-		delete(tn.byName, tn.names[n])
-		tn.names[n] = ""
-		tn.free = append(tn.free, n)
-	}
-}
-
-func (sc *schedule) fat(e slimEntry) dueEntry {
-	d := dueEntry{at: fromNanos(e.at), slot: fromNanos(e.slot), id: e.id.String(), tenant: sc.names.names[e.tenant], cost: int(e.cost), held: e.held, scheduled: e.scheduled, notBefore: e.notBefore}
+func fat(e slimEntry, tenant string) dueEntry {
+	d := dueEntry{at: fromNanos(e.at), slot: fromNanos(e.slot), id: e.id.String(), tenant: tenant, cost: int(e.cost),
+		held: e.is(flagHeld), scheduled: e.is(flagScheduled), notBefore: e.is(flagNotBefore)}
 	if e.deadline != noDeadline {
 		d.deadline = fromNanos(e.deadline)
 	}
 	return d
 }
 
-// slimHeap is a min-heap of entries by time, then id (the order ids sort
-// in). Its own, not container/heap's: that boxes every entry pushed or
-// popped in an interface, an allocation each.
-type slimHeap []slimEntry
-
-func (h slimHeap) less(i, j int) bool {
-	if h[i].at == h[j].at {
-		return string(h[i].id[:]) < string(h[j].id[:])
+func slim(e dueEntry, k jobKey) slimEntry {
+	se := slimEntry{at: nanos(e.at), slot: nanos(e.slot), deadline: noDeadline, id: k, cost: int32(min(e.cost, math.MaxInt32))}
+	if !e.deadline.IsZero() {
+		se.deadline = nanos(e.deadline)
 	}
-	return h[i].at < h[j].at
+	if e.held {
+		se.flags |= flagHeld
+	}
+	if e.scheduled {
+		se.flags |= flagScheduled
+	}
+	if e.notBefore {
+		se.flags |= flagNotBefore
+	}
+	return se
 }
 
-func (h *slimHeap) push(e slimEntry) {
+// before orders entries by slot, then id: a line's order.
+func (e slimEntry) before(o slimEntry) bool {
+	if e.slot != o.slot {
+		return e.slot < o.slot
+	}
+	return string(e.id[:]) < string(o.id[:])
+}
+
+// linePlace orders entries as a line does.
+func linePlace(a, b slimEntry) int {
+	return cmp.Or(cmp.Compare(a.slot, b.slot), bytes.Compare(a.id[:], b.id[:]))
+}
+
+// earlier orders entries by time, then id (the order ids sort in): the
+// order jobs are handed out in.
+func (e slimEntry) earlier(o slimEntry) bool {
+	if e.at == o.at {
+		return string(e.id[:]) < string(o.id[:])
+	}
+	return e.at < o.at
+}
+
+// minHeap is a min-heap of what orders itself by earlier. Its own, not
+// container/heap's: that boxes every entry pushed or popped in an
+// interface, an allocation each.
+type minHeap[T interface{ earlier(T) bool }] []T
+
+func (h minHeap[T]) less(i, j int) bool { return h[i].earlier(h[j]) }
+
+func (h *minHeap[T]) push(e T) {
 	*h = append(*h, e)
 	q := *h
 	for i := len(q) - 1; i > 0; {
@@ -181,7 +231,7 @@ func (h *slimHeap) push(e slimEntry) {
 }
 
 // pop removes and returns the earliest entry (the heap must not be empty).
-func (h *slimHeap) pop() slimEntry {
+func (h *minHeap[T]) pop() T {
 	q := *h
 	top := q[0]
 	n := len(q) - 1
@@ -192,7 +242,7 @@ func (h *slimHeap) pop() slimEntry {
 	return top
 }
 
-func (h slimHeap) down(i int) {
+func (h minHeap[T]) down(i int) {
 	for {
 		least, l, r := i, 2*i+1, 2*i+2
 		if l < len(h) && h.less(l, least) {
@@ -210,9 +260,76 @@ func (h slimHeap) down(i int) {
 }
 
 // init orders h as a heap.
-func (h slimHeap) init() {
+func (h minHeap[T]) init() {
 	for i := len(h)/2 - 1; i >= 0; i-- {
 		h.down(i)
+	}
+}
+
+// find finds job k in the line: at its place by slot if the slot is
+// right, else looked for (a slot the caller read may be older than the
+// schedule's). It returns the tree that has it, nil if neither does.
+func (l *line) find(slot int64, k jobKey) (*btree.BTreeG[slimEntry], slimEntry) {
+	key := slimEntry{slot: slot, id: k}
+	for _, t := range []*btree.BTreeG[slimEntry]{l.wait, l.held} {
+		if e, ok := t.Get(key); ok {
+			return t, e
+		}
+	}
+	for _, t := range []*btree.BTreeG[slimEntry]{l.wait, l.held} {
+		var found slimEntry
+		t.Scan(func(e slimEntry) bool {
+			if e.id == k {
+				found = e
+				return false
+			}
+			return true
+		})
+		if found.id == k {
+			return t, found
+		}
+	}
+	return nil, slimEntry{}
+}
+
+// lineOf is a tenant's line, made if it has none and make is set.
+func (sc *schedule) lineOf(tenant string, make bool) *line {
+	l := sc.lines[tenant]
+	if l != nil || !make {
+		return l
+	}
+	if sc.lines == nil {
+		sc.lines = map[string]*line{}
+	}
+	l = newLine(tenant)
+	if k := len(sc.free); k > 0 {
+		l.num, sc.free = sc.free[k-1], sc.free[:k-1]
+		sc.byNum[l.num] = l
+	} else {
+		l.num = uint32(len(sc.byNum))
+		sc.byNum = append(sc.byNum, l)
+	}
+	sc.lines[tenant] = l
+	return l
+}
+
+// settle puts line l where it belongs in the heap, or out of it, and
+// forgets it once it is empty.
+func (sc *schedule) settle(l *line) {
+	switch {
+	case l.wait.Len() > 0 && l.heapAt < 0:
+		l.heapAt = len(sc.order)
+		sc.order = append(sc.order, l)
+		sc.up(l.heapAt)
+	case l.wait.Len() > 0:
+		sc.fix(l.heapAt)
+	case l.heapAt >= 0:
+		sc.unorder(l.heapAt)
+	}
+	if l.len() == 0 {
+		delete(sc.lines, l.tenant)
+		sc.byNum[l.num] = nil
+		sc.free = append(sc.free, l.num)
 	}
 }
 
@@ -221,48 +338,136 @@ func (sc *schedule) add(e dueEntry) {
 	if !ok {
 		panic("bolt: schedule.add of an id not made by queue.NewID: " + e.id) // recover refuses such files
 	}
-	if old, ok := sc.waiting[k]; ok {
-		sc.names.unref(old.tenant) // replaced: counted once
+	l := sc.lineOf(e.tenant, true)
+	sc.put(l, slim(e, k))
+	sc.settle(l)
+}
+
+// put adds an entry to a line (not popped), in place of one it may have.
+func (sc *schedule) put(l *line, se slimEntry) {
+	if old, had := l.held.Delete(se); had {
+		sc.forget(old)
 	}
-	se := slimEntry{at: nanos(e.at), slot: nanos(e.slot), deadline: noDeadline, id: k, tenant: sc.names.ref(e.tenant), cost: int32(min(e.cost, math.MaxInt32)), held: e.held, scheduled: e.scheduled, notBefore: e.notBefore}
-	if !e.deadline.IsZero() {
-		se.deadline = nanos(e.deadline)
+	// Load appends when the job goes last, as most do: the tree's nodes
+	// are then filled full, not split in halves.
+	if old, had := l.wait.Load(se); had {
+		sc.forget(old) // replaced: counted once
 	}
-	sc.waiting[k] = se
-	sc.peak = max(sc.peak, len(sc.waiting))
-	ids := sc.byTenant[se.tenant]
-	if ids == nil {
-		ids = map[jobKey]struct{}{}
-		sc.byTenant[se.tenant] = ids
-	}
-	ids[k] = struct{}{}
-	sc.heap.push(se)
+	sc.count++
 	if se.deadline != noDeadline {
-		sc.expiry.push(slimEntry{at: se.deadline, id: k})
-	}
-	sc.maybeCompact()
-}
-
-func (sc *schedule) maybeCompact() {
-	if len(sc.heap)+len(sc.expiry) > 4*len(sc.waiting)+1024 {
-		sc.compact()
-	}
-}
-
-// compact rebuilds the heaps from the waiting jobs: stale entries (a hold
-// retimes a tenant's jobs to never; finished jobs leave their deadline)
-// would otherwise stay until they reach the top. Entries a fair queue holds
-// may come out twice; the second is stale by then and skipped.
-func (sc *schedule) compact() {
-	sc.heap, sc.expiry = sc.heap[:0], sc.expiry[:0]
-	for k, e := range sc.waiting {
-		sc.heap = append(sc.heap, e)
-		if e.deadline != noDeadline {
-			sc.expiry = append(sc.expiry, slimEntry{at: e.deadline, id: k})
+		sc.withDeadline++
+		sc.expiry.push(expiryEntry{deadline: se.deadline, slot: se.slot, id: se.id, line: l.num})
+		if len(sc.expiry) > 2*sc.withDeadline+1024 {
+			sc.rebuildExpiry()
 		}
 	}
-	sc.heap.init()
-	sc.expiry.init()
+}
+
+// fill gives a tenant with no line its jobs (a restart's), in any order:
+// a restart keeps bookings where they are and places the rest around them.
+// In order, each goes last, where the tree fills its nodes full.
+func (sc *schedule) fill(tenant string, jobs []slimEntry) {
+	if len(jobs) == 0 {
+		return
+	}
+	if !slices.IsSortedFunc(jobs, linePlace) {
+		slices.SortFunc(jobs, linePlace)
+	}
+	l := sc.lineOf(tenant, true)
+	for _, e := range jobs {
+		sc.put(l, e)
+	}
+	sc.settle(l)
+}
+
+// forget uncounts a job leaving the schedule.
+func (sc *schedule) forget(e slimEntry) {
+	sc.count--
+	if e.deadline != noDeadline {
+		sc.withDeadline--
+	}
+}
+
+// rebuildExpiry makes the deadlines' heap anew from the jobs waiting:
+// those removed leave their entries, skipped once they reach the top,
+// which a busy schedule may take long to do.
+func (sc *schedule) rebuildExpiry() {
+	x := make(minHeap[expiryEntry], 0, sc.withDeadline+sc.withDeadline/4)
+	for _, l := range sc.lines {
+		for _, t := range []*btree.BTreeG[slimEntry]{l.wait, l.held} {
+			t.Scan(func(e slimEntry) bool {
+				if e.deadline != noDeadline {
+					x = append(x, expiryEntry{deadline: e.deadline, slot: e.slot, id: e.id, line: l.num})
+				}
+				return true
+			})
+		}
+	}
+	x.init()
+	sc.expiry = x
+}
+
+// The lines' heap, by their first job not popped.
+
+func (sc *schedule) less(i, j int) bool { return sc.order[i].head().earlier(sc.order[j].head()) }
+
+// head is the line's first job not popped (the line must be in the heap).
+func (l *line) head() slimEntry {
+	e, _ := l.wait.Min()
+	return e
+}
+
+func (sc *schedule) swap(i, j int) {
+	sc.order[i], sc.order[j] = sc.order[j], sc.order[i]
+	sc.order[i].heapAt, sc.order[j].heapAt = i, j
+}
+
+func (sc *schedule) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !sc.less(i, parent) {
+			return
+		}
+		sc.swap(i, parent)
+		i = parent
+	}
+}
+
+func (sc *schedule) down(i int) {
+	for {
+		least, l, r := i, 2*i+1, 2*i+2
+		if l < len(sc.order) && sc.less(l, least) {
+			least = l
+		}
+		if r < len(sc.order) && sc.less(r, least) {
+			least = r
+		}
+		if least == i {
+			return
+		}
+		sc.swap(i, least)
+		i = least
+	}
+}
+
+func (sc *schedule) fix(i int) {
+	sc.up(i)
+	sc.down(i)
+}
+
+func (sc *schedule) unorder(i int) {
+	n := len(sc.order) - 1
+	l := sc.order[i]
+	sc.swap(i, n)
+	sc.order[n] = nil
+	sc.order = sc.order[:n]
+	if i < n {
+		sc.fix(i)
+	}
+	l.heapAt = -1
+	if cap(sc.order) > 4*len(sc.order)+64 {
+		sc.order = slices.Clone(sc.order)
+	}
 }
 
 // readd puts a job back in the schedule at its time under the tenant's
@@ -279,159 +484,153 @@ func (s *Store) readd(e dueEntry) {
 func (sc *schedule) expiring(now time.Time) []dueEntry {
 	var out []dueEntry
 	n := nanos(now)
-	for len(sc.expiry) > 0 && sc.expiry[0].at <= n {
+	for len(sc.expiry) > 0 && sc.expiry[0].deadline <= n {
 		x := sc.expiry.pop()
-		if e, ok := sc.waiting[x.id]; ok && e.at > e.deadline {
-			out = append(out, sc.fat(e))
-			sc.remove(out[len(out)-1].id)
+		if l, t, e := sc.locate(x); t != nil && e.at > e.deadline {
+			out = append(out, fat(e, l.tenant))
+			sc.removeFrom(l, t, e)
 		}
 	}
 	return out
 }
 
+// locate finds the job of an expiry entry (a nil tree if it no longer
+// waits).
+func (sc *schedule) locate(x expiryEntry) (*line, *btree.BTreeG[slimEntry], slimEntry) {
+	if int(x.line) >= len(sc.byNum) || sc.byNum[x.line] == nil {
+		return nil, nil, slimEntry{}
+	}
+	l := sc.byNum[x.line]
+	t, e := l.find(x.slot, x.id)
+	return l, t, e
+}
+
 // nextExpiry is the earliest deadline of a waiting job (zero if none).
 func (sc *schedule) nextExpiry() time.Time {
 	for len(sc.expiry) > 0 {
-		if _, ok := sc.waiting[sc.expiry[0].id]; ok {
-			return fromNanos(sc.expiry[0].at)
+		if _, t, _ := sc.locate(sc.expiry[0]); t != nil {
+			return fromNanos(sc.expiry[0].deadline)
 		}
 		sc.expiry.pop()
 	}
 	return time.Time{}
 }
 
-// lookup returns a waiting job's key and entry.
-func (sc *schedule) lookup(id string) (jobKey, slimEntry, bool) {
+// lookup finds a tenant's waiting job by id; slot is where to look first
+// (its record's: the job is found wherever it is). A nil tree: it does
+// not wait.
+func (sc *schedule) lookup(tenant string, slot time.Time, id string) (*line, *btree.BTreeG[slimEntry], slimEntry) {
 	k, ok := keyOf(id)
-	if !ok {
-		return k, slimEntry{}, false
+	l := sc.lines[tenant]
+	if !ok || l == nil {
+		return nil, nil, slimEntry{}
 	}
-	e, ok := sc.waiting[k]
-	return k, e, ok
+	t, e := l.find(nanos(slot), k)
+	return l, t, e
 }
 
 // get returns a waiting job's entry.
-func (sc *schedule) get(id string) (dueEntry, bool) {
-	_, e, ok := sc.lookup(id)
-	if !ok {
+func (sc *schedule) get(tenant string, slot time.Time, id string) (dueEntry, bool) {
+	_, t, e := sc.lookup(tenant, slot, id)
+	if t == nil {
 		return dueEntry{}, false
 	}
-	return sc.fat(e), true
+	return fat(e, tenant), true
 }
 
 // current reports whether e is a waiting job's entry as it is now (not
 // stale: still waiting, at the same time).
 func (sc *schedule) current(e dueEntry) bool {
-	_, w, ok := sc.lookup(e.id)
-	return ok && w.at == nanos(e.at)
+	_, t, w := sc.lookup(e.tenant, e.slot, e.id)
+	return t != nil && w.at == nanos(e.at)
 }
 
-// remove takes a job out of the schedule (its heap entry goes stale).
-func (sc *schedule) remove(id string) (dueEntry, bool) {
-	k, e, ok := sc.lookup(id)
-	if !ok {
+// remove takes a tenant's job out of the schedule (slot: see lookup).
+func (sc *schedule) remove(tenant string, slot time.Time, id string) (dueEntry, bool) {
+	l, t, e := sc.lookup(tenant, slot, id)
+	if t == nil {
 		return dueEntry{}, false
 	}
-	d := sc.fat(e)
-	delete(sc.waiting, k)
-	if ids := sc.byTenant[e.tenant]; ids != nil {
-		delete(ids, k)
-		if len(ids) == 0 {
-			delete(sc.byTenant, e.tenant)
-		}
-	}
-	sc.names.unref(e.tenant)
-	if sc.peak >= shrinkFrom && len(sc.waiting) <= sc.peak/4 {
-		sc.shrink()
-	}
-	return d, true
+	sc.removeFrom(l, t, e)
+	return fat(e, tenant), true
 }
 
-// shrinkFrom is the smallest peak the schedule shrinks from: below it, what
-// a drained backlog leaves is not worth an O(jobs) rebuild.
-const shrinkFrom = 4096
-
-// shrink builds the schedule's maps and heaps anew at the size of what
-// waits now, once a quarter of the peak is left: memory follows a backlog
-// down. Each rebuild is O(jobs waiting), after at least three times as
-// many removals since the peak.
-func (sc *schedule) shrink() {
-	waiting := make(map[jobKey]slimEntry, len(sc.waiting))
-	for k, e := range sc.waiting {
-		waiting[k] = e
-	}
-	sc.waiting = waiting
-	byTenant := make(map[uint32]map[jobKey]struct{}, len(sc.byTenant))
-	for n, ids := range sc.byTenant {
-		fresh := make(map[jobKey]struct{}, len(ids))
-		for k := range ids {
-			fresh[k] = struct{}{}
-		}
-		byTenant[n] = fresh
-	}
-	sc.byTenant = byTenant
-	sc.heap, sc.expiry = nil, nil
-	sc.compact()
-	sc.peak = len(sc.waiting)
+func (sc *schedule) removeFrom(l *line, t *btree.BTreeG[slimEntry], e slimEntry) {
+	t.Delete(e)
+	sc.forget(e)
+	sc.settle(l)
 }
 
 // tenantSlots calls f with the slot of each of a tenant's waiting jobs
 // in its depth (not those booked for their not_before).
 func (sc *schedule) tenantSlots(tenant string, f func(slot time.Time)) {
-	n, ok := sc.names.byName[tenant]
-	if !ok {
-		return
-	}
-	for k := range sc.byTenant[n] {
-		if e := sc.waiting[k]; !e.scheduled {
-			f(fromNanos(e.slot))
+	sc.tenantEntries(tenant, func(e dueEntry) {
+		if !e.scheduled {
+			f(e.slot)
 		}
-	}
+	})
 }
 
 // tenantEntries calls f with each of a tenant's waiting jobs' entries.
 func (sc *schedule) tenantEntries(tenant string, f func(e dueEntry)) {
-	n, ok := sc.names.byName[tenant]
-	if !ok {
-		return
-	}
-	for k := range sc.byTenant[n] {
-		f(sc.fat(sc.waiting[k]))
+	if l := sc.lines[tenant]; l != nil {
+		for _, t := range []*btree.BTreeG[slimEntry]{l.wait, l.held} {
+			t.Scan(func(e slimEntry) bool {
+				f(fat(e, tenant))
+				return true
+			})
+		}
 	}
 }
 
 // retime moves a tenant's waiting jobs to their real times under p: O(jobs
-// waiting in memory), nothing written.
+// of the tenant), nothing written (a time is not in a line's order). A
+// popped job whose time moves is handed out again: its fair queue's entry
+// is stale.
 func (sc *schedule) retime(tenant string, p leaky.Pause) {
-	n, ok := sc.names.byName[tenant]
-	if !ok {
+	l := sc.lines[tenant]
+	if l == nil {
 		return
 	}
-	for k := range sc.byTenant[n] {
-		e := sc.waiting[k]
-		if at := nanos(rules.RealAt(p, fromNanos(e.slot))); at != e.at {
+	atOf := func(e slimEntry) int64 { return nanos(rules.RealAt(p, fromNanos(e.slot))) }
+	l.wait.WalkMut(func(items []slimEntry) bool {
+		for i := range items {
+			items[i].at = atOf(items[i])
+		}
+		return true
+	})
+	var moved []slimEntry
+	l.held.Scan(func(e slimEntry) bool {
+		if at := atOf(e); at != e.at {
 			e.at = at
-			sc.waiting[k] = e
-			sc.heap.push(e)
+			moved = append(moved, e)
 		}
+		return true
+	})
+	for _, e := range moved {
+		l.held.Delete(e)
+		l.wait.Set(e)
 	}
-	sc.maybeCompact()
+	sc.settle(l)
 }
 
-// peek drops stale entries and returns the earliest waiting one.
+// peek returns the earliest waiting job not popped.
 func (sc *schedule) peek() (dueEntry, bool) {
-	for len(sc.heap) > 0 {
-		e := sc.heap[0]
-		if w, ok := sc.waiting[e.id]; ok && w.at == e.at {
-			return sc.fat(w), true
-		}
-		sc.heap.pop()
+	if len(sc.order) == 0 {
+		return dueEntry{}, false
 	}
-	return dueEntry{}, false
+	l := sc.order[0]
+	return fat(l.head(), l.tenant), true
 }
 
-// pop drops the earliest entry (the one peek returned).
-func (sc *schedule) pop() { sc.heap.pop() }
+// pop takes the earliest job not popped (the one peek returned) out of the
+// order it is handed out in; it still waits until removed.
+func (sc *schedule) pop() {
+	l := sc.order[0]
+	e, _ := l.wait.PopMin()
+	l.held.Load(e)
+	sc.settle(l)
+}
 
 // len is how many jobs wait in the schedule.
-func (sc *schedule) len() int { return len(sc.waiting) }
+func (sc *schedule) len() int { return sc.count }

@@ -28,7 +28,7 @@ import (
 var (
 	bucketJobs     = []byte("jobs")     // id -> Job without its payload (codec.go; JSON before)
 	bucketPayloads = []byte("payloads") // id -> payload larger than inlinePayload, written once
-	bucketWaiting  = []byte("waiting")  // id -> tenant: the jobs that wait (their slots are in their records)
+	bucketWaiting  = []byte("waiting")  // id -> the job's place and tenant (encodeWaiting): the jobs that wait
 	bucketDone     = []byte("done")     // finished_at + id -> nil: for the reaper
 	bucketFailed   = []byte("failed")   // tenant + 0x00 + newest-first time + id -> nil
 	bucketIdem     = []byte("idem")     // tenant + 0x00 + key -> id
@@ -167,6 +167,11 @@ type Store struct {
 	closeErr      error
 	closed        sync.Once
 	space         *space // room left (space.go)
+	// respaced: the jobs a restart moved whose records are still to be
+	// written (writeRespaced's own once the store is open); respacedDone
+	// is closed when it has returned.
+	respaced     [][]respacedSlot // by tenant
+	respacedDone chan struct{}
 }
 
 var (
@@ -198,7 +203,9 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 		return nil, err
 	}
 	// The freelist is rebuilt at open instead of written at every commit:
-	// commits are what this store does most.
+	// commits are what this store does most. Close writes it (an open
+	// after a clean stop reads it); after a crash, the open walks the
+	// file's pages to find the free ones, O(file).
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, bbolt.ErrTimeout) {
@@ -238,7 +245,7 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 		handedAt:      map[string]time.Time{},
 		written:       map[string]bool{},
 		lag:           startLag{durable: map[string]time.Time{}},
-		sched:         schedule{waiting: map[jobKey]slimEntry{}, byTenant: map[uint32]map[jobKey]struct{}{}},
+		sched:         schedule{lines: map[string]*line{}},
 		wake:          make(chan struct{}, 1),
 		finishQ:       make(chan finishReq),
 		commits:       make(chan commitReq, maxGroup),
@@ -282,6 +289,8 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 	go s.finisher()
 	s.committerDone = make(chan struct{})
 	go s.committer()
+	s.respacedDone = make(chan struct{})
+	go s.writeRespaced()
 	return s, nil
 }
 
@@ -343,7 +352,13 @@ func putJob(tx *bbolt.Tx, j queue.Job) error {
 			inline = slices.Clone(old) // raw is the page's, and Put may move it
 		}
 	}
-	return b.Put(key, encodeJob(make([]byte, 0, 128+len(inline)), j, inline))
+	if err := b.Put(key, encodeJob(make([]byte, 0, 128+len(inline)), j, inline)); err != nil {
+		return err
+	}
+	if j.State.Waiting() {
+		return putWaiting(tx, j) // its place, as a restart reads it
+	}
+	return nil
 }
 
 // getJob reads a job's record, with its payload if withPayload.
@@ -390,10 +405,12 @@ func getResponse(tx *bbolt.Tx, id string) (*queue.Response, error) {
 	return decodeResponse(raw)
 }
 
-// putWaiting adds a job to the index of waiting jobs. Its key is the id,
-// which sorts by creation time: admissions append to the index.
+// putWaiting adds a job to the index of waiting jobs, or writes its place
+// there anew. Its key is the id, which sorts by creation time: admissions
+// append to the index.
 func putWaiting(tx *bbolt.Tx, j queue.Job) error {
-	return tx.Bucket(bucketWaiting).Put([]byte(j.ID), []byte(j.Tenant))
+	var scratch [64]byte
+	return tx.Bucket(bucketWaiting).Put([]byte(j.ID), encodeWaiting(scratch[:0], j))
 }
 
 // delWaiting takes a job out of the index of waiting jobs.
@@ -429,8 +446,13 @@ func (s *Store) Close() error {
 			part.Stop()
 		}
 		close(s.stop)
+		<-s.respacedDone
 		<-s.finisherDone
 		<-s.committerDone
+		// The last commits write bbolt's list of free pages, which the
+		// others leave out (see open): the next open reads it instead of
+		// walking every page of the file to find them.
+		s.db.NoFreelistSync = false
 		if len(s.logged) > 0 {
 			s.closeErr = s.updateTx(func(*bbolt.Tx) error { return nil }) // the log into the bbolt file
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	bbolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 
 	"github.com/throttler-dev/throttler/internal/clock"
@@ -414,8 +415,8 @@ func TestCeilingWindowSurvivesRestart(t *testing.T) {
 	}
 }
 
-// Holds retime a tenant's jobs to "never" and back; the stale heap entries
-// they leave are compacted away, so memory follows the jobs waiting.
+// Holds retime a tenant's jobs to "never" and back; the deadlines they
+// leave behind are rebuilt away, so memory follows the jobs waiting.
 func TestHeapsStayBounded(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewFake(queuetest.T0)
@@ -433,10 +434,10 @@ func TestHeapsStayBounded(t *testing.T) {
 		}
 	}
 	s.mu.Lock()
-	n, waiting := len(s.sched.heap)+len(s.sched.expiry), s.sched.len()
+	l, expiry, waiting := s.sched.lines["acme"], len(s.sched.expiry), s.sched.len()
 	s.mu.Unlock()
-	if waiting != 200 || n > 4*waiting+1024 {
-		t.Fatalf("%d heap entries for %d waiting jobs", n, waiting)
+	if waiting != 200 || l.len() != 200 || expiry > 2*waiting+1024 {
+		t.Fatalf("%d waiting: %d in the line, %d deadlines", waiting, l.len(), expiry)
 	}
 }
 
@@ -648,13 +649,7 @@ func TestCrashLeavesNoBurstCredit(t *testing.T) {
 // not in use).
 func (sc *schedule) waitingIDs(tenant string) []string {
 	var ids []string
-	n, ok := sc.names.byName[tenant]
-	if !ok {
-		return nil
-	}
-	for k := range sc.byTenant[n] {
-		ids = append(ids, k.String())
-	}
+	sc.tenantEntries(tenant, func(e dueEntry) { ids = append(ids, e.id) })
 	return ids
 }
 
@@ -742,5 +737,137 @@ func TestConsumeWakesAtItsInstantAfterASlowPass(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatalf("the second job, due at %v, not handed over with the clock at its slot (%v)", second.Job.DispatchAt.Sub(queuetest.T0), clk.Fake.Now().Sub(queuetest.T0))
+	}
+}
+
+// A restart moves the overdue backlog in memory and writes the moved jobs'
+// records after the open, in batches: once written, each record has the
+// slot the schedule has, Job shows that slot before and after, and a
+// second crash places the jobs again no sooner than the first restart did.
+func TestRestartWritesMovedSlotsAfterTheOpen(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	policy := queuetest.Leaky20(3 * respacedBatch)
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: policy}).(*Store)
+	jobs := 2*respacedBatch + 7 // more than one batch
+	batch := make([]queue.NewJob, 1000)
+	for n := 0; n < jobs; n += len(batch) {
+		if _, err := s.Enqueue(context.Background(), "acme", batch[:min(len(batch), jobs-n)]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := crashCopy(t, s)
+	clk.Advance(time.Hour) // every job is overdue
+	r, err := Open(path, Options{Clock: clk, Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := r.sched.waitingIDs("acme")
+	if len(ids) != jobs {
+		t.Fatalf("%d waiting after the restart, want %d", len(ids), jobs)
+	}
+	first, err := r.Job(context.Background(), ids[0])
+	if err != nil || first.DispatchAt.Before(clk.Now()) {
+		t.Fatalf("the first job after the restart: %v, due %v, before now (%v)", err, first.DispatchAt, clk.Now())
+	}
+	select {
+	case <-r.respacedDone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the moved slots were not written in 30 s")
+	}
+	slots := map[string]time.Time{}
+	for _, id := range ids {
+		stored, found, err := r.viewStored(id, false)
+		e, waiting := r.sched.get("acme", stored.Slot, id)
+		if err != nil || !found || !waiting || !stored.Slot.Equal(e.slot) {
+			t.Fatalf("job %s: record's slot %v, schedule's %v (%v %v %v)", id, stored.Slot, e.slot, err, found, waiting)
+		}
+		shown, _ := r.Job(context.Background(), id)
+		if !shown.Slot.Equal(e.slot) {
+			t.Fatalf("job %s shows slot %v, the schedule has %v", id, shown.Slot, e.slot)
+		}
+		slots[id] = e.slot
+	}
+	again := crashCopy(t, r)
+	r.Close()
+	r2, err := Open(again, Options{Clock: clk, Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	for id, slot := range slots {
+		if e, ok := r2.sched.get("acme", slot, id); !ok || e.slot.Before(slot) {
+			t.Fatalf("job %s after a second crash: at %v, the first restart placed it at %v", id, e.slot, slot)
+		}
+	}
+}
+
+// A file whose index of waiting jobs has an earlier version's values (the
+// tenant's name alone) opens with every job in the place its record gives,
+// the values are written anew after the open, and the next open reads the
+// index alone to the same places.
+func TestOpensAnIndexOfWaitingJobsWithTenantsAlone(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(queuetest.T0)
+	policy := queuetest.Leaky20(100)
+	s := newBackend(t)(t, queuetest.Config{Clock: clk, Policy: policy}).(*Store)
+	for i := range 30 {
+		queuetest.EnqueueOne(t, s, fmt.Sprintf("t%d", i%3), queue.NewJob{Payload: []byte(`1`), Deadline: queuetest.T0.Add(time.Hour)})
+	}
+	want := map[string]dueEntry{}
+	for _, tenant := range []string{"t0", "t1", "t2"} {
+		s.sched.tenantEntries(tenant, func(e dueEntry) { want[e.id] = e })
+	}
+	path := filepath.Join(t.TempDir(), "old.db")
+	if err := s.snapshot(path); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bbolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		for id, e := range want {
+			if err := tx.Bucket(bucketWaiting).Put([]byte(id), []byte(e.tenant)); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keyClean, []byte("1"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	same := func(s *Store) {
+		t.Helper()
+		if n := s.sched.len(); n != len(want) {
+			t.Fatalf("%d waiting, want %d", n, len(want))
+		}
+		for id, e := range want {
+			got, ok := s.sched.get(e.tenant, e.slot, id)
+			if !ok || !got.slot.Equal(e.slot) || !got.deadline.Equal(e.deadline) || got.cost != e.cost {
+				t.Fatalf("job %s: %v %+v, want %+v", id, ok, got, e)
+			}
+		}
+	}
+	for range 2 {
+		r, err := Open(path, Options{Clock: clk, Policy: policy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		same(r)
+		<-r.respacedDone
+		if err := r.db.View(func(tx *bbolt.Tx) error {
+			return tx.Bucket(bucketWaiting).ForEach(func(k, v []byte) error {
+				if _, current, err := decodeWaitingValue(v); !current || err != nil {
+					t.Errorf("job %s: value %q after the open (%v)", k, v, err)
+				}
+				return nil
+			})
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
