@@ -146,8 +146,8 @@ func (b *pacedBody) setDeadline() {
 
 func (b *pacedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if n > 0 {
-		b.read += int64(n)
+	b.read += int64(n)
+	if n > 0 && err == nil { // at the end, the deadline is lifted below instead
 		b.setDeadline()
 	}
 	switch {
