@@ -480,6 +480,9 @@ func encodeTenant(b []byte, r rules.Record) []byte {
 // length and times, by name.
 func appendWindows(b []byte, m map[string][]int64) []byte {
 	b = binary.AppendUvarint(b, uint64(len(m)))
+	if len(m) == 0 {
+		return b // most tenants have no windows: nothing to sort (which allocates)
+	}
 	for _, name := range slices.Sorted(maps.Keys(m)) {
 		b = appendString(b, name)
 		b = binary.AppendUvarint(b, uint64(len(m[name])))
