@@ -328,6 +328,7 @@ func (s *Store) applyNow() error {
 // updateTx runs fn in a transaction of its own, after the log's records.
 // Only the committer calls it (and, once it has stopped, update).
 func (s *Store) updateTx(fn func(*bbolt.Tx) error) error {
+	s.chooseFreelistSync()
 	applied := len(s.logged) > 0
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		if applied {
@@ -350,6 +351,23 @@ func (s *Store) updateTx(fn func(*bbolt.Tx) error) error {
 		s.wal.rewind()
 	}
 	return err
+}
+
+// freelistSyncMax is the most free pages whose list a commit writes: 64
+// KB a commit at most (a file with more free space is walked at open after
+// a crash instead).
+const freelistSyncMax = 8192
+
+// chooseFreelistSync decides whether the next commit writes bbolt's list of
+// free pages (every write transaction runs on the committer, or after it
+// stopped): while the list is short, so that an open after a crash reads
+// it instead of walking the whole file to find the free pages (O(file));
+// once it is long (a file with much free space, after a backlog drained),
+// every commit writing it would cost more than that walk. Close writes it
+// whatever its length.
+func (s *Store) chooseFreelistSync() {
+	st := s.db.Stats()
+	s.db.NoFreelistSync = !s.freelistAlways && st.FreePageN+st.PendingPageN > freelistSyncMax
 }
 
 // putTenants appends the records of the group's tenants to the tenant log

@@ -170,7 +170,10 @@ func readWaiting(tx *bbolt.Tx) (map[string][]waitingJob, []string, error) {
 
 // byPlace orders a tenant's waiting jobs by slot, then id.
 func byPlace(a, b waitingJob) int {
-	return cmp.Or(cmp.Compare(a.slot, b.slot), bytes.Compare(a.key[:], b.key[:]))
+	if a.slot != b.slot { // cmp.Or would compare the ids every time
+		return cmp.Compare(a.slot, b.slot)
+	}
+	return bytes.Compare(a.key[:], b.key[:])
 }
 
 // recordWalk reads waiting jobs' records in id order, walking along the
@@ -214,7 +217,7 @@ func (s *Store) respaceTenant(tm *tenantMem, jobs []waitingJob, p leaky.Policy, 
 		}
 	}
 	moved := rules.Respace(&tm.rec, placed, p, rules.RestartPickup(tm.rec, placed, now, sentBy, clean))
-	var written []respacedSlot
+	written := make([]respacedSlot, 0, moved)
 	for i := range jobs {
 		w := &jobs[i]
 		switch {
@@ -228,7 +231,7 @@ func (s *Store) respaceTenant(tm *tenantMem, jobs []waitingJob, p leaky.Policy, 
 		}
 	}
 	if len(written) > 0 {
-		s.respaced = append(s.respaced, slices.Clip(written))
+		s.respaced = append(s.respaced, written)
 	}
 	return moved
 }

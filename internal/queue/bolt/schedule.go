@@ -198,7 +198,10 @@ func (e slimEntry) before(o slimEntry) bool {
 
 // linePlace orders entries as a line does.
 func linePlace(a, b slimEntry) int {
-	return cmp.Or(cmp.Compare(a.slot, b.slot), bytes.Compare(a.id[:], b.id[:]))
+	if a.slot != b.slot { // cmp.Or would compare the ids every time
+		return cmp.Compare(a.slot, b.slot)
+	}
+	return bytes.Compare(a.id[:], b.id[:])
 }
 
 // earlier orders entries by time, then id (the order ids sort in): the

@@ -172,6 +172,9 @@ type Store struct {
 	// is closed when it has returned.
 	respaced     [][]respacedSlot // by tenant
 	respacedDone chan struct{}
+	// freelistAlways: every commit writes bbolt's list of free pages
+	// (chooseFreelistSync), from Close on.
+	freelistAlways bool
 }
 
 var (
@@ -202,10 +205,10 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 	if err := checkReserve(path, cmp.Or(opts.Reserve, DefaultReserve), sizeOf); err != nil {
 		return nil, err
 	}
-	// The freelist is rebuilt at open instead of written at every commit:
-	// commits are what this store does most. Close writes it (an open
-	// after a clean stop reads it); after a crash, the open walks the
-	// file's pages to find the free ones, O(file).
+	// The freelist is written by commits only while it is short
+	// (chooseFreelistSync): commits are what this store does most. An open
+	// after a crash with a long one unwritten walks the file's pages to
+	// find the free ones, O(file).
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, bbolt.ErrTimeout) {
@@ -280,6 +283,9 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 		w.close()
 		db.Close()
 		return nil, fmt.Errorf("embedded store %s: recover: %w", path, err)
+	}
+	if err := dropMappedPages(db); err != nil {
+		s.log.Warn("cannot let go of the store file's pages read at open", "err", err)
 	}
 	s.background = []*startstop.Periodic{s.newMaintainer(), s.newReaper()}
 	for _, part := range s.background {
@@ -449,10 +455,10 @@ func (s *Store) Close() error {
 		<-s.respacedDone
 		<-s.finisherDone
 		<-s.committerDone
-		// The last commits write bbolt's list of free pages, which the
-		// others leave out (see open): the next open reads it instead of
-		// walking every page of the file to find them.
-		s.db.NoFreelistSync = false
+		// The last commits write bbolt's list of free pages, however long
+		// (chooseFreelistSync): the next open reads it instead of walking
+		// every page of the file to find them.
+		s.freelistAlways = true
 		if len(s.logged) > 0 {
 			s.closeErr = s.updateTx(func(*bbolt.Tx) error { return nil }) // the log into the bbolt file
 		}
