@@ -25,9 +25,10 @@ import (
 // first job is its earliest. The lines are in a heap by their first job's
 // time: what is due comes from the top, and a tenant's lookups are a
 // search of its line. A line is a B-tree of 48-byte entries without
-// pointers, which the collector does not scan, filled full as admissions
-// append (plus 40 bytes for a job with a deadline);
-// BenchmarkHeapPerWaitingJob measures the whole per waiting job.
+// pointers, which the collector does not scan: about 100 bytes a job with
+// its nodes' room (and 40 more for a job with a deadline, in the
+// deadlines' heap); BenchmarkHeapPerWaitingJob measures the whole per
+// waiting job.
 type schedule struct {
 	lines  map[string]*line
 	byNum  []*line              // lines by number (expiry entries name their line so)
@@ -351,8 +352,7 @@ func (sc *schedule) put(l *line, se slimEntry) {
 	if old, had := l.held.Delete(se); had {
 		sc.forget(old)
 	}
-	// Load appends when the job goes last, as most do: the tree's nodes
-	// are then filled full, not split in halves.
+	// Load appends without a search when the job goes last, as most do.
 	if old, had := l.wait.Load(se); had {
 		sc.forget(old) // replaced: counted once
 	}
@@ -368,7 +368,7 @@ func (sc *schedule) put(l *line, se slimEntry) {
 
 // fill gives a tenant with no line its jobs (a restart's), in any order:
 // a restart keeps bookings where they are and places the rest around them.
-// In order, each goes last, where the tree fills its nodes full.
+// In order, each goes last (put).
 func (sc *schedule) fill(tenant string, jobs []slimEntry) {
 	if len(jobs) == 0 {
 		return
