@@ -18,6 +18,7 @@ import (
 
 func (s *Store) recover() error {
 	now := s.clock.Now()
+	s.chooseFreelistSync()
 	return s.db.Update(func(tx *bbolt.Tx) error {
 		for _, name := range [][]byte{bucketJobs, bucketPayloads, bucketResponses, bucketWaiting, bucketDone, bucketFailed, bucketIdem, bucketTenants, bucketTenantLog, bucketMeta, bucketCallbacks, bucketCallbackDue} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
