@@ -360,11 +360,11 @@ const freelistSyncMax = 8192
 
 // chooseFreelistSync decides whether the next commit writes bbolt's list of
 // free pages (every write transaction runs on the committer, after it
-// stopped, or in recover before it starts): while the list is short, so that an open after a crash reads
-// it instead of walking the whole file to find the free pages (O(file));
-// once it is long (a file with much free space, after a backlog drained),
-// every commit writing it would cost more than that walk. Close writes it
-// whatever its length.
+// stopped, or in recover before it starts): while the list is short, so
+// that an open after a crash reads it instead of walking the whole file to
+// find the free pages (O(file)); once it is long (a file with much free
+// space, after a backlog drained), every commit writing it would cost more
+// than that walk. Close writes it whatever its length.
 func (s *Store) chooseFreelistSync() {
 	st := s.db.Stats()
 	s.db.NoFreelistSync = !s.freelistAlways && st.FreePageN+st.PendingPageN > freelistSyncMax

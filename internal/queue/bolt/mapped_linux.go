@@ -9,8 +9,9 @@ import (
 
 // dropMappedPages lets go of the pages of the bbolt file that this process
 // has read through its mapping (they stay in the page cache, and come back
-// when read again): the open walks the file to find its free pages after a
-// crash, and a restart's memory would otherwise show the whole file.
+// when read again): the open reads the index of waiting jobs, and after a
+// crash may walk the whole file for its free pages; a restart's memory
+// would otherwise show them all.
 func dropMappedPages(db *bbolt.DB) error {
 	fi, err := os.Stat(db.Path())
 	if err != nil {
