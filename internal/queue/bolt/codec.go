@@ -247,9 +247,10 @@ type waitingFields struct {
 }
 
 // decodeWaiting reads what waitingFields hold of a record written by
-// encodeJob, skipping the rest without copying it: a restart reads every
-// waiting job's record, and decodeJob's strings and JSON would be most of
-// its time and memory. An older JSON record is read by decodeJob.
+// encodeJob, skipping the rest without copying it: a restart reads the
+// record of each waiting job an earlier build indexed by tenant alone, all
+// of them after an upgrade, and decodeJob's strings and JSON would be most
+// of its time and memory. An older JSON record is read by decodeJob.
 func decodeWaiting(raw []byte) (waitingFields, error) {
 	if len(raw) > 0 && raw[0] == '{' {
 		j, _, err := decodeJob(raw, "")

@@ -28,7 +28,7 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 	s.mu.Lock()
 	if c, ok := s.claims[id]; ok {
 		j.State, j.Attempts, j.DispatchAt = queue.StateDispatching, c.Attempts, c.DispatchAt
-	} else {
+	} else if j.State.Waiting() {
 		s.placeWaiting(&j)
 	}
 	s.mu.Unlock()
@@ -37,7 +37,9 @@ func (s *Store) Job(ctx context.Context, id string) (queue.Job, error) {
 
 // placeWaiting gives a waiting job its place as the schedule has it (s.mu
 // held): a pause moves its dispatch time, and a restart may have moved its
-// slot before its record was written (writeRespaced).
+// slot before its record was written (writeRespaced). Asked only of a job
+// whose record says it waits: one that does not would have its tenant's
+// line searched through.
 func (s *Store) placeWaiting(j *queue.Job) {
 	e, ok := s.sched.get(j.Tenant, j.EffectiveSlot(), j.ID)
 	if !ok {
@@ -102,7 +104,11 @@ func (s *Store) Cancel(ctx context.Context, id string) (queue.Job, error) {
 		s.mu.Unlock()
 		return queue.Job{}, &queue.StateError{ID: id, State: queue.StateDispatching, Op: "cancel"}
 	}
-	entry, waiting := s.sched.remove(seen.Tenant, seen.EffectiveSlot(), id)
+	var entry dueEntry
+	var waiting bool
+	if seen.State.Waiting() { // else the commit below says why not, and no line is searched
+		entry, waiting = s.sched.remove(seen.Tenant, seen.EffectiveSlot(), id)
+	}
 	s.mu.Unlock()
 
 	var j queue.Job

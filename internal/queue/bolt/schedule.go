@@ -274,11 +274,8 @@ func (h minHeap[T]) init() {
 // right, else looked for (a slot the caller read may be older than the
 // schedule's). It returns the tree that has it, nil if neither does.
 func (l *line) find(slot int64, k jobKey) (*btree.BTreeG[slimEntry], slimEntry) {
-	key := slimEntry{slot: slot, id: k}
-	for _, t := range []*btree.BTreeG[slimEntry]{l.wait, l.held} {
-		if e, ok := t.Get(key); ok {
-			return t, e
-		}
+	if t, e := l.at(slot, k); t != nil {
+		return t, e
 	}
 	for _, t := range []*btree.BTreeG[slimEntry]{l.wait, l.held} {
 		var found slimEntry
@@ -291,6 +288,17 @@ func (l *line) find(slot int64, k jobKey) (*btree.BTreeG[slimEntry], slimEntry) 
 		})
 		if found.id == k {
 			return t, found
+		}
+	}
+	return nil, slimEntry{}
+}
+
+// at finds job k at slot in the line, in O(log n); nil if not there.
+func (l *line) at(slot int64, k jobKey) (*btree.BTreeG[slimEntry], slimEntry) {
+	key := slimEntry{slot: slot, id: k}
+	for _, t := range []*btree.BTreeG[slimEntry]{l.wait, l.held} {
+		if e, ok := t.Get(key); ok {
+			return t, e
 		}
 	}
 	return nil, slimEntry{}
@@ -498,13 +506,15 @@ func (sc *schedule) expiring(now time.Time) []dueEntry {
 }
 
 // locate finds the job of an expiry entry (a nil tree if it no longer
-// waits).
+// waits at that slot). Only there: a job given another slot is removed
+// and added again, with an expiry entry of its own, and the entries left
+// by jobs that went are many (each is looked at once, at its deadline).
 func (sc *schedule) locate(x expiryEntry) (*line, *btree.BTreeG[slimEntry], slimEntry) {
 	if int(x.line) >= len(sc.byNum) || sc.byNum[x.line] == nil {
 		return nil, nil, slimEntry{}
 	}
 	l := sc.byNum[x.line]
-	t, e := l.find(x.slot, x.id)
+	t, e := l.at(x.slot, x.id)
 	return l, t, e
 }
 
