@@ -287,6 +287,13 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 	if err := dropMappedPages(db); err != nil {
 		s.log.Warn("cannot let go of the store file's pages read at open", "err", err)
 	}
+	s.start()
+	return s, nil
+}
+
+// start runs the recovered store's own goroutines: maintenance, the
+// finisher, the committer and the writer of a restart's moves.
+func (s *Store) start() {
 	s.background = []*startstop.Periodic{s.newMaintainer(), s.newReaper()}
 	for _, part := range s.background {
 		part.Start(context.Background())
@@ -297,7 +304,6 @@ func open(path string, opts Options, hooks testHooks) (*Store, error) {
 	go s.committer()
 	s.respacedDone = make(chan struct{})
 	go s.writeRespaced()
-	return s, nil
 }
 
 func noCeiling(string) (string, *leaky.Policy) { return "", nil }
